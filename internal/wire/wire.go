@@ -1,0 +1,139 @@
+// Package wire is the contract in code: the JSON shapes of requests, results
+// and events, the operation and outcome words, and the NATS subject names.
+// Everything that crosses a process boundary is defined here and nowhere else.
+package wire
+
+import (
+	"strconv"
+	"time"
+)
+
+// Stream and subject names from the contract.
+const (
+	RequestStream = "ALLOT_REQUESTS"
+	EventStream   = "ALLOT_EVENTS"
+
+	RequestSubjectPrefix = "alloc.req."
+	EventSubjectPrefix   = "alloc.evt."
+
+	// ResultSubject carries, after each commit, the results of the requests
+	// the commit applied. It is core NATS (at most once): it only wakes up
+	// waiting HTTP handlers, which fall back to MySQL.
+	ResultSubject = "allot.results"
+)
+
+// RequestSubject is the subject a request for activity is published on.
+func RequestSubject(activity int64) string {
+	return RequestSubjectPrefix + strconv.FormatInt(activity, 10)
+}
+
+// EventSubject is the subject an event of kind for activity is published on.
+func EventSubject(activity int64, kind string) string {
+	return EventSubjectPrefix + strconv.FormatInt(activity, 10) + "." + kind
+}
+
+// Operations a request can carry.
+const (
+	OpOpen   = "open"
+	OpJoin   = "join"
+	OpCancel = "cancel"
+	OpClaim  = "claim"
+)
+
+// Outcomes of applying a request.
+const (
+	OutcomeOpened           = "OPENED"
+	OutcomeResized          = "RESIZED"
+	OutcomeRejected         = "REJECTED"
+	OutcomeConfirmed        = "CONFIRMED"
+	OutcomeWaiting          = "WAITING"
+	OutcomeAlreadyConfirmed = "ALREADY_CONFIRMED"
+	OutcomeAlreadyWaiting   = "ALREADY_WAITING"
+	OutcomeCancelled        = "CANCELLED"
+	OutcomeNotSignedUp      = "NOT_SIGNED_UP"
+	OutcomeGranted          = "GRANTED"
+	OutcomeSoldOut          = "SOLD_OUT"
+	OutcomeAlreadyOwned     = "ALREADY_OWNED"
+	OutcomeNoSuchActivity   = "NO_SUCH_ACTIVITY"
+)
+
+// Signup statuses, as stored in activity_signup.status.
+const (
+	StatusConfirmed = "CONFIRMED"
+	StatusWaiting   = "WAITING"
+	StatusCancelled = "CANCELLED"
+)
+
+// Event kinds, the last token of an event subject.
+const (
+	EventOpened     = "opened"
+	EventResized    = "resized"
+	EventConfirmed  = "confirmed"
+	EventWaitlisted = "waitlisted"
+	EventGranted    = "granted"
+	EventPromoted   = "promoted"
+	EventCancelled  = "cancelled"
+	EventSoldOut    = "sold_out"
+)
+
+// Limits on input, shared by ingest (validation) and the allocator (defence).
+const (
+	MaxCapacity          = 10_000_000
+	MaxIdempotencyKeyLen = 255
+)
+
+// Request is the message published on alloc.req.<activity>.
+type Request struct {
+	RequestID      string    `json:"request_id"`
+	Op             string    `json:"op"`
+	ActivityID     int64     `json:"activity_id"`
+	UserID         int64     `json:"user_id"`
+	Capacity       *int64    `json:"capacity,omitempty"`
+	IdempotencyKey string    `json:"idempotency_key,omitempty"`
+	ReceivedAt     time.Time `json:"received_at"`
+}
+
+// Result is a request's final, recorded result: the poll answer when done.
+type Result struct {
+	RequestID       string    `json:"request_id"`
+	State           string    `json:"state"`
+	Op              string    `json:"op"`
+	ActivityID      int64     `json:"activity_id"`
+	UserID          int64     `json:"user_id"`
+	Outcome         string    `json:"outcome"`
+	Status          *string   `json:"status"`
+	Position        *int64    `json:"position"`
+	PromotedUserID  *int64    `json:"promoted_user_id"`
+	PromotedUserIDs []int64   `json:"promoted_user_ids,omitempty"`
+	Capacity        *int64    `json:"capacity,omitempty"`
+	Seq             uint64    `json:"seq"`
+	AppliedAt       time.Time `json:"applied_at"`
+}
+
+// Request states as seen by a polling client.
+const (
+	StatePending = "pending"
+	StateDone    = "done"
+)
+
+// Ack is the body of a 202: the request is durably stored and pending.
+type Ack struct {
+	RequestID string `json:"request_id"`
+	State     string `json:"state"`
+}
+
+// Event is the message published on alloc.evt.<activity>.<kind>.
+type Event struct {
+	EventID    string    `json:"event_id"`
+	Kind       string    `json:"kind"`
+	ActivityID int64     `json:"activity_id"`
+	UserID     int64     `json:"user_id"`
+	RequestID  string    `json:"request_id"`
+	Seq        uint64    `json:"seq"`
+	At         time.Time `json:"at"`
+}
+
+// ResultBatch is the payload of ResultSubject.
+type ResultBatch struct {
+	Results []Result `json:"results"`
+}
