@@ -1,0 +1,122 @@
+// Package config holds the settings every allot binary shares, read from
+// ALLOT_-prefixed environment variables, with validation and a masked
+// printout of the effective values.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"reflect"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Prefix is the environment variable prefix of every setting.
+const Prefix = "ALLOT"
+
+// Common is embedded in each binary's config struct.
+type Common struct {
+	NATSURL       string `envconfig:"NATS_URL" desc:"NATS server URL; empty = the embedded server of make run"`
+	MySQLDSN      string `envconfig:"MYSQL_DSN" default:"root@tcp(127.0.0.1:3306)/allot?parseTime=true" desc:"go-sql-driver DSN"`
+	MySQLMaxConns int    `envconfig:"MYSQL_MAX_CONNS" default:"16" desc:"MySQL pool size per process"`
+	LogLevel      string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+}
+
+// Validate reports the first invalid value as one sentence.
+func (c Common) Validate() error {
+	if c.MySQLMaxConns < 1 || c.MySQLMaxConns > 10_000 {
+		return fmt.Errorf("ALLOT_MYSQL_MAX_CONNS must be between 1 and 10000, got %d", c.MySQLMaxConns)
+	}
+	cfg, err := mysql.ParseDSN(c.MySQLDSN)
+	if err != nil {
+		return fmt.Errorf("ALLOT_MYSQL_DSN is not a valid go-sql-driver DSN: %v", err)
+	}
+	if cfg.DBName == "" {
+		return errors.New("ALLOT_MYSQL_DSN must name a database, e.g. root@tcp(127.0.0.1:3306)/allot")
+	}
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ParseLevel turns ALLOT_LOG_LEVEL into a slog level.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("ALLOT_LOG_LEVEL must be debug, info, warn or error, got %q", s)
+	}
+	return l, nil
+}
+
+// Logger returns the JSON logger every binary logs with.
+func (c Common) Logger(w io.Writer, binary string) *slog.Logger {
+	level, _ := ParseLevel(c.LogLevel)
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).With(slog.String("binary", binary))
+}
+
+// Load reads the environment into spec (a pointer to a struct embedding
+// Common) and calls its Validate method.
+func Load(spec interface{ Validate() error }) error {
+	if err := envconfig.Process(Prefix, spec); err != nil {
+		return fmt.Errorf("read configuration: %w", err)
+	}
+	return spec.Validate()
+}
+
+// MaskDSN hides the password of a go-sql-driver DSN.
+func MaskDSN(dsn string) string {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil || cfg.Passwd == "" {
+		return dsn
+	}
+	cfg.Passwd = "*****"
+	return cfg.FormatDSN()
+}
+
+// Print writes the effective configuration, one ALLOT_ variable a line, with
+// secrets masked, so an operator sees what the process really runs with.
+func Print(w io.Writer, binary string, spec any) {
+	fmt.Fprintf(w, "%s: effective configuration\n", binary)
+	printStruct(w, reflect.Indirect(reflect.ValueOf(spec)))
+}
+
+func printStruct(w io.Writer, v reflect.Value) {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f, fv := t.Field(i), v.Field(i)
+		if f.Anonymous && fv.Kind() == reflect.Struct {
+			printStruct(w, fv)
+			continue
+		}
+		name := f.Tag.Get("envconfig")
+		if name == "" {
+			continue
+		}
+		val := fmt.Sprint(fv.Interface())
+		switch {
+		case name == "MYSQL_DSN":
+			val = MaskDSN(val)
+		case strings.Contains(name, "SECRET") || strings.Contains(name, "PASSWORD"):
+			if val != "" {
+				val = "*****"
+			}
+		}
+		if val == "" {
+			val = `""`
+		}
+		fmt.Fprintf(w, "  %s_%s=%s\n", Prefix, name, val)
+	}
+}
+
+// Fatal prints one line to stderr and exits with code 2: the fail-fast path
+// for unreachable dependencies and invalid values.
+func Fatal(binary string, err error) {
+	fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+	os.Exit(2)
+}

@@ -1,0 +1,163 @@
+// Package store owns allot's MySQL side: connecting, migrations, the one
+// transaction helper with retries, and the queries the allocator and ingest
+// run. It speaks SQL that runs on MySQL 8 and MariaDB 10.11 alike.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// DBTX is what the queries need: a *sql.DB or a *sql.Tx.
+type DBTX interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ErrUnreachable is returned by Open when MySQL does not answer.
+var ErrUnreachable = errors.New("mysql is unreachable")
+
+// Open connects to the database named in dsn with a pool of maxConns and
+// checks that it answers. Placeholders are interpolated client side so that
+// a statement costs one round trip instead of three.
+func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse mysql dsn: %w", err)
+	}
+	cfg.InterpolateParams = true
+	cfg.ParseTime = true
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysql connector: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxLifetime(30 * time.Minute)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, cfg.Addr, err)
+	}
+	return db, nil
+}
+
+// EnsureDatabase creates the database named in dsn if it does not exist.
+func EnsureDatabase(ctx context.Context, dsn string) error {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return fmt.Errorf("parse mysql dsn: %w", err)
+	}
+	name := cfg.DBName
+	if name == "" {
+		return errors.New("the mysql dsn names no database")
+	}
+	cfg.DBName = ""
+	db, err := Open(ctx, cfg.FormatDSN(), 1)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(name)+" CHARACTER SET utf8mb4")
+	if err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+func quoteIdent(s string) string {
+	out := []byte{'`'}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '`' {
+			out = append(out, '`')
+		}
+		out = append(out, s[i])
+	}
+	return string(append(out, '`'))
+}
+
+// MySQL error numbers that mean "the transaction lost a race or its
+// connection; run it again".
+const (
+	errLockWaitTimeout  = 1205
+	errDeadlock         = 1213
+	errSnapshotConflict = 1020 // MariaDB: record changed since last read
+	errConnKilled       = 1927 // MariaDB: connection was killed
+	errServerShutdown   = 1053
+)
+
+// Retryable reports whether err is worth running the transaction again for.
+func Retryable(err error) bool {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case errLockWaitTimeout, errDeadlock, errSnapshotConflict, errConnKilled, errServerShutdown:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, sql.ErrConnDone)
+}
+
+// TxOptions tunes WithTx.
+type TxOptions struct {
+	// Attempts bounds the runs of fn; 0 means retry until ctx ends.
+	Attempts int
+	// OnRetry, when set, is told of each error that is retried.
+	OnRetry func(attempt int, err error)
+	// Isolation overrides the server's default isolation level.
+	Isolation sql.IsolationLevel
+}
+
+// WithTx runs fn in a transaction: begin, deferred rollback, commit. A
+// deadlock, a lock-wait timeout, a snapshot conflict or a lost connection
+// runs fn again (fn must therefore be safe to rerun) with jittered backoff.
+func WithTx(ctx context.Context, db *sql.DB, opts TxOptions, fn func(tx *sql.Tx) error) error {
+	backoff := 5 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := runTx(ctx, db, opts.Isolation, fn)
+		if err == nil || !Retryable(err) || ctx.Err() != nil ||
+			(opts.Attempts > 0 && attempt >= opts.Attempts) {
+			return err
+		}
+		if opts.OnRetry != nil {
+			opts.OnRetry(attempt, err)
+		}
+		sleep := backoff/2 + rand.N(backoff)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		case <-time.After(sleep):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func runTx(ctx context.Context, db *sql.DB, iso sql.IsolationLevel, fn func(tx *sql.Tx) error) error {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: iso})
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after commit
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}

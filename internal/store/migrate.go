@@ -1,0 +1,90 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+
+	"github.com/allot-dev/allot/migrations"
+)
+
+// Migrate applies every migration not yet recorded in schema_migration, in
+// name order. It is safe to run twice and from several processes at once: a
+// named lock serialises concurrent runs, and each statement is idempotent.
+func Migrate(ctx context.Context, db *sql.DB) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Close()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK('allot_migrate', 30)").Scan(&got); err != nil {
+		return fmt.Errorf("migrate: take lock: %w", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("migrate: another process holds the migration lock")
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('allot_migrate')") //nolint:errcheck
+
+	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migration (
+		version VARCHAR(255) NOT NULL PRIMARY KEY,
+		applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB`); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		var n int
+		if err := conn.QueryRowContext(ctx, "SELECT COUNT(*) FROM schema_migration WHERE version = ?", name).Scan(&n); err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		if n > 0 {
+			continue
+		}
+		body, err := fs.ReadFile(migrations.FS, name)
+		if err != nil {
+			return fmt.Errorf("migrate %s: %w", name, err)
+		}
+		// DDL commits implicitly in MySQL, so each statement is written to be
+		// idempotent (IF NOT EXISTS) rather than wrapped in a transaction.
+		for _, stmt := range splitStatements(string(body)) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return fmt.Errorf("migrate %s: %w", name, err)
+			}
+		}
+		if _, err := conn.ExecContext(ctx, "INSERT INTO schema_migration (version) VALUES (?)", name); err != nil {
+			return fmt.Errorf("migrate %s: record: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// splitStatements splits a migration on semicolons that end a line, after
+// dropping "--" comment lines. Migrations keep to that simple form.
+func splitStatements(body string) []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(body, "\n") {
+		trimmed := strings.TrimSpace(line)
+		if strings.HasPrefix(trimmed, "--") || trimmed == "" {
+			continue
+		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
+		if strings.HasSuffix(trimmed, ";") {
+			stmt := strings.TrimSuffix(strings.TrimSpace(cur.String()), ";")
+			out = append(out, stmt)
+			cur.Reset()
+		}
+	}
+	if s := strings.TrimSpace(cur.String()); s != "" {
+		out = append(out, s)
+	}
+	return out
+}

@@ -1,0 +1,138 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// ActivityState is the public state of one activity.
+type ActivityState struct {
+	ID        int64 `json:"activity_id"`
+	Capacity  int64 `json:"capacity"`
+	Confirmed int64 `json:"confirmed"`
+	Waiting   int64 `json:"waiting"`
+	Remaining int64 `json:"remaining"`
+}
+
+// SignupState is one user's signup in one activity.
+type SignupState struct {
+	ActivityID int64  `json:"activity_id"`
+	UserID     int64  `json:"user_id"`
+	Status     string `json:"status"`
+	Position   *int64 `json:"position"`
+}
+
+const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at"
+
+// GetResult reads the recorded result of requestID.
+func GetResult(ctx context.Context, q DBTX, requestID string) (wire.Result, bool, error) {
+	row := q.QueryRowContext(ctx, "SELECT "+resultColumns+" FROM processed_request WHERE request_id = ?", requestID)
+	r, err := scanResult(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return wire.Result{}, false, nil
+	}
+	if err != nil {
+		return wire.Result{}, false, fmt.Errorf("get result %s: %w", requestID, err)
+	}
+	return r, true, nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanResult(row scanner) (wire.Result, error) {
+	var (
+		r        wire.Result
+		status   sql.NullString
+		position sql.NullInt64
+		promoted sql.NullString
+		capacity sql.NullInt64
+	)
+	err := row.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
+		&status, &position, &promoted, &capacity, &r.AppliedAt)
+	if err != nil {
+		return r, err
+	}
+	r.State = wire.StateDone
+	r.AppliedAt = r.AppliedAt.UTC()
+	if status.Valid {
+		r.Status = &status.String
+	}
+	if position.Valid {
+		r.Position = &position.Int64
+	}
+	if capacity.Valid {
+		r.Capacity = &capacity.Int64
+	}
+	if promoted.Valid && promoted.String != "" {
+		if err := json.Unmarshal([]byte(promoted.String), &r.PromotedUserIDs); err != nil {
+			return r, fmt.Errorf("decode promoted_user_ids: %w", err)
+		}
+	}
+	SetPromotedUser(&r)
+	return r, nil
+}
+
+// SetPromotedUser fills the single promoted_user_id of a cancel result from
+// its list, the one form of the field a cancel's client reads.
+func SetPromotedUser(r *wire.Result) {
+	if r.Op == wire.OpCancel && len(r.PromotedUserIDs) == 1 {
+		id := r.PromotedUserIDs[0]
+		r.PromotedUserID = &id
+		r.PromotedUserIDs = nil
+	}
+}
+
+// GetActivity reads the state of activity id.
+func GetActivity(ctx context.Context, q DBTX, id int64) (ActivityState, bool, error) {
+	var s ActivityState
+	err := q.QueryRowContext(ctx,
+		"SELECT id, capacity, confirmed_count FROM activity WHERE id = ?", id).
+		Scan(&s.ID, &s.Capacity, &s.Confirmed)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, false, nil
+	}
+	if err != nil {
+		return s, false, fmt.Errorf("get activity %d: %w", id, err)
+	}
+	err = q.QueryRowContext(ctx,
+		"SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'WAITING'", id).
+		Scan(&s.Waiting)
+	if err != nil {
+		return s, false, fmt.Errorf("count waiting %d: %w", id, err)
+	}
+	s.Remaining = s.Capacity - s.Confirmed
+	return s, true, nil
+}
+
+// GetSignup reads user's signup in activity, with the 1-based waitlist
+// position when it is WAITING. Found is false when the user never signed up.
+func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, bool, error) {
+	s := SignupState{ActivityID: activity, UserID: user}
+	var seq int64
+	err := q.QueryRowContext(ctx,
+		"SELECT status, queue_seq FROM activity_signup WHERE activity_id = ? AND user_id = ?", activity, user).
+		Scan(&s.Status, &seq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, false, nil
+	}
+	if err != nil {
+		return s, false, fmt.Errorf("get signup %d/%d: %w", activity, user, err)
+	}
+	if s.Status == wire.StatusWaiting {
+		var ahead int64
+		err = q.QueryRowContext(ctx,
+			"SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'WAITING' AND queue_seq < ?",
+			activity, seq).Scan(&ahead)
+		if err != nil {
+			return s, false, fmt.Errorf("signup position %d/%d: %w", activity, user, err)
+		}
+		pos := ahead + 1
+		s.Position = &pos
+	}
+	return s, true, nil
+}

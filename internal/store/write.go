@@ -1,0 +1,286 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// maxRowsPerStatement keeps multi-row statements well below the server's
+// max_allowed_packet and placeholder limits.
+const maxRowsPerStatement = 1000
+
+// ActivityRow is a row of the activity table.
+type ActivityRow struct {
+	ID        int64
+	Capacity  int64
+	Confirmed int64
+	NextSeq   uint64
+}
+
+// SignupRow is a row of activity_signup.
+type SignupRow struct {
+	ActivityID int64
+	UserID     int64
+	Status     string
+	QueueSeq   uint64
+}
+
+// RejectedRow is a message the allocator refused as malformed.
+type RejectedRow struct {
+	Seq     uint64
+	Subject string
+	Reason  string
+}
+
+// OutboxRow is an event waiting to be relayed.
+type OutboxRow struct {
+	ID      int64
+	EventID string
+	Subject string
+	Payload []byte
+}
+
+// EnsurePartition creates the fence row of partition p if it is missing.
+func EnsurePartition(ctx context.Context, q DBTX, p int) error {
+	_, err := q.ExecContext(ctx, "INSERT IGNORE INTO allocator_partition (partition_id, last_seq) VALUES (?, 0)", p)
+	if err != nil {
+		return fmt.Errorf("ensure partition %d: %w", p, err)
+	}
+	return nil
+}
+
+// LockPartition locks the fence row of partition p and returns its last
+// applied stream sequence. Holding it serialises allocators on p.
+func LockPartition(ctx context.Context, tx *sql.Tx, p int) (uint64, error) {
+	var last uint64
+	err := tx.QueryRowContext(ctx, "SELECT last_seq FROM allocator_partition WHERE partition_id = ? FOR UPDATE", p).Scan(&last)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("lock partition %d: no fence row (EnsurePartition first)", p)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("lock partition %d: %w", p, err)
+	}
+	return last, nil
+}
+
+// SetPartition advances the fence of partition p.
+func SetPartition(ctx context.Context, tx *sql.Tx, p int, last uint64) error {
+	if _, err := tx.ExecContext(ctx, "UPDATE allocator_partition SET last_seq = ? WHERE partition_id = ?", last, p); err != nil {
+		return fmt.Errorf("set partition %d: %w", p, err)
+	}
+	return nil
+}
+
+// Processed returns which of ids already have a recorded result.
+func Processed(ctx context.Context, tx *sql.Tx, ids []string) (map[string]bool, error) {
+	done := make(map[string]bool)
+	for chunk := range chunks(len(ids)) {
+		part := ids[chunk.lo:chunk.hi]
+		args := make([]any, len(part))
+		for i, id := range part {
+			args[i] = id
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT request_id FROM processed_request WHERE request_id IN ("+placeholders(len(part), 1)+")", args...)
+		if err != nil {
+			return nil, fmt.Errorf("processed: %w", err)
+		}
+		for rows.Next() {
+			var id string
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("processed: %w", err)
+			}
+			done[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("processed: %w", err)
+		}
+	}
+	return done, nil
+}
+
+// LockActivities locks the rows of ids in ascending id order (so that two
+// transactions over several activities never deadlock) and returns them.
+func LockActivities(ctx context.Context, tx *sql.Tx, ids []int64) (map[int64]ActivityRow, error) {
+	out := make(map[int64]ActivityRow, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	rows, err := tx.QueryContext(ctx, "SELECT id, capacity, confirmed_count, next_seq FROM activity WHERE id IN ("+
+		placeholders(len(ids), 1)+") ORDER BY id FOR UPDATE", args...)
+	if err != nil {
+		return nil, fmt.Errorf("lock activities: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r ActivityRow
+		if err := rows.Scan(&r.ID, &r.Capacity, &r.Confirmed, &r.NextSeq); err != nil {
+			return nil, fmt.Errorf("lock activities: %w", err)
+		}
+		out[r.ID] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("lock activities: %w", err)
+	}
+	return out, nil
+}
+
+// LiveSignups reads the CONFIRMED and WAITING signups of an activity.
+func LiveSignups(ctx context.Context, q DBTX, activity int64) ([]SignupRow, error) {
+	rows, err := q.QueryContext(ctx, "SELECT user_id, status, queue_seq FROM activity_signup "+
+		"WHERE activity_id = ? AND status IN ('CONFIRMED', 'WAITING')", activity)
+	if err != nil {
+		return nil, fmt.Errorf("live signups %d: %w", activity, err)
+	}
+	defer rows.Close()
+	var out []SignupRow
+	for rows.Next() {
+		r := SignupRow{ActivityID: activity}
+		if err := rows.Scan(&r.UserID, &r.Status, &r.QueueSeq); err != nil {
+			return nil, fmt.Errorf("live signups %d: %w", activity, err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("live signups %d: %w", activity, err)
+	}
+	return out, nil
+}
+
+// UpsertActivities writes the final state of each activity of a batch. The
+// CHECK constraints still guard every row.
+func UpsertActivities(ctx context.Context, tx *sql.Tx, rows []ActivityRow) error {
+	return insertRows(ctx, tx, "INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES ",
+		" ON DUPLICATE KEY UPDATE capacity = VALUES(capacity), confirmed_count = VALUES(confirmed_count), next_seq = VALUES(next_seq)",
+		4, len(rows), func(i int, args []any) []any {
+			r := rows[i]
+			return append(args, r.ID, r.Capacity, r.Confirmed, r.NextSeq)
+		})
+}
+
+// UpsertSignups writes the final state of each signup a batch changed; the
+// UNIQUE keys still guard one row per user and one user per queue_seq.
+func UpsertSignups(ctx context.Context, tx *sql.Tx, rows []SignupRow) error {
+	return insertRows(ctx, tx, "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES ",
+		" ON DUPLICATE KEY UPDATE status = VALUES(status), queue_seq = VALUES(queue_seq)",
+		4, len(rows), func(i int, args []any) []any {
+			r := rows[i]
+			return append(args, r.ActivityID, r.UserID, r.Status, r.QueueSeq)
+		})
+}
+
+// InsertResults records the results of a batch; the primary key on
+// request_id makes a second application fail rather than double.
+func InsertResults(ctx context.Context, tx *sql.Tx, rs []wire.Result) error {
+	return insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+") VALUES ", "",
+		11, len(rs), func(i int, args []any) []any {
+			r := rs[i]
+			var promoted any
+			ids := r.PromotedUserIDs
+			if r.PromotedUserID != nil {
+				ids = []int64{*r.PromotedUserID}
+			}
+			if len(ids) > 0 {
+				b, _ := json.Marshal(ids)
+				promoted = string(b)
+			}
+			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
+				nullString(r.Status), nullInt(r.Position), promoted, nullInt(r.Capacity), r.AppliedAt)
+		})
+}
+
+// InsertRejected records malformed messages.
+func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.Time) error {
+	return insertRows(ctx, tx, "INSERT IGNORE INTO rejected_message (seq, subject, reason, rejected_at) VALUES ", "",
+		4, len(rs), func(i int, args []any) []any {
+			r := rs[i]
+			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at)
+		})
+}
+
+// InsertOutbox writes events to the outbox in the business transaction.
+func InsertOutbox(ctx context.Context, tx *sql.Tx, rs []OutboxRow) error {
+	return insertRows(ctx, tx, "INSERT INTO outbox (event_id, subject, payload) VALUES ", "",
+		3, len(rs), func(i int, args []any) []any {
+			r := rs[i]
+			return append(args, r.EventID, r.Subject, r.Payload)
+		})
+}
+
+// insertRows runs prefix + (?,..),(?,..) + suffix in chunks.
+func insertRows(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n int, row func(i int, args []any) []any) error {
+	for c := range chunks(n) {
+		size := c.hi - c.lo
+		args := make([]any, 0, size*cols)
+		for i := c.lo; i < c.hi; i++ {
+			args = row(i, args)
+		}
+		if _, err := tx.ExecContext(ctx, prefix+placeholders(size, cols)+suffix, args...); err != nil {
+			return fmt.Errorf("%s…: %w", strings.TrimSpace(prefix[:min(len(prefix), 40)]), err)
+		}
+	}
+	return nil
+}
+
+type span struct{ lo, hi int }
+
+func chunks(n int) func(yield func(span) bool) {
+	return func(yield func(span) bool) {
+		for lo := 0; lo < n; lo += maxRowsPerStatement {
+			if !yield(span{lo, min(lo+maxRowsPerStatement, n)}) {
+				return
+			}
+		}
+	}
+}
+
+// placeholders returns "(?,?),(?,?)" for rows rows of cols columns, or
+// "?,?,?" when cols is 1.
+func placeholders(rows, cols int) string {
+	var b strings.Builder
+	group := "(" + strings.TrimSuffix(strings.Repeat("?,", cols), ",") + ")"
+	if cols == 1 {
+		group = "?"
+	}
+	b.Grow(rows * (len(group) + 1))
+	for i := 0; i < rows; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(group)
+	}
+	return b.String()
+}
+
+func nullString(s *string) any {
+	if s == nil {
+		return nil
+	}
+	return *s
+}
+
+func nullInt(n *int64) any {
+	if n == nil {
+		return nil
+	}
+	return *n
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
