@@ -1,0 +1,56 @@
+// Package bus owns allot's JetStream side: the embedded server used by
+// `make run` and the tests, connecting, the two streams, the allocator's
+// durable consumer, and publishing with Nats-Msg-Id.
+package bus
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// ServerConfig configures an embedded JetStream server.
+type ServerConfig struct {
+	Host     string
+	Port     int // -1 picks a free port
+	StoreDir string
+	// SyncInterval is how often the file store fsyncs; 0 means "always"
+	// (every write is on disk before it is acknowledged).
+	SyncInterval time.Duration
+}
+
+// RunServer starts an embedded NATS server with JetStream on file storage and
+// waits until it accepts connections.
+func RunServer(cfg ServerConfig) (*server.Server, error) {
+	host := cfg.Host
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	opts := &server.Options{
+		ServerName: "allot-embedded",
+		Host:       host,
+		Port:       cfg.Port,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 1 << 20,
+	}
+	if cfg.SyncInterval <= 0 {
+		opts.SyncAlways = true
+		opts.SyncInterval = 2 * time.Minute // unused when SyncAlways
+	} else {
+		opts.SyncInterval = cfg.SyncInterval
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		return nil, fmt.Errorf("embedded nats: not ready after 10s (port %d taken?)", cfg.Port)
+	}
+	return s, nil
+}

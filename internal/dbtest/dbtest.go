@@ -1,0 +1,104 @@
+// Package dbtest gives each test its own freshly migrated MySQL database on
+// the real server named by ALLOT_TEST_MYSQL_DSN (default: root on
+// 127.0.0.1:3306), dropped when the test ends.
+package dbtest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"os"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/allot-dev/allot/internal/store"
+)
+
+// DefaultDSN is the server tests use when ALLOT_TEST_MYSQL_DSN is unset.
+const DefaultDSN = "root@tcp(127.0.0.1:3306)/?parseTime=true"
+
+// DB is one test's database.
+type DB struct {
+	*sql.DB
+	// DSN connects to this test's database.
+	DSN string
+	// Name is the database name.
+	Name string
+}
+
+// New creates, migrates and returns a database for t.
+func New(t testing.TB) *DB {
+	t.Helper()
+	base := os.Getenv("ALLOT_TEST_MYSQL_DSN")
+	if base == "" {
+		base = DefaultDSN
+	}
+	cfg, err := mysql.ParseDSN(base)
+	if err != nil {
+		t.Fatalf("dbtest: parse ALLOT_TEST_MYSQL_DSN: %v", err)
+	}
+	var b [6]byte
+	rand.Read(b[:])
+	cfg.DBName = "allot_test_" + hex.EncodeToString(b[:])
+	cfg.ParseTime = true
+	dsn := cfg.FormatDSN()
+	ctx := context.Background()
+	if err := store.EnsureDatabase(ctx, dsn); err != nil {
+		t.Fatalf("dbtest: MariaDB/MySQL must run at %s for the tests: %v", cfg.Addr, err)
+	}
+	db, err := store.Open(ctx, dsn, 8)
+	if err != nil {
+		t.Fatalf("dbtest: open: %v", err)
+	}
+	t.Cleanup(func() {
+		db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+cfg.DBName) //nolint:errcheck
+		db.Close()
+	})
+	if err := store.Migrate(ctx, db); err != nil {
+		t.Fatalf("dbtest: migrate: %v", err)
+	}
+	return &DB{DB: db, DSN: dsn, Name: cfg.DBName}
+}
+
+// Count runs a COUNT(*)-style query and returns its single integer.
+func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := d.QueryRowContext(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatalf("dbtest: %s: %v", query, err)
+	}
+	return n
+}
+
+// CheckInvariants asserts the contract's schema invariants over every
+// activity in the database:
+//  1. confirmed_count equals the number of CONFIRMED rows and is ≤ capacity;
+//  2. no WAITING row exists while a seat is free;
+//  3. waiters are promoted in queue_seq order: no CONFIRMED row has a larger
+//     queue_seq than a WAITING one (it would have jumped the queue, or taken
+//     a seat while someone waited);
+//  4. each request has at most one result and each stream sequence at most
+//     one result (primary and unique keys, checked here as well).
+func (d *DB) CheckInvariants(t testing.TB) {
+	t.Helper()
+	checks := []struct{ name, query string }{
+		{"confirmed_count = CONFIRMED rows", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count <>
+			(SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'CONFIRMED')`},
+		{"confirmed_count <= capacity", `SELECT COUNT(*) FROM activity WHERE confirmed_count > capacity OR confirmed_count < 0`},
+		{"no WAITING while a seat is free", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count < a.capacity AND EXISTS
+			(SELECT 1 FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'WAITING')`},
+		{"promotion in queue_seq order", `SELECT COUNT(*) FROM activity_signup c WHERE c.status = 'CONFIRMED' AND c.queue_seq >
+			(SELECT MIN(w.queue_seq) FROM activity_signup w WHERE w.activity_id = c.activity_id AND w.status = 'WAITING')`},
+		{"one result per request", `SELECT COUNT(*) - COUNT(DISTINCT request_id) FROM processed_request`},
+		{"one result per stream sequence", `SELECT COUNT(*) - COUNT(DISTINCT seq) FROM processed_request`},
+		{"one live signup per user", `SELECT COUNT(*) FROM (SELECT activity_id, user_id FROM activity_signup
+			GROUP BY activity_id, user_id HAVING COUNT(*) > 1) x`},
+	}
+	for _, c := range checks {
+		if n := d.Count(t, c.query); n != 0 {
+			t.Errorf("invariant %q broken: %d offending rows", c.name, n)
+		}
+	}
+}

@@ -1,0 +1,89 @@
+// Package natstest gives each test its own embedded JetStream server on a
+// free port with its own store directory, shut down when the test ends.
+package natstest
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
+)
+
+// Server is one test's JetStream server.
+type Server struct {
+	t   testing.TB
+	cfg bus.ServerConfig
+	*server.Server
+}
+
+// New starts a server for t. Streams are not created: the code under test
+// does that, as it does in production.
+func New(t testing.TB) *Server {
+	t.Helper()
+	cfg := bus.ServerConfig{Port: -1, StoreDir: t.TempDir(), SyncInterval: time.Second}
+	s, err := bus.RunServer(cfg)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	// Keep the port so that Restart comes back at the same URL.
+	cfg.Port = s.Addr().(*net.TCPAddr).Port
+	ts := &Server{t: t, cfg: cfg, Server: s}
+	t.Cleanup(func() { ts.Server.Shutdown(); ts.Server.WaitForShutdown() })
+	return ts
+}
+
+// URL is the client URL of the server.
+func (s *Server) URL() string { return s.Server.ClientURL() }
+
+// Stop shuts the server down, keeping its store.
+func (s *Server) Stop() {
+	s.Server.Shutdown()
+	s.Server.WaitForShutdown()
+}
+
+// Start starts a stopped server again on the same port and store.
+func (s *Server) Start() {
+	s.t.Helper()
+	srv, err := bus.RunServer(s.cfg)
+	if err != nil {
+		s.t.Fatalf("natstest: restart: %v", err)
+	}
+	s.Server = srv
+}
+
+// Connect returns a connection and a JetStream handle, closed at cleanup.
+func (s *Server) Connect(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := bus.Connect(s.URL(), t.Name(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	return nc, js
+}
+
+// StreamMsgs is the number of messages stored in stream, 0 if it does not exist.
+func StreamMsgs(t testing.TB, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	st, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		return 0
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatalf("natstest: stream info %s: %v", stream, err)
+	}
+	return info.State.Msgs
+}
