@@ -1,0 +1,406 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// env is one test's real MariaDB database and JetStream server.
+type env struct {
+	t   *testing.T
+	db  *dbtest.DB
+	ns  *natstest.Server
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *slog.Logger
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	e.nc, e.js = e.ns.Connect(t)
+	if err := bus.EnsureStreams(context.Background(), e.js, bus.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// start runs an allocator until the test ends.
+func (e *env) start(cfg Config, hooks Hooks) *Allocator {
+	e.t.Helper()
+	a, err := New(e.db.DB, e.nc, e.log, nil, cfg, hooks)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(a.Stop)
+	return a
+}
+
+func capacity(n int64) *int64 { return &n }
+
+func req(op string, activity, user int64) wire.Request {
+	r := wire.Request{RequestID: uuid.Must(uuid.NewV7()).String(), Op: op, ActivityID: activity, UserID: user, ReceivedAt: time.Now().UTC()}
+	return r
+}
+
+func open(activity, cap int64) wire.Request {
+	r := req(wire.OpOpen, activity, 0)
+	r.Capacity = capacity(cap)
+	return r
+}
+
+// publish stores r on its subject with Nats-Msg-Id = msgID (request_id when empty).
+func (e *env) publish(r wire.Request, msgID string) uint64 {
+	e.t.Helper()
+	b, err := json.Marshal(r)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if msgID == "" {
+		msgID = r.RequestID
+	}
+	ack, err := e.js.Publish(context.Background(), wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(msgID))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func (e *env) publishRaw(subject string, data []byte) uint64 {
+	e.t.Helper()
+	ack, err := e.js.Publish(context.Background(), subject, data)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// waitFence waits until the partition's fence reaches seq.
+func (e *env) waitFence(seq uint64) {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var last uint64
+		err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = 0").Scan(&last)
+		if err == nil && last >= seq {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("fence did not reach %d within 20s (at %d, err %v)", seq, last, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) result(id string) wire.Result {
+	e.t.Helper()
+	r, ok, err := store.GetResult(context.Background(), e.db, id)
+	if err != nil || !ok {
+		e.t.Fatalf("result of %s: found %v, err %v", id, ok, err)
+	}
+	return r
+}
+
+// events reads every event on ALLOT_EVENTS once the stream holds want.
+func (e *env) events(want int) []wire.Event {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for natstest.StreamMsgs(e.t, e.js, wire.EventStream) < uint64(want) {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("event stream holds %d events, want %d", natstest.StreamMsgs(e.t, e.js, wire.EventStream), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	st, err := e.js.Stream(context.Background(), wire.EventStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, _ := st.Info(context.Background())
+	var out []wire.Event
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(context.Background(), seq)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var ev wire.Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			e.t.Fatal(err)
+		}
+		if m.Header.Get(jetstream.MsgIDHeader) != ev.EventID {
+			e.t.Errorf("event %s has Nats-Msg-Id %q", ev.EventID, m.Header.Get(jetstream.MsgIDHeader))
+		}
+		if m.Subject != wire.EventSubject(ev.ActivityID, ev.Kind) {
+			e.t.Errorf("event %s on subject %s", ev.Kind, m.Subject)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func kinds(evs []wire.Event) map[string]int {
+	m := map[string]int{}
+	for _, e := range evs {
+		m[e.Kind]++
+	}
+	return m
+}
+
+// TestRedeliveryAfterCrashBetweenCommitAndAck kills (by hook) an allocator
+// after its commit and before its acks; the redelivered messages reach a
+// second allocator, which must not apply them again.
+func TestRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	o := open(1, 1)
+	j := req(wire.OpJoin, 1, 7)
+	e.publish(o, "")
+	last := e.publish(j, "")
+
+	var crashed atomic.Bool
+	a := e.start(Config{AckWait: time.Second}, Hooks{AfterCommit: func() error {
+		crashed.Store(true)
+		return errors.New("killed after commit")
+	}})
+	if err := a.Wait(); !errors.Is(err, ErrCrashed) {
+		t.Fatalf("first allocator exited with %v, want ErrCrashed", err)
+	}
+	if !crashed.Load() {
+		t.Fatal("crash hook never ran")
+	}
+	e.waitFence(last)
+
+	// The second allocator gets both messages again after AckWait.
+	e.start(Config{AckWait: time.Second}, Hooks{})
+	cons, err := e.js.Consumer(context.Background(), wire.RequestStream, bus.AllocatorConsumer(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, err := cons.Info(context.Background())
+		if err == nil && info.NumAckPending == 0 && info.NumPending == 0 && info.NumRedelivered == 0 && info.AckFloor.Stream >= last {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redelivered messages never acknowledged: %+v", info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 2 {
+		t.Fatalf("results = %d, want 2 (one per request)", n)
+	}
+	if r := e.result(j.RequestID); r.Outcome != wire.OutcomeConfirmed {
+		t.Fatalf("join outcome = %s, want CONFIRMED", r.Outcome)
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM activity_signup"); n != 1 {
+		t.Fatalf("signup rows = %d, want 1", n)
+	}
+	evs := e.events(3)
+	if got := kinds(evs); got[wire.EventOpened] != 1 || got[wire.EventConfirmed] != 1 || got[wire.EventSoldOut] != 1 || len(evs) != 3 {
+		t.Fatalf("events = %v, want one opened, one confirmed, one sold_out", got)
+	}
+	e.db.CheckInvariants(t)
+}
+
+// TestSameRequestStoredTwice covers an Idempotency-Key repeat published
+// after the broker's duplicate window: two stream messages, one request.
+func TestSameRequestStoredTwice(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.publish(open(1, 5), "")
+	j := req(wire.OpJoin, 1, 7)
+	e.publish(j, "first")
+	last := e.publish(j, "second") // a different Nats-Msg-Id: the broker stores it again
+	e.start(Config{}, Hooks{})
+	e.waitFence(last)
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE request_id = ?", j.RequestID); n != 1 {
+		t.Fatalf("results for the request = %d, want 1", n)
+	}
+	if n := e.db.Count(t, "SELECT confirmed_count FROM activity WHERE id = 1"); n != 1 {
+		t.Fatalf("confirmed_count = %d, want 1", n)
+	}
+	evs := e.events(2)
+	if got := kinds(evs); got[wire.EventConfirmed] != 1 {
+		t.Fatalf("events = %v, want one confirmed", got)
+	}
+	e.db.CheckInvariants(t)
+}
+
+// TestGapLeftByDeadConsumerIsFilledInOrder: a dead process took delivery of
+// the first requests and never acked them. The allocator must apply them
+// first, in stream order, rather than the later ones it is handed.
+func TestGapLeftByDeadConsumerIsFilledInOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	cons, err := bus.EnsureAllocatorConsumer(ctx, e.js, 0, 100, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(open(1, 1), "")
+	early := []wire.Request{req(wire.OpJoin, 1, 1), req(wire.OpJoin, 1, 2), req(wire.OpJoin, 1, 3)}
+	for _, r := range early {
+		e.publish(r, "")
+	}
+	// The "dead" process: takes delivery of the first four, never acks.
+	batch, err := cons.Fetch(4, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range batch.Messages() {
+		n++
+	}
+	if n != 4 {
+		t.Fatalf("stole %d messages, want 4", n)
+	}
+	late := []wire.Request{req(wire.OpJoin, 1, 4), req(wire.OpCancel, 1, 1)}
+	var last uint64
+	for _, r := range late {
+		last = e.publish(r, "")
+	}
+	e.start(Config{AckWait: time.Minute}, Hooks{})
+	e.waitFence(last)
+
+	for i, want := range []string{wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting} {
+		if got := e.result(early[i].RequestID).Outcome; got != want {
+			t.Errorf("early join %d: outcome %s, want %s", i+1, got, want)
+		}
+	}
+	if got := e.result(late[0].RequestID); got.Outcome != wire.OutcomeWaiting || got.Position == nil || *got.Position != 3 {
+		t.Errorf("late join: %+v, want WAITING at position 3", got)
+	}
+	c := e.result(late[1].RequestID)
+	if c.Outcome != wire.OutcomeCancelled || c.PromotedUserID == nil || *c.PromotedUserID != 2 {
+		t.Errorf("cancel: %+v, want CANCELLED promoting user 2", c)
+	}
+	e.db.CheckInvariants(t)
+}
+
+// TestMalformedMessagesAreTerminatedAndRecorded: poison never blocks the
+// partition and is never applied.
+func TestMalformedMessagesAreTerminatedAndRecorded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.publish(open(1, 2), "")
+	wrongSubject := req(wire.OpJoin, 2, 5)
+	wsb, _ := json.Marshal(wrongSubject)
+	poison := []struct {
+		subject string
+		data    string
+	}{
+		{"alloc.req.1", "\x00\xffgarbage"},
+		{"alloc.req.1", `{"request_id":"` + uuid.NewString() + `","op":"steal","activity_id":1,"user_id":3}`},
+		{"alloc.req.1", `{"request_id":"` + uuid.NewString() + `","op":"join","activity_id":"one","user_id":3}`},
+		{"alloc.req.1", `{"request_id":"not-a-uuid","op":"join","activity_id":1,"user_id":3}`},
+		{"alloc.req.1", `{"request_id":"` + uuid.NewString() + `","op":"join","activity_id":1,"user_id":-3}`},
+		{"alloc.req.1", `{"request_id":"` + uuid.NewString() + `","op":"open","activity_id":1,"capacity":-1}`},
+		{"alloc.req.1", string(wsb)},
+		{"alloc.req.x", `{}`},
+	}
+	for _, p := range poison {
+		e.publishRaw(p.subject, []byte(p.data))
+	}
+	good := req(wire.OpJoin, 1, 9)
+	last := e.publish(good, "")
+	e.start(Config{}, Hooks{})
+	e.waitFence(last)
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message"); n != int64(len(poison)) {
+		t.Fatalf("rejected = %d, want %d", n, len(poison))
+	}
+	if r := e.result(good.RequestID); r.Outcome != wire.OutcomeConfirmed {
+		t.Fatalf("request after poison: %s, want CONFIRMED", r.Outcome)
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM activity_signup"); n != 1 {
+		t.Fatalf("signups = %d, want 1: poison must change nothing", n)
+	}
+	e.db.CheckInvariants(t)
+}
+
+// TestBatchSizesDecideIdentically: the same stream order gives the same
+// outcomes whether requests are applied one, seven or 500 per transaction.
+func TestBatchSizesDecideIdentically(t *testing.T) {
+	t.Parallel()
+	reqs := mixedBurst(1500, 3, 40, 120)
+	var want []string
+	for _, size := range []int{1, 7, 500} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			e := newEnv(t)
+			var last uint64
+			for _, r := range reqs {
+				last = e.publish(r, "")
+			}
+			e.start(Config{BatchSize: size}, Hooks{})
+			e.waitFence(last)
+			got := make([]string, len(reqs))
+			for i, r := range reqs {
+				res := e.result(r.RequestID)
+				got[i] = fmt.Sprintf("%s %s %v %v %v %v", res.Op, res.Outcome, deref(res.Status), deref(res.Position),
+					deref(res.PromotedUserID), res.PromotedUserIDs)
+			}
+			e.db.CheckInvariants(t)
+			if want == nil {
+				want = got
+				return
+			}
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("request %d (%s): batch size %d decided %q, batch size 1 decided %q", i, reqs[i].Op, size, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+func deref[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+// mixedBurst is a deterministic mix of every op over a few activities.
+func mixedBurst(n, activities, capacity, users int) []wire.Request {
+	var out []wire.Request
+	for a := int64(1); a <= int64(activities); a++ {
+		out = append(out, open(a, int64(capacity)))
+	}
+	x := uint64(88172645463325252)
+	next := func() uint64 { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return x }
+	for i := 0; i < n; i++ {
+		a := int64(next()%uint64(activities)) + 1
+		u := int64(next()%uint64(users)) + 1
+		switch k := next() % 20; {
+		case k < 9:
+			out = append(out, req(wire.OpJoin, a, u))
+		case k < 14:
+			out = append(out, req(wire.OpCancel, a, u))
+		case k < 19:
+			out = append(out, req(wire.OpClaim, a, u))
+		default:
+			out = append(out, open(a, int64(capacity/2)+int64(next()%uint64(capacity))))
+		}
+	}
+	// A request for an activity never opened.
+	return append(out, req(wire.OpJoin, 99, 1))
+}

@@ -1,0 +1,543 @@
+package allocator
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// item is one stored request: delivered by the consumer (msg set) or read
+// straight from the stream to fill a gap (msg nil).
+type item struct {
+	seq     uint64
+	subject string
+	data    []byte
+	msg     jetstream.Msg
+}
+
+// outcome is what one transaction decided, kept for after the commit.
+type outcome struct {
+	fence    uint64 // the partition's fence after the commit
+	results  []wire.Result
+	rejected map[uint64]string // seq → reason
+	events   int
+}
+
+// handle applies msgs (possibly none: then it only looks for a gap) and
+// acknowledges them. It returns an error only when the allocator must stop.
+func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
+	items := make([]item, 0, len(msgs))
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil {
+			// Not a JetStream message: nothing to apply, nothing to ack.
+			a.log.ErrorContext(ctx, "message without metadata", slog.Any("err", err))
+			continue
+		}
+		items = append(items, item{seq: md.Sequence.Stream, subject: m.Subject(), data: m.Data(), msg: m})
+	}
+	slices.SortFunc(items, func(x, y item) int { return cmpSeq(x.seq, y.seq) })
+	items = slices.CompactFunc(items, func(x, y item) bool { return x.seq == y.seq })
+
+	for {
+		out, err := a.applyOnce(ctx, items)
+		if err != nil && !store.Retryable(err) && ctx.Err() == nil && len(items) > 1 {
+			// One bad request must not sink the batch: apply the batch one
+			// request per transaction, so the bad one is isolated.
+			a.log.WarnContext(ctx, "batch failed; isolating requests", slog.Any("err", err), slog.Int("batch", len(items)))
+			return a.isolate(ctx, items)
+		}
+		if err != nil && !store.Retryable(err) && len(items) <= 1 {
+			out, err = a.rejectAll(ctx, items, err)
+		}
+		if err != nil {
+			return fmt.Errorf("apply batch: %w", err)
+		}
+		if err := a.afterCommit(ctx, items, out); err != nil {
+			return err
+		}
+		var rest []item
+		for _, it := range items {
+			if it.seq > out.fence {
+				rest = append(rest, it)
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		// A gap was filled first; apply what was delivered next.
+		items = rest
+	}
+}
+
+func cmpSeq(x, y uint64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// isolate applies items one transaction each; one that still fails for a
+// reason other than a lost race is recorded as rejected and terminated.
+func (a *Allocator) isolate(ctx context.Context, items []item) error {
+	for _, it := range items {
+		if err := a.handleItems(ctx, []item{it}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (a *Allocator) handleItems(ctx context.Context, items []item) error {
+	out, err := a.applyOnce(ctx, items)
+	if err != nil && !store.Retryable(err) {
+		a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Any("err", err), slog.Uint64("seq", items[0].seq))
+		out, err = a.rejectAll(ctx, items, err)
+	}
+	if err != nil {
+		return fmt.Errorf("apply request: %w", err)
+	}
+	return a.afterCommit(ctx, items, out)
+}
+
+// applyOnce runs one transaction (retried on lost races) over the items not
+// yet applied, after filling any gap before them.
+func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error) {
+	var out outcome
+	start := time.Now()
+	err := store.WithTx(ctx, a.db, store.TxOptions{
+		OnRetry: func(attempt int, err error) {
+			a.m.txRetries.Inc()
+			a.log.WarnContext(ctx, "transaction retried", slog.Int("attempt", attempt), slog.Any("err", err))
+			for _, it := range items {
+				if it.msg != nil {
+					it.msg.InProgress() //nolint:errcheck // best effort: keep the lease while retrying
+				}
+			}
+		},
+	}, func(tx *sql.Tx) error {
+		var err error
+		out, err = a.applyTx(ctx, tx, items)
+		return err
+	})
+	if err != nil {
+		// The cache may hold decisions that were rolled back; the next
+		// transaction sees their NextSeq disagree with the row and reloads,
+		// but dropping them now keeps memory honest.
+		clear(a.cache)
+		return out, err
+	}
+	a.m.txSeconds.Observe(time.Since(start).Seconds())
+	return out, nil
+}
+
+// applyTx is one transaction's body. It must be safe to run again.
+func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item) (outcome, error) {
+	fence, err := store.LockPartition(ctx, tx, a.cfg.Partition)
+	if err != nil {
+		return outcome{}, err
+	}
+	work := make([]item, 0, len(items))
+	for _, it := range items {
+		if it.seq > fence {
+			work = append(work, it)
+		}
+	}
+	filled, err := a.fillGap(ctx, fence, work)
+	if err != nil {
+		return outcome{}, err
+	}
+	if len(filled) > 0 {
+		a.log.InfoContext(ctx, "filling a gap from the stream", slog.Uint64("from_seq", filled[0].seq),
+			slog.Uint64("to_seq", filled[len(filled)-1].seq))
+		a.m.gapFilled.Add(float64(len(filled)))
+		work = filled
+	}
+	out := outcome{fence: fence, rejected: map[uint64]string{}}
+	if len(work) == 0 {
+		return out, nil
+	}
+	return a.decide(ctx, tx, work, out)
+}
+
+// fillGap returns the stored messages of this partition between fence and
+// the first item in hand (or after fence when nothing is in hand), at most
+// one batch of them. They exist when a previous allocator took delivery and
+// died before acking: the consumer redelivers them only after AckWait, and
+// applying later requests first would break stream order.
+func (a *Allocator) fillGap(ctx context.Context, fence uint64, work []item) ([]item, error) {
+	if len(work) > 0 && work[0].seq == fence+1 {
+		return nil, nil
+	}
+	var filled []item
+	next := fence + 1
+	for len(filled) < a.cfg.BatchSize {
+		raw, err := a.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(bus.PartitionFilter(a.cfg.Partition)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: read stream at %d: %w", bus.ErrUnavailable, next, err)
+		}
+		if len(work) > 0 && raw.Sequence >= work[0].seq {
+			break
+		}
+		filled = append(filled, item{seq: raw.Sequence, subject: raw.Subject, data: raw.Data})
+		next = raw.Sequence + 1
+	}
+	return filled, nil
+}
+
+// decide applies work (sorted, all above the fence) through the domain and
+// writes everything in the open transaction.
+func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out outcome) (outcome, error) {
+	now := time.Now().UTC()
+	type valid struct {
+		item
+		req wire.Request
+	}
+	var (
+		reqs     = make([]valid, 0, len(work))
+		rejected []store.RejectedRow
+	)
+	for _, it := range work {
+		req, err := decodeRequest(it.subject, it.data)
+		if err != nil {
+			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error()})
+			out.rejected[it.seq] = err.Error()
+			continue
+		}
+		reqs = append(reqs, valid{it, req})
+	}
+
+	// Skip requests already applied: the same request stored twice (an
+	// Idempotency-Key repeat after the broker's duplicate window).
+	ids := make([]string, len(reqs))
+	for i, r := range reqs {
+		ids[i] = r.req.RequestID
+	}
+	done, err := store.Processed(ctx, tx, ids)
+	if err != nil {
+		return out, err
+	}
+	actIDs := make([]int64, 0, 4)
+	for _, r := range reqs {
+		actIDs = append(actIDs, r.req.ActivityID)
+	}
+	slices.Sort(actIDs)
+	actIDs = slices.Compact(actIDs)
+	rows, err := store.LockActivities(ctx, tx, actIDs)
+	if err != nil {
+		return out, err
+	}
+	acts := make(map[int64]*allocation.Activity, len(actIDs))
+	for _, id := range actIDs {
+		act, err := a.activity(ctx, tx, id, rows)
+		if err != nil {
+			return out, err
+		}
+		acts[id] = act
+	}
+
+	var (
+		signups = make(map[[2]int64]store.SignupRow)
+		touched = make(map[int64]bool)
+		outbox  []store.OutboxRow
+	)
+	out.results = make([]wire.Result, 0, len(reqs))
+	for _, r := range reqs {
+		if done[r.req.RequestID] {
+			continue
+		}
+		done[r.req.RequestID] = true // a repeat within this batch, too
+		act := acts[r.req.ActivityID]
+		var capacity int64
+		if r.req.Capacity != nil {
+			capacity = *r.req.Capacity
+		}
+		after, d, err := allocation.Apply(act, allocation.Request{
+			Op: r.req.Op, ActivityID: r.req.ActivityID, UserID: r.req.UserID, Capacity: capacity,
+		}, r.seq)
+		if err != nil {
+			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error()})
+			out.rejected[r.seq] = err.Error()
+			continue
+		}
+		acts[r.req.ActivityID] = after
+		if after != nil {
+			touched[after.ID] = true
+		}
+		for _, s := range d.Changed {
+			signups[[2]int64{r.req.ActivityID, s.UserID}] = store.SignupRow{
+				ActivityID: r.req.ActivityID, UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq,
+			}
+		}
+		res := resultOf(r.req, r.seq, d, after, now)
+		out.results = append(out.results, res)
+		a.m.decisions.WithLabelValues(r.req.Op, d.Outcome).Inc()
+		a.m.acceptToApply.Observe(now.Sub(r.req.ReceivedAt).Seconds())
+		for _, e := range d.Events {
+			row, err := outboxRow(e, r.req, r.seq, now)
+			if err != nil {
+				return out, err
+			}
+			outbox = append(outbox, row)
+		}
+	}
+
+	actRows := make([]store.ActivityRow, 0, len(touched))
+	for _, id := range actIDs {
+		if act := acts[id]; act != nil && touched[id] {
+			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq})
+			a.cache[id] = act
+		}
+	}
+	signupRows := make([]store.SignupRow, 0, len(signups))
+	for _, s := range signups {
+		signupRows = append(signupRows, s)
+	}
+	// A stable order keeps lock acquisition deterministic.
+	slices.SortFunc(signupRows, func(x, y store.SignupRow) int {
+		if x.ActivityID != y.ActivityID {
+			return cmpSeq(uint64(x.ActivityID), uint64(y.ActivityID))
+		}
+		return cmpSeq(uint64(x.UserID), uint64(y.UserID))
+	})
+	if err := store.UpsertActivities(ctx, tx, actRows); err != nil {
+		return out, err
+	}
+	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
+		return out, err
+	}
+	if err := store.InsertResults(ctx, tx, out.results); err != nil {
+		return out, err
+	}
+	if err := store.InsertRejected(ctx, tx, rejected, now); err != nil {
+		return out, err
+	}
+	if err := store.InsertOutbox(ctx, tx, outbox); err != nil {
+		return out, err
+	}
+	out.fence = work[len(work)-1].seq
+	out.events = len(outbox)
+	if err := store.SetPartition(ctx, tx, a.cfg.Partition, out.fence); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+// activity returns the live state of activity id under its row lock: the
+// cached one when it matches the row, else one loaded from MySQL.
+func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map[int64]store.ActivityRow) (*allocation.Activity, error) {
+	row, ok := rows[id]
+	if !ok {
+		delete(a.cache, id)
+		return nil, nil
+	}
+	if c := a.cache[id]; c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed {
+		a.m.cacheHits.Inc()
+		return c, nil
+	}
+	a.m.cacheLoads.Inc()
+	live, err := store.LiveSignups(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	signups := make([]allocation.Signup, len(live))
+	for i, s := range live {
+		signups[i] = allocation.Signup{UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq}
+	}
+	act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, signups)
+	if err != nil {
+		return nil, fmt.Errorf("activity %d in mysql breaks an invariant: %w", id, err)
+	}
+	a.cache[id] = act
+	return act, nil
+}
+
+// rejectAll records items as rejected with reason err in a transaction of
+// its own and advances the fence past them.
+func (a *Allocator) rejectAll(ctx context.Context, items []item, cause error) (outcome, error) {
+	out := outcome{rejected: map[uint64]string{}}
+	err := store.WithTx(ctx, a.db, store.TxOptions{}, func(tx *sql.Tx) error {
+		fence, err := store.LockPartition(ctx, tx, a.cfg.Partition)
+		if err != nil {
+			return err
+		}
+		out.fence = fence
+		var rows []store.RejectedRow
+		for _, it := range items {
+			if it.seq <= fence {
+				continue
+			}
+			reason := "cannot be applied: " + cause.Error()
+			rows = append(rows, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: reason})
+			out.rejected[it.seq] = reason
+			out.fence = it.seq
+		}
+		if err := store.InsertRejected(ctx, tx, rows, time.Now().UTC()); err != nil {
+			return err
+		}
+		return store.SetPartition(ctx, tx, a.cfg.Partition, out.fence)
+	})
+	return out, err
+}
+
+// afterCommit acknowledges what the commit covered, terminates rejected
+// messages, wakes waiting clients and the outbox relay.
+func (a *Allocator) afterCommit(ctx context.Context, items []item, out outcome) error {
+	if a.hooks.AfterCommit != nil {
+		if err := a.hooks.AfterCommit(); err != nil {
+			return fmt.Errorf("%w: %w", ErrCrashed, err)
+		}
+	}
+	var last jetstream.Msg
+	for _, it := range items {
+		if it.msg == nil || it.seq > out.fence {
+			continue
+		}
+		if reason, bad := out.rejected[it.seq]; bad {
+			a.m.rejected.Inc()
+			a.log.WarnContext(ctx, "malformed request terminated", slog.Uint64("seq", it.seq),
+				slog.String("subject", it.subject), slog.String("reason", reason))
+			it.msg.TermWithReason(reason) //nolint:errcheck // the fence already covers it
+			continue
+		}
+		if last != nil {
+			last.Ack() //nolint:errcheck // a lost ack is a redelivery the fence skips
+		}
+		last = it.msg
+	}
+	if last != nil {
+		// One confirmed ack per batch: the server has taken every ack
+		// sent before it on this connection.
+		if err := last.DoubleAck(ctx); err != nil {
+			a.log.WarnContext(ctx, "ack not confirmed; the fence will skip the redelivery", slog.Any("err", err))
+		}
+	}
+	a.m.batchSize.Observe(float64(len(out.results)))
+	if len(out.results) > 0 {
+		a.publishResults(out.results)
+	}
+	if out.events > 0 {
+		a.relay.kick()
+	}
+	return nil
+}
+
+// publishResults tells waiting HTTP handlers about the results just
+// committed. Core NATS, at most once: handlers fall back to MySQL.
+func (a *Allocator) publishResults(results []wire.Result) {
+	const chunk = 1000
+	for lo := 0; lo < len(results); lo += chunk {
+		b, err := json.Marshal(wire.ResultBatch{Results: results[lo:min(lo+chunk, len(results))]})
+		if err == nil {
+			a.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // best effort by design
+		}
+	}
+}
+
+// resultOf turns a decision into the recorded result.
+func resultOf(req wire.Request, seq uint64, d allocation.Decision, after *allocation.Activity, now time.Time) wire.Result {
+	r := wire.Result{
+		RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
+		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: d.Outcome, Seq: seq, AppliedAt: now,
+	}
+	if d.Status != "" {
+		s := d.Status
+		r.Status = &s
+	}
+	if d.Position > 0 {
+		p := d.Position
+		r.Position = &p
+	}
+	switch req.Op {
+	case wire.OpCancel:
+		if len(d.PromotedUserIDs) > 0 {
+			id := d.PromotedUserIDs[0]
+			r.PromotedUserID = &id
+		}
+	case wire.OpOpen:
+		r.PromotedUserIDs = slices.Clone(d.PromotedUserIDs)
+		if after != nil {
+			c := after.Capacity
+			r.Capacity = &c
+		}
+	}
+	return r
+}
+
+func outboxRow(e allocation.Event, req wire.Request, seq uint64, now time.Time) (store.OutboxRow, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return store.OutboxRow{}, fmt.Errorf("event id: %w", err)
+	}
+	ev := wire.Event{
+		EventID: id.String(), Kind: e.Kind, ActivityID: req.ActivityID, UserID: e.UserID,
+		RequestID: req.RequestID, Seq: seq, At: now,
+	}
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return store.OutboxRow{}, fmt.Errorf("encode event: %w", err)
+	}
+	return store.OutboxRow{EventID: ev.EventID, Subject: wire.EventSubject(req.ActivityID, e.Kind), Payload: b}, nil
+}
+
+// decodeRequest parses and checks a stored request. Any error makes the
+// message malformed: terminated, recorded, never applied.
+func decodeRequest(subject string, data []byte) (wire.Request, error) {
+	var req wire.Request
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("undecodable request: %v", err)
+	}
+	if dec.More() {
+		return req, errors.New("undecodable request: trailing data after the JSON object")
+	}
+	id, err := uuid.Parse(req.RequestID)
+	if err != nil || len(req.RequestID) != 36 || id.String() != strings.ToLower(req.RequestID) {
+		return req, fmt.Errorf("request_id %q is not a canonical uuid", req.RequestID)
+	}
+	req.RequestID = id.String()
+	if req.ActivityID <= 0 {
+		return req, fmt.Errorf("activity_id %d is not positive", req.ActivityID)
+	}
+	if want := wire.RequestSubject(req.ActivityID); subject != want {
+		return req, fmt.Errorf("activity_id %d was published on %s, not %s", req.ActivityID, subject, want)
+	}
+	switch req.Op {
+	case wire.OpOpen:
+		if req.UserID != 0 {
+			return req, fmt.Errorf("open carries user_id %d, want 0", req.UserID)
+		}
+		if req.Capacity == nil || *req.Capacity < 0 || *req.Capacity > wire.MaxCapacity {
+			return req, errors.New("open needs a capacity between 0 and " + strconv.Itoa(wire.MaxCapacity))
+		}
+	case wire.OpJoin, wire.OpCancel, wire.OpClaim:
+		if req.UserID <= 0 {
+			return req, fmt.Errorf("%s needs a positive user_id, got %d", req.Op, req.UserID)
+		}
+	default:
+		return req, fmt.Errorf("unknown op %q", req.Op)
+	}
+	return req, nil
+}

@@ -1,0 +1,57 @@
+package allocator
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	decisions       *prometheus.CounterVec
+	batchSize       prometheus.Histogram
+	txSeconds       prometheus.Histogram
+	txRetries       prometheus.Counter
+	rejected        prometheus.Counter
+	gapFilled       prometheus.Counter
+	cacheHits       prometheus.Counter
+	cacheLoads      prometheus.Counter
+	eventsPublished prometheus.Counter
+	acceptToApply   prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_allocator_decisions_total", Help: "Requests applied, by op and outcome.",
+		}, []string{"op", "outcome"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "allot_allocator_batch_size", Help: "Requests applied per transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		txSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "allot_allocator_transaction_duration_seconds", Help: "Time to apply and commit one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		txRetries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
+		}),
+		gapFilled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",
+		}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_cache_hits_total", Help: "Batches that used an activity's cached state.",
+		}),
+		cacheLoads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_cache_loads_total", Help: "Activity states loaded from MySQL.",
+		}),
+		eventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_events_published_total", Help: "Outbox events relayed to ALLOT_EVENTS.",
+		}),
+		acceptToApply: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
+		}),
+	}
+	reg.MustRegister(m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled,
+		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply)
+	return m
+}
