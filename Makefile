@@ -1,0 +1,33 @@
+# allot — see README.md. `make help` lists the targets.
+SHELL := /bin/bash
+GO    ?= go
+BIN   := bin
+PKGS  := ./...
+
+.DEFAULT_GOAL := help
+
+.PHONY: help build run test test-short lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+build: ## build every binary into ./bin
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+run: build ## the whole stack on this machine: embedded NATS, migrations, allocator, ingest on :8080
+	./$(BIN)/stack
+
+test: ## every test, against real MariaDB/MySQL and a real embedded JetStream server (race detector on)
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+test-short: ## the quick tests only
+	$(GO) test -short -count=1 $(PKGS)
+
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+clean: ## remove build output and the local NATS store
+	rm -rf $(BIN) var
