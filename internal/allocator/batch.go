@@ -1,7 +1,6 @@
 package allocator
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -9,8 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -220,7 +217,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		rejected []store.RejectedRow
 	)
 	for _, it := range work {
-		req, err := decodeRequest(it.subject, it.data)
+		req, err := wire.DecodeRequest(it.subject, it.data)
 		if err != nil {
 			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error()})
 			out.rejected[it.seq] = err.Error()
@@ -500,44 +497,4 @@ func outboxRow(e allocation.Event, req wire.Request, seq uint64, now time.Time) 
 		return store.OutboxRow{}, fmt.Errorf("encode event: %w", err)
 	}
 	return store.OutboxRow{EventID: ev.EventID, Subject: wire.EventSubject(req.ActivityID, e.Kind), Payload: b}, nil
-}
-
-// decodeRequest parses and checks a stored request. Any error makes the
-// message malformed: terminated, recorded, never applied.
-func decodeRequest(subject string, data []byte) (wire.Request, error) {
-	var req wire.Request
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&req); err != nil {
-		return req, fmt.Errorf("undecodable request: %v", err)
-	}
-	if dec.More() {
-		return req, errors.New("undecodable request: trailing data after the JSON object")
-	}
-	id, err := uuid.Parse(req.RequestID)
-	if err != nil || len(req.RequestID) != 36 || id.String() != strings.ToLower(req.RequestID) {
-		return req, fmt.Errorf("request_id %q is not a canonical uuid", req.RequestID)
-	}
-	req.RequestID = id.String()
-	if req.ActivityID <= 0 {
-		return req, fmt.Errorf("activity_id %d is not positive", req.ActivityID)
-	}
-	if want := wire.RequestSubject(req.ActivityID); subject != want {
-		return req, fmt.Errorf("activity_id %d was published on %s, not %s", req.ActivityID, subject, want)
-	}
-	switch req.Op {
-	case wire.OpOpen:
-		if req.UserID != 0 {
-			return req, fmt.Errorf("open carries user_id %d, want 0", req.UserID)
-		}
-		if req.Capacity == nil || *req.Capacity < 0 || *req.Capacity > wire.MaxCapacity {
-			return req, errors.New("open needs a capacity between 0 and " + strconv.Itoa(wire.MaxCapacity))
-		}
-	case wire.OpJoin, wire.OpCancel, wire.OpClaim:
-		if req.UserID <= 0 {
-			return req, fmt.Errorf("%s needs a positive user_id, got %d", req.Op, req.UserID)
-		}
-	default:
-		return req, fmt.Errorf("unknown op %q", req.Op)
-	}
-	return req, nil
 }

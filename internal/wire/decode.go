@@ -1,0 +1,53 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/google/uuid"
+)
+
+// DecodeRequest parses and checks a request stored on subject. Any error
+// makes the message malformed: the allocator terminates and records it and
+// never applies it; the audit skips it the same way.
+func DecodeRequest(subject string, data []byte) (Request, error) {
+	var req Request
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&req); err != nil {
+		return req, fmt.Errorf("undecodable request: %v", err)
+	}
+	if dec.More() {
+		return req, errors.New("undecodable request: trailing data after the JSON object")
+	}
+	id, err := uuid.Parse(req.RequestID)
+	if err != nil || len(req.RequestID) != 36 || id.String() != strings.ToLower(req.RequestID) {
+		return req, fmt.Errorf("request_id %q is not a canonical uuid", req.RequestID)
+	}
+	req.RequestID = id.String()
+	if req.ActivityID <= 0 {
+		return req, fmt.Errorf("activity_id %d is not positive", req.ActivityID)
+	}
+	if want := RequestSubject(req.ActivityID); subject != want {
+		return req, fmt.Errorf("activity_id %d was published on %s, not %s", req.ActivityID, subject, want)
+	}
+	switch req.Op {
+	case OpOpen:
+		if req.UserID != 0 {
+			return req, fmt.Errorf("open carries user_id %d, want 0", req.UserID)
+		}
+		if req.Capacity == nil || *req.Capacity < 0 || *req.Capacity > MaxCapacity {
+			return req, errors.New("open needs a capacity between 0 and " + strconv.Itoa(MaxCapacity))
+		}
+	case OpJoin, OpCancel, OpClaim:
+		if req.UserID <= 0 {
+			return req, fmt.Errorf("%s needs a positive user_id, got %d", req.Op, req.UserID)
+		}
+	default:
+		return req, fmt.Errorf("unknown op %q", req.Op)
+	}
+	return req, nil
+}
