@@ -1,0 +1,74 @@
+package ingest
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are ingest's Prometheus series.
+type metrics struct {
+	requests        *prometheus.CounterVec // route, code
+	publishDuration prometheus.Histogram
+	publishFailures prometheus.Counter
+	replays         prometheus.Counter
+	waiters         prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_http_requests_total",
+			Help: "HTTP requests answered, by route pattern and status code.",
+		}, []string{"route", "code"}),
+		publishDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "allot_ingest_publish_duration_seconds",
+			Help:    "Time from publishing a request to its JetStream PubAck (or failure).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5ms .. 4s
+		}),
+		publishFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_publish_failures_total",
+			Help: "Requests that JetStream did not store (answered 503).",
+		}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_idempotent_replays_total",
+			Help: "Writes answered with the request id of an earlier use of their Idempotency-Key.",
+		}),
+		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allot_ingest_waiters",
+			Help: "HTTP handlers waiting for a request's result (?wait=).",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("ingest: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// codeLabels holds the label text of every status code, so that counting a
+// request does not format a number.
+var codeLabels = func() (t [600]string) {
+	for i := 100; i < len(t); i++ {
+		t[i] = strconv.Itoa(i)
+	}
+	return t
+}()
+
+func codeLabel(code int) string {
+	if code >= 100 && code < len(codeLabels) {
+		return codeLabels[code]
+	}
+	return strconv.Itoa(code)
+}
+
+// countRequest counts one answered request under the route's pattern.
+func (m *metrics) countRequest(route string, code int) {
+	if code == 0 {
+		code = http.StatusOK
+	}
+	m.requests.WithLabelValues(route, codeLabel(code)).Inc()
+}

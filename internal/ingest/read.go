@@ -1,0 +1,155 @@
+package ingest
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/allot-dev/allot/internal/store"
+)
+
+// handlePoll serves GET /v1/requests/{request_id}: the recorded result
+// (done), or pending for an id ingest issued, or 404. MySQL is read before
+// the checksum is checked, so that results of requests other tools published
+// are readable too.
+func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ string) {
+	uid, id, err := parseRequestID(raw)
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	wait, err := parseWait(r.URL.RawQuery, s.opts.MaxWait)
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	ctx := r.Context()
+	// Register before the MySQL read: a result committed between the read
+	// and a later registration would otherwise wake no one.
+	var wt *waiter
+	if wait > 0 {
+		wt = s.waiters.add(id)
+		defer s.waiters.remove(id, wt)
+	}
+	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	res, found, err := store.GetResult(qctx, s.db, id)
+	cancel()
+	if err != nil {
+		s.dbError(ctx, w, "read result", err, slog.String("request_id", id))
+		return
+	}
+	if found {
+		writeJSON(w, http.StatusOK, res)
+		return
+	}
+	if !s.ids.Issued(uid) {
+		writeError(w, http.StatusNotFound, "Request "+id+" is unknown: ingest never issued it.")
+		return
+	}
+	if wait > 0 {
+		if res, ok := s.await(ctx, id, wt, wait, false); ok {
+			writeJSON(w, http.StatusOK, res)
+			return
+		}
+	}
+	writeRaw(w, http.StatusOK, pendingBody(id))
+}
+
+// handleActivity serves GET /v1/activities/{activity}.
+func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request, aStr, _ string) {
+	activity, err := parseID(aStr, "activity")
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	ctx := r.Context()
+	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	defer cancel()
+	st, found, err := store.GetActivity(qctx, s.db, activity)
+	if err != nil {
+		s.dbError(ctx, w, "read activity", err, slog.Int64("activity_id", activity))
+		return
+	}
+	if !found {
+		writeError(w, http.StatusNotFound, "Activity "+strconv.FormatInt(activity, 10)+" was never opened.")
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// handleSignup serves GET /v1/activities/{activity}/signups/{user}.
+func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request, aStr, uStr string) {
+	activity, err := parseID(aStr, "activity")
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	user, err := parseID(uStr, "user")
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	ctx := r.Context()
+	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	defer cancel()
+	st, found, err := store.GetSignup(qctx, s.db, activity, user)
+	if err != nil {
+		s.dbError(ctx, w, "read signup", err, slog.Int64("activity_id", activity), slog.Int64("user_id", user))
+		return
+	}
+	if !found {
+		writeError(w, http.StatusNotFound, "User "+strconv.FormatInt(user, 10)+
+			" never signed up for activity "+strconv.FormatInt(activity, 10)+".")
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// dbError answers 503 for a failed MySQL read and logs it, unless the client
+// left, which is the cause rather than a failure.
+func (s *Service) dbError(ctx context.Context, w http.ResponseWriter, what string, err error, attrs ...slog.Attr) {
+	if ctx.Err() == nil {
+		args := make([]any, 0, len(attrs)+1)
+		for _, a := range attrs {
+			args = append(args, a)
+		}
+		args = append(args, slog.Any("err", err))
+		s.log.ErrorContext(ctx, what, args...)
+	}
+	writeError(w, http.StatusServiceUnavailable, msgDatabaseDown)
+}
+
+var statusOK = []byte(`{"status":"ok"}`)
+
+// handleHealth serves /healthz: the process answers.
+func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request, _, _ string) {
+	writeRaw(w, http.StatusOK, statusOK)
+}
+
+// readyPingTimeout bounds the MySQL ping of /readyz; probes are short.
+const readyPingTimeout = 2 * time.Second
+
+// handleReady serves /readyz: 200 when NATS is connected and MySQL answers a
+// ping, else 503 naming what is down.
+func (s *Service) handleReady(w http.ResponseWriter, r *http.Request, _, _ string) {
+	natsUp := s.nc.IsConnected()
+	ctx, cancel := context.WithTimeout(r.Context(), min(readyPingTimeout, s.opts.QueryTimeout))
+	defer cancel()
+	dbErr := s.db.PingContext(ctx)
+	switch {
+	case natsUp && dbErr == nil:
+		writeRaw(w, http.StatusOK, statusOK)
+		return
+	case !natsUp && dbErr != nil:
+		writeError(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected and MySQL does not answer.")
+	case !natsUp:
+		writeError(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected.")
+	default:
+		writeError(w, http.StatusServiceUnavailable, "Not ready: MySQL does not answer.")
+	}
+	if dbErr != nil {
+		s.log.WarnContext(r.Context(), "readiness: mysql ping failed", slog.Any("err", dbErr))
+	}
+}

@@ -1,0 +1,127 @@
+package ingest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// DefaultShutdownTimeout bounds a graceful shutdown: in-flight publishes
+// (at most Options.PublishTimeout) finish, waits are cut short.
+const DefaultShutdownTimeout = 15 * time.Second
+
+// RunConfig is what Run needs besides its dependencies.
+type RunConfig struct {
+	// HTTPAddr is the listen address, e.g. ":8080". Ignored when Listener
+	// is set.
+	HTTPAddr string
+	// Listener, when set, is served instead of listening on HTTPAddr (tests
+	// and launchers that pick a free port). Run closes it.
+	Listener net.Listener
+	// Options configure the Service.
+	Options Options
+	// Registry receives ingest's metrics and is served on /metrics. When nil
+	// Run creates one with the Go and process collectors. A launcher running
+	// several parts in one process passes its shared registry.
+	Registry *prometheus.Registry
+	// ShutdownTimeout bounds the graceful shutdown; default
+	// DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+}
+
+// Run serves the ingest API on cfg.HTTPAddr until ctx ends, then shuts down
+// gracefully: waits in progress answer at once, the server stops accepting
+// and finishes in-flight requests, and the Service stops. db and nc belong
+// to the caller, which closes (drains) them after Run returns. Run returns
+// nil after a clean shutdown, or the error that stopped it.
+func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("ingest: jetstream: %w", err)
+	}
+	opts := cfg.Options
+	opts.Gatherer = reg
+	svc, err := New(db, nc, js, log, reg, opts)
+	if err != nil {
+		return err
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", cfg.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
+		}
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = svc.Start(startCtx)
+	cancel()
+	if err != nil {
+		ln.Close() //nolint:errcheck
+		return err
+	}
+	defer svc.Stop()
+
+	srv := newHTTPServer(svc.Handler(), svc.opts, log)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.InfoContext(ctx, "ingest listening", slog.String("addr", ln.Addr().String()))
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("ingest: serve: %w", err)
+	case <-ctx.Done():
+	}
+	timeout := cfg.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
+	// Cut waits first: a handler waiting 30s for a result would otherwise
+	// hold the shutdown; it answers "pending" now, which is true.
+	svc.endWaits()
+	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := srv.Shutdown(shCtx); err != nil {
+		srv.Close() //nolint:errcheck
+		return fmt.Errorf("ingest: graceful shutdown: %w", err)
+	}
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("ingest: serve: %w", err)
+	}
+	log.InfoContext(ctx, "ingest stopped")
+	return nil
+}
+
+// newHTTPServer wraps h in an http.Server with timeouts fit for the API:
+// headers must arrive quickly, bodies are small, and a response may take up
+// to MaxWait plus a publish and a read, so WriteTimeout exceeds their sum.
+// opts has its defaults applied.
+func newHTTPServer(h http.Handler, opts Options, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      opts.MaxWait + opts.PublishTimeout + opts.QueryTimeout + 10*time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    32 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+}

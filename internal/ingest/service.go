@@ -1,0 +1,269 @@
+// Package ingest owns allot's HTTP API: it validates requests, publishes
+// them to JetStream and answers 202 only after the PubAck; it serves result
+// polls (optionally waiting for the allocator's result notification),
+// activity and signup reads from MySQL, idempotency keys in a JetStream KV
+// bucket, health, readiness and metrics. It never writes to MySQL.
+package ingest
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// Defaults of Options; the first two are the contract's numbers.
+const (
+	DefaultMaxWait           = 30 * time.Second
+	DefaultBodyLimit         = 64 << 10
+	DefaultPublishTimeout    = 5 * time.Second
+	DefaultRecheckInterval   = time.Second
+	DefaultQueryTimeout      = 5 * time.Second
+	DefaultIdempotencyBucket = "ALLOT_IDEMPOTENCY"
+	DefaultIdempotencyTTL    = 24 * time.Hour
+)
+
+// Options are the HTTP-independent settings of a Service. A zero field takes
+// its default.
+type Options struct {
+	// MaxWait caps ?wait=; longer waits count as MaxWait. Default 30s.
+	MaxWait time.Duration
+	// BodyLimit is the largest accepted request body; larger is a 413.
+	// Default 64 KiB.
+	BodyLimit int64
+	// PublishTimeout bounds one publish to JetStream, PubAck included, and
+	// one idempotency-key read or write. Default 5s.
+	PublishTimeout time.Duration
+	// RecheckInterval is how often a waiting handler reads MySQL again in
+	// case a result notification was dropped (core NATS is at most once); it
+	// also reads once at its deadline. Default 1s.
+	RecheckInterval time.Duration
+	// QueryTimeout bounds one MySQL read. Default 5s.
+	QueryTimeout time.Duration
+	// IDSecret keys the request-id checksum; empty means DefaultIDSecret.
+	// Every ingest instance must use the same value.
+	IDSecret string
+	// StreamReplicas is the replication factor of the streams and of the
+	// idempotency bucket (3 on a cluster). Default 1.
+	StreamReplicas int
+	// IdempotencyBucket names the JetStream KV bucket of idempotency keys.
+	// Default ALLOT_IDEMPOTENCY.
+	IdempotencyBucket string
+	// IdempotencyTTL is how long an idempotency key is remembered.
+	// Default 24h.
+	IdempotencyTTL time.Duration
+	// RateLimit, when positive, caps accepted writes per second of this
+	// instance; excess writes answer 429 with Retry-After. Default off.
+	RateLimit float64
+	// RateBurst is the burst of RateLimit; default max(1, RateLimit/10).
+	RateBurst int
+	// Gatherer is what /metrics serves. When nil, the Registerer given to New
+	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
+	// private registry holding ingest's metrics.
+	Gatherer prometheus.Gatherer
+}
+
+func (o Options) withDefaults() (Options, error) {
+	def := func(d *time.Duration, v time.Duration, name string) error {
+		if *d < 0 {
+			return fmt.Errorf("ingest: %s must not be negative, got %s", name, *d)
+		}
+		if *d == 0 {
+			*d = v
+		}
+		return nil
+	}
+	for _, e := range []error{
+		def(&o.MaxWait, DefaultMaxWait, "MaxWait"),
+		def(&o.PublishTimeout, DefaultPublishTimeout, "PublishTimeout"),
+		def(&o.RecheckInterval, DefaultRecheckInterval, "RecheckInterval"),
+		def(&o.QueryTimeout, DefaultQueryTimeout, "QueryTimeout"),
+		def(&o.IdempotencyTTL, DefaultIdempotencyTTL, "IdempotencyTTL"),
+	} {
+		if e != nil {
+			return o, e
+		}
+	}
+	if o.BodyLimit < 0 {
+		return o, fmt.Errorf("ingest: BodyLimit must not be negative, got %d", o.BodyLimit)
+	}
+	if o.BodyLimit == 0 {
+		o.BodyLimit = DefaultBodyLimit
+	}
+	if o.StreamReplicas < 0 {
+		return o, fmt.Errorf("ingest: StreamReplicas must not be negative, got %d", o.StreamReplicas)
+	}
+	o.StreamReplicas = max(o.StreamReplicas, 1)
+	if o.IdempotencyBucket == "" {
+		o.IdempotencyBucket = DefaultIdempotencyBucket
+	}
+	if o.RateLimit < 0 || o.RateBurst < 0 {
+		return o, errors.New("ingest: RateLimit and RateBurst must not be negative")
+	}
+	if o.RateLimit > 0 && o.RateBurst == 0 {
+		o.RateBurst = max(1, int(o.RateLimit/10))
+	}
+	return o, nil
+}
+
+// Service is the ingest HTTP API. Create it with New, call Start before
+// serving Handler, and Stop when the HTTP server has shut down.
+type Service struct {
+	db   *sql.DB
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	log  *slog.Logger
+	opts Options
+
+	ids     *idIssuer
+	waiters *waiters
+	limiter *rate.Limiter // nil when RateLimit is off
+	metrics *metrics
+	handler http.Handler
+
+	mu       sync.Mutex
+	kv       jetstream.KeyValue // set by Start
+	sub      *nats.Subscription
+	quit     chan struct{} // closed by endWaits: waiting handlers answer now
+	quitOnce sync.Once
+	stopped  bool
+}
+
+// New builds a Service over db (read only: results, activities, signups),
+// nc and js (publishing, idempotency keys, result notifications), logging to
+// log and registering its metrics with reg (nil: a private registry). It
+// does no I/O; Start does.
+func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, reg prometheus.Registerer, opts Options) (*Service, error) {
+	if db == nil || nc == nil || js == nil {
+		return nil, errors.New("ingest: New needs a database, a NATS connection and a JetStream handle")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	gatherer := opts.Gatherer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if gatherer == nil {
+		if g, ok := reg.(prometheus.Gatherer); ok {
+			gatherer = g
+		} else {
+			return nil, errors.New("ingest: the Registerer is not a Gatherer; set Options.Gatherer for /metrics")
+		}
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{
+		db:      db,
+		nc:      nc,
+		js:      js,
+		log:     log,
+		opts:    opts,
+		ids:     newIDIssuer(opts.IDSecret),
+		waiters: newWaiters(m.waiters),
+		metrics: m,
+		quit:    make(chan struct{}),
+	}
+	if opts.RateLimit > 0 {
+		s.limiter = rate.NewLimiter(rate.Limit(opts.RateLimit), opts.RateBurst)
+	}
+	s.handler = s.routes(gatherer)
+	return s, nil
+}
+
+// Start ensures both streams and the idempotency bucket and subscribes to
+// the result notifications. It fails with bus.ErrUnavailable when NATS or
+// JetStream does not answer.
+func (s *Service) Start(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sub != nil || s.stopped {
+		return errors.New("ingest: Start called twice or after Stop")
+	}
+	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas}); err != nil {
+		return fmt.Errorf("ingest start: %w", err)
+	}
+	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      s.opts.IdempotencyBucket,
+		Description: "allot ingest: Idempotency-Key -> request_id, op, path, request message",
+		History:     1,
+		TTL:         s.opts.IdempotencyTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    s.opts.StreamReplicas,
+	})
+	if err != nil {
+		return fmt.Errorf("ingest start: %w: ensure bucket %s: %w", bus.ErrUnavailable, s.opts.IdempotencyBucket, err)
+	}
+	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
+	if err != nil {
+		return fmt.Errorf("ingest start: %w: subscribe %s: %w", bus.ErrUnavailable, wire.ResultSubject, err)
+	}
+	// A slow handler must not make the server cut the connection: beyond
+	// these limits notifications are dropped, and waiters read MySQL.
+	if err := sub.SetPendingLimits(1<<16, 256<<20); err != nil {
+		sub.Unsubscribe() //nolint:errcheck
+		return fmt.Errorf("ingest start: %w", err)
+	}
+	fctx, cancel := context.WithTimeout(ctx, s.opts.PublishTimeout) // Flush needs a deadline
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil {
+		sub.Unsubscribe() //nolint:errcheck
+		return fmt.Errorf("ingest start: %w: flush subscription: %w", bus.ErrUnavailable, err)
+	}
+	s.kv, s.sub = kv, sub
+	s.log.InfoContext(ctx, "ingest started",
+		slog.String("bucket", s.opts.IdempotencyBucket),
+		slog.String("result_subject", wire.ResultSubject))
+	return nil
+}
+
+// endWaits makes every waiting handler answer now with what it knows; the
+// first step of a graceful shutdown, so that in-flight requests finish.
+func (s *Service) endWaits() {
+	s.quitOnce.Do(func() { close(s.quit) })
+}
+
+// Stop ends the waits in progress and unsubscribes from the result
+// notifications. Call it after the HTTP server has stopped; it does not
+// close the NATS connection or the database, which the caller owns. A
+// stopped Service cannot be started again.
+func (s *Service) Stop() {
+	s.endWaits()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	if s.sub != nil {
+		if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			s.log.Warn("unsubscribe results", slog.Any("err", err))
+		}
+		s.sub = nil
+	}
+}
+
+// Handler is the HTTP API: every route of the contract, /healthz, /readyz
+// and /metrics, with JSON errors, panic recovery and request metrics.
+func (s *Service) Handler() http.Handler { return s.handler }
+
+func (s *Service) bucket() jetstream.KeyValue {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kv
+}

@@ -1,0 +1,169 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// waiter is one HTTP handler waiting for one request's result.
+type waiter struct {
+	ch chan wire.Result // buffered 1: delivery never blocks the subscription
+}
+
+// waiters maps request ids to the handlers waiting for them. It is fed by
+// the subscription to wire.ResultSubject; every entry is removed by the
+// handler that added it, whether or not a result came.
+type waiters struct {
+	mu    sync.Mutex
+	m     map[string][]*waiter
+	n     atomic.Int64
+	gauge prometheus.Gauge
+}
+
+func newWaiters(gauge prometheus.Gauge) *waiters {
+	return &waiters{m: make(map[string][]*waiter), gauge: gauge}
+}
+
+// add registers a waiter for id. The caller must call remove.
+func (ws *waiters) add(id string) *waiter {
+	w := &waiter{ch: make(chan wire.Result, 1)}
+	ws.mu.Lock()
+	ws.m[id] = append(ws.m[id], w)
+	ws.mu.Unlock()
+	ws.n.Add(1)
+	ws.gauge.Inc()
+	return w
+}
+
+// remove unregisters w.
+func (ws *waiters) remove(id string, w *waiter) {
+	ws.mu.Lock()
+	list := ws.m[id]
+	for i, x := range list {
+		if x == w {
+			list[i] = list[len(list)-1]
+			list[len(list)-1] = nil
+			list = list[:len(list)-1]
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(ws.m, id)
+	} else {
+		ws.m[id] = list
+	}
+	ws.mu.Unlock()
+	ws.n.Add(-1)
+	ws.gauge.Dec()
+}
+
+// count is the number of registered waiters.
+func (ws *waiters) count() int64 { return ws.n.Load() }
+
+// deliver wakes every waiter of r.RequestID.
+func (ws *waiters) deliver(r wire.Result) {
+	ws.mu.Lock()
+	for _, w := range ws.m[r.RequestID] {
+		select {
+		case w.ch <- r:
+		default: // already holds this result
+		}
+	}
+	ws.mu.Unlock()
+}
+
+// onResults is the handler of wire.ResultSubject. Results are decoded only
+// while someone waits: the allocator publishes a batch per commit whether or
+// not anyone listens.
+func (s *Service) onResults(m *nats.Msg) {
+	if s.waiters.count() == 0 {
+		return
+	}
+	var batch wire.ResultBatch
+	if err := json.Unmarshal(m.Data, &batch); err != nil {
+		s.log.Warn("undecodable result batch", slog.String("subject", m.Subject), slog.Any("err", err))
+		return
+	}
+	for i := range batch.Results {
+		r := batch.Results[i]
+		if r.RequestID == "" {
+			continue
+		}
+		// Answer as a MySQL read would: done, cancel's single promoted
+		// user, and the microsecond time DATETIME(6) keeps.
+		r.State = wire.StateDone
+		r.AppliedAt = r.AppliedAt.UTC().Truncate(time.Microsecond)
+		store.SetPromotedUser(&r)
+		s.waiters.deliver(r)
+	}
+}
+
+// await waits up to d for the result of id, registered as w before the
+// request could have been applied (before publishing, or before the first
+// MySQL read), so that no notification falls between a read and the
+// registration. Core NATS may drop a notification, so MySQL is read again
+// every RecheckInterval and once at the deadline. It returns found=false
+// when the deadline passes, the client leaves or the service shuts down;
+// those all answer "pending", which is true.
+func (s *Service) await(ctx context.Context, id string, w *waiter, d time.Duration, readFirst bool) (wire.Result, bool) {
+	if readFirst {
+		if r, ok := s.lookup(ctx, id); ok {
+			return r, true
+		}
+	}
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	var tick <-chan time.Time
+	if iv := s.opts.RecheckInterval; iv > 0 && iv < d {
+		t := time.NewTicker(iv)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case r := <-w.ch:
+			return r, true
+		case <-tick:
+			if r, ok := s.lookup(ctx, id); ok {
+				return r, true
+			}
+		case <-deadline.C:
+			select {
+			case r := <-w.ch:
+				return r, true
+			default:
+			}
+			return s.lookup(ctx, id)
+		case <-ctx.Done():
+			return wire.Result{}, false
+		case <-s.quit:
+			return wire.Result{}, false
+		}
+	}
+}
+
+// lookup reads id's result from MySQL; an error counts as "not yet", since
+// a waiting handler answers "pending" rather than fail a request that is
+// durably stored.
+func (s *Service) lookup(ctx context.Context, id string) (wire.Result, bool) {
+	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	defer cancel()
+	r, ok, err := store.GetResult(qctx, s.db, id)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "read result while waiting", slog.String("request_id", id), slog.Any("err", err))
+		}
+		return wire.Result{}, false
+	}
+	return r, ok
+}

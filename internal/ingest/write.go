@@ -1,0 +1,241 @@
+package ingest
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// writeHandler serves the write route of op: validate everything, then
+// publish, then answer 202 (or 200 with the result when ?wait= sees it).
+func (s *Service) writeHandler(op string) func(http.ResponseWriter, *http.Request, string, string) {
+	return func(w http.ResponseWriter, r *http.Request, a, u string) {
+		s.write(w, r, op, a, u)
+	}
+}
+
+func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr string) {
+	body, err := readBody(w, r, s.opts.BodyLimit)
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	activity, err := parseID(aStr, "activity")
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	var user int64
+	var capacity *int64
+	if op == wire.OpOpen {
+		c, err := parseCapacity(body)
+		if err != nil {
+			writeInputError(w, err)
+			return
+		}
+		capacity = &c
+	} else if user, err = parseID(uStr, "user"); err != nil {
+		writeInputError(w, err)
+		return
+	}
+	wait, err := parseWait(r.URL.RawQuery, s.opts.MaxWait)
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	key, hasKey, err := idempotencyKey(r.Header)
+	if err != nil {
+		writeInputError(w, err)
+		return
+	}
+	if s.limiter != nil && !s.limiter.Allow() {
+		w.Header()["Retry-After"] = []string{"1"}
+		writeError(w, http.StatusTooManyRequests, msgRateLimited)
+		return
+	}
+
+	ctx := r.Context()
+	uid, err := s.ids.New()
+	if err != nil {
+		s.log.ErrorContext(ctx, "mint request id", slog.Any("err", err))
+		writeError(w, http.StatusInternalServerError, msgInternal)
+		return
+	}
+	id := uid.String()
+	data, err := json.Marshal(wire.Request{
+		RequestID:      id,
+		Op:             op,
+		ActivityID:     activity,
+		UserID:         user,
+		Capacity:       capacity,
+		IdempotencyKey: key,
+		ReceivedAt:     time.Now().UTC(),
+	})
+	if err != nil {
+		s.log.ErrorContext(ctx, "encode request", slog.String("request_id", id), slog.Any("err", err))
+		writeError(w, http.StatusInternalServerError, msgInternal)
+		return
+	}
+
+	repeat := false
+	if hasKey {
+		path := canonicalPath(op, activity, user)
+		boundID, boundData, again, err := s.claimKey(ctx, key, op, path, id, data)
+		if err != nil {
+			if _, ok := errors.AsType[*inputError](err); ok { // 422: the key is bound elsewhere
+				writeInputError(w, err)
+				return
+			}
+			s.log.WarnContext(ctx, "idempotency key unavailable", slog.String("request_id", id), slog.Any("err", err))
+			writeError(w, http.StatusServiceUnavailable, msgBrokerDown)
+			return
+		}
+		id, data, repeat = boundID, boundData, again
+		if repeat {
+			s.metrics.replays.Inc()
+		}
+	}
+
+	// Register before publishing: the allocator may apply the request and
+	// announce its result before PublishMsg even returns.
+	var wt *waiter
+	if wait > 0 {
+		wt = s.waiters.add(id)
+		defer s.waiters.remove(id, wt)
+	}
+	if repeat {
+		// Already applied: answer without publishing a copy that JetStream
+		// would store again once its duplicate window has passed.
+		if res, ok := s.lookup(ctx, id); ok {
+			if wait > 0 {
+				writeJSON(w, http.StatusOK, res)
+			} else {
+				writeAck(w, id)
+			}
+			return
+		}
+	}
+	if err := s.publish(ctx, activity, id, data); err != nil {
+		writeError(w, http.StatusServiceUnavailable, msgBrokerDown)
+		return
+	}
+	if wait > 0 {
+		// A fresh id cannot have a result yet, and a repeat's was read
+		// above after registering, so no MySQL read is due before waiting.
+		if res, ok := s.await(ctx, id, wt, wait, false); ok {
+			writeJSON(w, http.StatusOK, res)
+			return
+		}
+	}
+	writeAck(w, id)
+}
+
+// canonicalPath is the path of a write, built from the parsed ids so that
+// /v1/activities/007 and /v1/activities/7 are the same path.
+func canonicalPath(op string, activity, user int64) string {
+	a := strconv.FormatInt(activity, 10)
+	u := strconv.FormatInt(user, 10)
+	switch op {
+	case wire.OpOpen:
+		return "/v1/activities/" + a
+	case wire.OpClaim:
+		return "/v1/activities/" + a + "/claims/" + u
+	default: // join and cancel share their path; the op tells them apart
+		return "/v1/activities/" + a + "/signups/" + u
+	}
+}
+
+// publish stores one request message in ALLOT_REQUESTS and waits for the
+// PubAck. Nats-Msg-Id is the request id, so JetStream drops a re-publish
+// within its duplicate window. The publish is not cut short when the client
+// leaves: its outcome is logged either way.
+func (s *Service) publish(ctx context.Context, activity int64, id string, data []byte) error {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.PublishTimeout)
+	defer cancel()
+	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
+	start := time.Now()
+	ack, err := s.js.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
+	s.metrics.publishDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.publishFailures.Inc()
+		s.log.WarnContext(ctx, "publish request", slog.String("request_id", id),
+			slog.Int64("activity_id", activity), slog.Any("err", err))
+		return fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
+	}
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "request published", slog.String("request_id", id),
+			slog.Int64("activity_id", activity), slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
+	}
+	return nil
+}
+
+// idemRecord is the value stored under an Idempotency-Key.
+type idemRecord struct {
+	RequestID string `json:"request_id"`
+	Op        string `json:"op"`
+	Path      string `json:"path"`
+	Msg       []byte `json:"msg"` // the request message exactly as first published
+}
+
+// claimKey binds key to this write, or finds the write it is bound to. It
+// returns the request id and message to publish, and repeat=true when they
+// are an earlier write's; an *inputError (422) when the key is bound to
+// another op or path; bus.ErrUnavailable when the bucket does not answer. Keys are stored as hex(sha256(key)): any printable
+// key becomes a valid KV key of fixed length.
+func (s *Service) claimKey(ctx context.Context, key, op, path, id string, data []byte) (string, []byte, bool, error) {
+	kv := s.bucket()
+	if kv == nil {
+		return "", nil, false, fmt.Errorf("%w: ingest is not started", bus.ErrUnavailable)
+	}
+	sum := sha256.Sum256([]byte(key))
+	k := hex.EncodeToString(sum[:])
+	val, err := json.Marshal(idemRecord{RequestID: id, Op: op, Path: path, Msg: data})
+	if err != nil {
+		return "", nil, false, fmt.Errorf("encode idempotency record: %w", err)
+	}
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.PublishTimeout)
+	defer cancel()
+	// Create is atomic: of concurrent first uses, one wins and the others
+	// read its record. A record that expires between Create and Get is
+	// claimed again, hence the loop.
+	for range 3 {
+		_, err := kv.Create(kctx, k, val)
+		if err == nil {
+			return id, data, false, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return "", nil, false, fmt.Errorf("%w: create idempotency key: %w", bus.ErrUnavailable, err)
+		}
+		e, err := kv.Get(kctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return "", nil, false, fmt.Errorf("%w: read idempotency key: %w", bus.ErrUnavailable, err)
+		}
+		var old idemRecord
+		if err := json.Unmarshal(e.Value(), &old); err != nil || old.RequestID == "" || len(old.Msg) == 0 {
+			return "", nil, false, fmt.Errorf("%w: undecodable idempotency record %s: %v", bus.ErrUnavailable, k, err)
+		}
+		if old.Op != op || old.Path != path {
+			return "", nil, false, &inputError{status: http.StatusUnprocessableEntity,
+				msg: "This Idempotency-Key was first used for " + old.Op + " on " + old.Path +
+					"; use a new key for another operation or path."}
+		}
+		return old.RequestID, old.Msg, true, nil
+	}
+	return "", nil, false, fmt.Errorf("%w: idempotency key %s keeps vanishing", bus.ErrUnavailable, k)
+}
