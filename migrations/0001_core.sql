@@ -22,10 +22,15 @@ CREATE TABLE IF NOT EXISTS activity_signup (
   CONSTRAINT chk_signup_status CHECK (status IN ('CONFIRMED', 'WAITING', 'CANCELLED'))
 ) ENGINE=InnoDB;
 
--- Exactly once: one row per applied request, holding its result.
+-- Exactly once: one row per applied request, holding its result. It is
+-- also the transactional outbox: `events` holds the events the request
+-- caused ("kind:user_id;…"), written in the same transaction, and the relay
+-- publishes them in seq order per partition behind the cursor in
+-- event_relay, so an event is never lost after commit.
 CREATE TABLE IF NOT EXISTS processed_request (
   request_id CHAR(36) CHARACTER SET ascii NOT NULL PRIMARY KEY,
   seq BIGINT NOT NULL,
+  partition_id INT NOT NULL DEFAULT 0,
   op VARCHAR(8) NOT NULL,
   activity_id BIGINT NOT NULL,
   user_id BIGINT NOT NULL,
@@ -34,9 +39,10 @@ CREATE TABLE IF NOT EXISTS processed_request (
   `position` BIGINT NULL,
   promoted_user_ids TEXT NULL,
   capacity INT NULL,
+  events TEXT CHARACTER SET ascii NULL,
   applied_at DATETIME(6) NOT NULL,
   UNIQUE KEY uk_processed_seq (seq),
-  KEY idx_processed_activity (activity_id, seq)
+  KEY idx_processed_partition (partition_id, seq)
 ) ENGINE=InnoDB;
 
 -- Messages the allocator refused as malformed: terminated, never applied,
@@ -48,13 +54,11 @@ CREATE TABLE IF NOT EXISTS rejected_message (
   rejected_at DATETIME(6) NOT NULL
 ) ENGINE=InnoDB;
 
--- Transactional outbox: events written in the business transaction and
--- relayed to ALLOT_EVENTS after commit; a row is deleted once published.
-CREATE TABLE IF NOT EXISTS outbox (
-  id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-  event_id CHAR(36) CHARACTER SET ascii NOT NULL,
-  subject VARCHAR(255) NOT NULL,
-  payload BLOB NOT NULL
+-- The outbox relay's cursor: the last processed_request.seq of a partition
+-- whose events are published to ALLOT_EVENTS.
+CREATE TABLE IF NOT EXISTS event_relay (
+  partition_id INT NOT NULL PRIMARY KEY,
+  last_seq BIGINT NOT NULL DEFAULT 0
 ) ENGINE=InnoDB;
 
 -- Per-partition fence: the stream sequence of the last message applied (or

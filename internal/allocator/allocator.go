@@ -108,7 +108,7 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	log = log.With(slog.Int("partition", cfg.Partition))
 	return &Allocator{
 		cfg: cfg, db: db, nc: nc, js: js, log: log, m: m, hooks: hooks,
-		relay: newRelay(db, js, log, m),
+		relay: newRelay(db, js, log, m, cfg.Partition),
 		cache: make(map[int64]*allocation.Activity),
 	}, nil
 }

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
@@ -258,7 +257,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	var (
 		signups = make(map[[2]int64]store.SignupRow)
 		touched = make(map[int64]bool)
-		outbox  []store.OutboxRow
+		rowsOut = make([]store.ResultRow, 0, len(reqs))
 	)
 	out.results = make([]wire.Result, 0, len(reqs))
 	for _, r := range reqs {
@@ -292,13 +291,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		out.results = append(out.results, res)
 		a.m.decisions.WithLabelValues(r.req.Op, d.Outcome).Inc()
 		a.m.acceptToApply.Observe(now.Sub(r.req.ReceivedAt).Seconds())
-		for _, e := range d.Events {
-			row, err := outboxRow(e, r.req, r.seq, now)
-			if err != nil {
-				return out, err
-			}
-			outbox = append(outbox, row)
-		}
+		rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition, Events: encodeEvents(d.Events)})
+		out.events += len(d.Events)
 	}
 
 	actRows := make([]store.ActivityRow, 0, len(touched))
@@ -325,17 +319,13 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return out, err
 	}
-	if err := store.InsertResults(ctx, tx, out.results); err != nil {
+	if err := store.InsertResults(ctx, tx, rowsOut); err != nil {
 		return out, err
 	}
 	if err := store.InsertRejected(ctx, tx, rejected, now); err != nil {
 		return out, err
 	}
-	if err := store.InsertOutbox(ctx, tx, outbox); err != nil {
-		return out, err
-	}
 	out.fence = work[len(work)-1].seq
-	out.events = len(outbox)
 	if err := store.SetPartition(ctx, tx, a.cfg.Partition, out.fence); err != nil {
 		return out, err
 	}
@@ -483,18 +473,13 @@ func resultOf(req wire.Request, seq uint64, d allocation.Decision, after *alloca
 	return r
 }
 
-func outboxRow(e allocation.Event, req wire.Request, seq uint64, now time.Time) (store.OutboxRow, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return store.OutboxRow{}, fmt.Errorf("event id: %w", err)
+func encodeEvents(events []allocation.Event) string {
+	if len(events) == 0 {
+		return ""
 	}
-	ev := wire.Event{
-		EventID: id.String(), Kind: e.Kind, ActivityID: req.ActivityID, UserID: e.UserID,
-		RequestID: req.RequestID, Seq: seq, At: now,
+	specs := make([]store.EventSpec, len(events))
+	for i, e := range events {
+		specs[i] = store.EventSpec{Kind: e.Kind, UserID: e.UserID}
 	}
-	b, err := json.Marshal(ev)
-	if err != nil {
-		return store.OutboxRow{}, fmt.Errorf("encode event: %w", err)
-	}
-	return store.OutboxRow{EventID: ev.EventID, Subject: wire.EventSubject(req.ActivityID, e.Kind), Payload: b}, nil
+	return store.EncodeEvents(specs)
 }

@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
@@ -11,27 +12,33 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Relay publishes outbox rows to ALLOT_EVENTS after their transaction has
-// committed, with Nats-Msg-Id = event_id, and deletes them once JetStream
-// has acknowledged them. After a crash it resumes from the rows left: an
-// event published but not yet deleted is published again, and the stream's
-// duplicate window (and a consumer's dedupe by event_id) absorbs it.
+// Relay publishes the events of committed requests to ALLOT_EVENTS. The
+// outbox is processed_request itself: each row carries the events its
+// request caused, written in the business transaction. The relay walks a
+// partition's rows in seq order behind a cursor (event_relay), publishes
+// with Nats-Msg-Id = event_id, and moves the cursor once JetStream has
+// acknowledged every event. After a crash it resumes at the cursor; events
+// published but not yet covered by the cursor are published again with the
+// same derived event_id, which the stream's duplicate window and consumers'
+// dedupe by event_id absorb.
 type Relay struct {
-	db     *sql.DB
-	js     jetstream.JetStream
-	log    *slog.Logger
-	m      *metrics
-	wake   chan struct{}
-	done   chan struct{}
-	batch  int
-	period time.Duration
+	db        *sql.DB
+	js        jetstream.JetStream
+	log       *slog.Logger
+	m         *metrics
+	partition int
+	wake      chan struct{}
+	done      chan struct{}
+	batch     int
+	period    time.Duration
 }
 
-func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics) *Relay {
-	return &Relay{db: db, js: js, log: log, m: m, wake: make(chan struct{}, 1), done: make(chan struct{}),
-		batch: 1000, period: time.Second}
+func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics, partition int) *Relay {
+	return &Relay{db: db, js: js, log: log, m: m, partition: partition,
+		wake: make(chan struct{}, 1), done: make(chan struct{}), batch: 2000, period: time.Second}
 }
 
 // kick asks the relay to look at the outbox now.
@@ -46,12 +53,15 @@ func (r *Relay) kick() {
 func (r *Relay) stop() { close(r.done) }
 
 func (r *Relay) run(ctx context.Context) {
+	if err := store.EnsureRelay(ctx, r.db, r.partition); err != nil {
+		r.log.ErrorContext(ctx, "outbox relay", slog.Any("err", err))
+	}
 	tick := time.NewTicker(r.period)
 	defer tick.Stop()
 	for {
 		select {
 		case <-r.done:
-			// Drain what the last batches wrote before exiting.
+			// Relay what the last batches committed before exiting.
 			r.drain(context.WithoutCancel(ctx), 3*time.Second)
 			return
 		case <-r.wake:
@@ -69,35 +79,53 @@ func (r *Relay) drain(ctx context.Context, limit time.Duration) {
 		defer cancel()
 	}
 	for ctx.Err() == nil {
-		n, err := r.once(ctx)
+		more, err := r.once(ctx)
 		if err != nil {
 			r.log.WarnContext(ctx, "outbox relay", slog.Any("err", err))
 			return
 		}
-		if n < r.batch {
+		if !more {
 			return
 		}
 	}
 }
 
-// once relays one chunk and returns how many rows it sent.
-func (r *Relay) once(ctx context.Context) (int, error) {
+// once relays one chunk; more reports whether a full chunk was read.
+func (r *Relay) once(ctx context.Context) (more bool, err error) {
 	var sent int
-	err := store.WithTx(ctx, r.db, store.TxOptions{Attempts: 3, Isolation: sql.LevelReadCommitted}, func(tx *sql.Tx) error {
-		rows, err := store.ClaimOutbox(ctx, tx, r.batch)
-		if err != nil || len(rows) == 0 {
-			sent = 0
+	err = store.WithTx(ctx, r.db, store.TxOptions{Attempts: 3, Isolation: sql.LevelReadCommitted}, func(tx *sql.Tx) error {
+		sent, more = 0, false
+		cursor, err := store.LockRelay(ctx, tx, r.partition)
+		if err != nil {
 			return err
 		}
-		futures := make([]jetstream.PubAckFuture, 0, len(rows))
+		rows, last, err := store.PendingOutbox(ctx, tx, r.partition, cursor, r.batch)
+		if err != nil || last == cursor {
+			return err
+		}
+		var futures []jetstream.PubAckFuture
 		for _, row := range rows {
-			msg := nats.NewMsg(row.Subject)
-			msg.Data = row.Payload
-			f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(row.EventID))
+			events, err := store.DecodeEvents(row.Events)
 			if err != nil {
-				return fmt.Errorf("publish event %s: %w", row.EventID, err)
+				return fmt.Errorf("request %s: %w", row.RequestID, err)
 			}
-			futures = append(futures, f)
+			for i, e := range events {
+				ev := wire.Event{
+					EventID: wire.EventID(row.RequestID, i), Kind: e.Kind, ActivityID: row.ActivityID,
+					UserID: e.UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
+				}
+				b, err := json.Marshal(ev)
+				if err != nil {
+					return fmt.Errorf("encode event: %w", err)
+				}
+				msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
+				msg.Data = b
+				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.EventID))
+				if err != nil {
+					return fmt.Errorf("publish event %s: %w", ev.EventID, err)
+				}
+				futures = append(futures, f)
+			}
 		}
 		timeout := time.After(10 * time.Second)
 		for _, f := range futures {
@@ -111,12 +139,13 @@ func (r *Relay) once(ctx context.Context) (int, error) {
 				return ctx.Err()
 			}
 		}
-		sent = len(rows)
-		return store.DeleteOutbox(ctx, tx, rows)
+		sent = len(futures)
+		more = true
+		return store.SetRelay(ctx, tx, r.partition, last)
 	})
 	if err != nil {
-		return 0, err
+		return false, err
 	}
 	r.m.eventsPublished.Add(float64(sent))
-	return sent, nil
+	return more, nil
 }

@@ -39,12 +39,13 @@ type RejectedRow struct {
 	Reason  string
 }
 
-// OutboxRow is an event waiting to be relayed.
-type OutboxRow struct {
-	ID      int64
-	EventID string
-	Subject string
-	Payload []byte
+// ResultRow is a processed_request row: the result, the partition that
+// applied it, and the events it caused (see EncodeEvents), which make the
+// row the transactional outbox as well.
+type ResultRow struct {
+	wire.Result
+	Partition int
+	Events    string
 }
 
 // EnsurePartition creates the fence row of partition p if it is missing.
@@ -183,9 +184,9 @@ func UpsertSignups(ctx context.Context, tx *sql.Tx, rows []SignupRow) error {
 
 // InsertResults records the results of a batch; the primary key on
 // request_id makes a second application fail rather than double.
-func InsertResults(ctx context.Context, tx *sql.Tx, rs []wire.Result) error {
-	return insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+") VALUES ", "",
-		11, len(rs), func(i int, args []any) []any {
+func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) error {
+	return insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+", partition_id, events) VALUES ", "",
+		13, len(rs), func(i int, args []any) []any {
 			r := rs[i]
 			var promoted any
 			ids := r.PromotedUserIDs
@@ -197,7 +198,8 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []wire.Result) error {
 				promoted = string(b)
 			}
 			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
-				nullString(r.Status), nullInt(r.Position), promoted, nullInt(r.Capacity), r.AppliedAt)
+				nullString(r.Status), nullInt(r.Position), promoted, nullInt(r.Capacity), r.AppliedAt,
+				r.Partition, nullIfEmpty(r.Events))
 		})
 }
 
@@ -207,15 +209,6 @@ func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.T
 		4, len(rs), func(i int, args []any) []any {
 			r := rs[i]
 			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at)
-		})
-}
-
-// InsertOutbox writes events to the outbox in the business transaction.
-func InsertOutbox(ctx context.Context, tx *sql.Tx, rs []OutboxRow) error {
-	return insertRows(ctx, tx, "INSERT INTO outbox (event_id, subject, payload) VALUES ", "",
-		3, len(rs), func(i int, args []any) []any {
-			r := rs[i]
-			return append(args, r.EventID, r.Subject, r.Payload)
 		})
 }
 
@@ -269,6 +262,13 @@ func nullString(s *string) any {
 		return nil
 	}
 	return *s
+}
+
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }
 
 func nullInt(n *int64) any {

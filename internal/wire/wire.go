@@ -6,6 +6,8 @@ package wire
 import (
 	"strconv"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Stream and subject names from the contract.
@@ -136,4 +138,15 @@ type Event struct {
 // ResultBatch is the payload of ResultSubject.
 type ResultBatch struct {
 	Results []Result `json:"results"`
+}
+
+// eventNamespace roots the deterministic event ids.
+var eventNamespace = uuid.MustParse("6f1c3e5a-2b0d-4c8e-9a57-3d2e1f0b9c44")
+
+// EventID is the id of the index-th event caused by request requestID. It is
+// derived, not drawn, so an event relayed again after a crash carries the
+// same id and is dropped by the stream's duplicate window and by consumers
+// that dedupe by event_id.
+func EventID(requestID string, index int) string {
+	return uuid.NewSHA1(eventNamespace, []byte(requestID+"/"+strconv.Itoa(index))).String()
 }

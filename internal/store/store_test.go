@@ -1,0 +1,97 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/store"
+)
+
+func TestMigrateTwice(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t) // migrated once
+	ctx := context.Background()
+	if err := store.Migrate(ctx, db.DB); err != nil {
+		t.Fatalf("second migrate: %v", err)
+	}
+	// Even with the record of applied versions gone, re-running is harmless.
+	if _, err := db.ExecContext(ctx, "DELETE FROM schema_migration"); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx, db.DB); err != nil {
+		t.Fatalf("migrate after losing schema_migration: %v", err)
+	}
+	for _, table := range []string{"activity", "activity_signup", "processed_request", "rejected_message", "event_relay", "allocator_partition"} {
+		if n := db.Count(t, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", table); n != 1 {
+			t.Errorf("table %s missing", table)
+		}
+	}
+}
+
+// TestSchemaConstraints: the constraints refuse what the contract forbids,
+// whatever the code above them does.
+func TestSchemaConstraints(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	mustExec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	mustExec("INSERT INTO activity (id, capacity, confirmed_count) VALUES (1, 2, 2)")
+	mustExec("INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (1, 10, 'CONFIRMED', 1)")
+	tests := []struct {
+		name, query string
+	}{
+		{"confirmed above capacity", "UPDATE activity SET confirmed_count = 3 WHERE id = 1"},
+		{"negative confirmed", "UPDATE activity SET confirmed_count = -1 WHERE id = 1"},
+		{"negative capacity", "INSERT INTO activity (id, capacity) VALUES (2, -1)"},
+		{"second row for a user", "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (1, 10, 'WAITING', 2)"},
+		{"queue_seq reused", "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (1, 11, 'WAITING', 1)"},
+		{"unknown status", "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (1, 12, 'MAYBE', 3)"},
+		{"result twice", "INSERT INTO processed_request (request_id, seq, op, activity_id, user_id, outcome, applied_at) VALUES ('r', 1, 'join', 1, 1, 'X', NOW()), ('r', 2, 'join', 1, 1, 'X', NOW())"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := db.ExecContext(ctx, tc.query)
+			var me *mysql.MySQLError
+			if !errors.As(err, &me) {
+				t.Fatalf("%s: got %v, want a constraint error", tc.query, err)
+			}
+		})
+	}
+}
+
+func TestWithTxRetriesDeadlocks(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	calls := 0
+	err := store.WithTx(ctx, db.DB, store.TxOptions{}, func(tx *sql.Tx) error {
+		calls++
+		if calls < 3 {
+			return &mysql.MySQLError{Number: 1213, Message: "Deadlock found"}
+		}
+		_, err := tx.ExecContext(ctx, "INSERT INTO activity (id, capacity) VALUES (7, 1)")
+		return err
+	})
+	if err != nil || calls != 3 {
+		t.Fatalf("WithTx: err %v after %d calls, want success on the 3rd", err, calls)
+	}
+	calls = 0
+	err = store.WithTx(ctx, db.DB, store.TxOptions{}, func(tx *sql.Tx) error {
+		calls++
+		return errors.New("not retryable")
+	})
+	if err == nil || calls != 1 || !strings.Contains(err.Error(), "not retryable") {
+		t.Fatalf("WithTx: err %v after %d calls, want the error after one call", err, calls)
+	}
+}
