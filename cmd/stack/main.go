@@ -1,0 +1,149 @@
+// Command stack is `make run`: the whole allot stack in one process on this
+// machine. With ALLOT_NATS_URL empty it starts an embedded JetStream server
+// (store under ./var/nats); it creates the database if missing, migrates it,
+// then runs the allocator and ingest until Ctrl-C, and stops them cleanly.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/store"
+)
+
+const binary = "stack"
+
+type cfg struct {
+	config.Common
+	HTTPAddr    string        `envconfig:"HTTP_ADDR" default:":8080" desc:"ingest listen address"`
+	NATSPort    int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"port of the embedded NATS server (the machine's own NATS holds 4222)"`
+	NATSStore   string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"store directory of the embedded NATS server"`
+	NATSSync    time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
+	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator metrics address"`
+	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500" desc:"most requests per allocator transaction"`
+	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
+}
+
+func (c *cfg) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.NATSPort < 1 || c.NATSPort > 65535 {
+		return fmt.Errorf("ALLOT_EMBEDDED_NATS_PORT must be a port number, got %d", c.NATSPort)
+	}
+	if c.BatchSize < 1 || c.BatchSize > 10_000 {
+		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", c.BatchSize)
+	}
+	return nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx)
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context) int {
+	var c cfg
+	if err := config.Load(&c); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	config.Print(os.Stderr, binary, &c)
+	log := c.Logger(os.Stderr, binary)
+
+	if err := store.EnsureDatabase(ctx, c.MySQLDSN); err != nil {
+		if errors.Is(err, store.ErrUnreachable) {
+			fmt.Fprintf(os.Stderr, "%s: %v\n  start MariaDB/MySQL first, e.g. `sudo start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` (or `sudo service mariadb start`), or point ALLOT_MYSQL_DSN at one\n", binary, err)
+		} else {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		}
+		return 2
+	}
+
+	natsURL := c.NATSURL
+	if natsURL == "" {
+		dir, _ := filepath.Abs(c.NATSStore)
+		srv, err := bus.RunServer(bus.ServerConfig{Port: c.NATSPort, StoreDir: dir, SyncInterval: c.NATSSync})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v — is port %d free? set ALLOT_EMBEDDED_NATS_PORT or ALLOT_NATS_URL\n", binary, err, c.NATSPort)
+			return 2
+		}
+		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
+		natsURL = srv.ClientURL()
+		log.Info("embedded nats running", "url", natsURL, "store_dir", dir)
+	}
+
+	// Each part gets its own pool and connection, as separate processes would.
+	type part struct {
+		name string
+		run  func(context.Context) error
+	}
+	var parts []part
+	for _, name := range []string{"allocator", "ingest"} {
+		db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+			return 2
+		}
+		defer db.Close()
+		plog := c.Logger(os.Stderr, name)
+		nc, err := bus.Connect(natsURL, name, plog)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+			return 2
+		}
+		defer nc.Drain() //nolint:errcheck
+		switch name {
+		case "allocator":
+			parts = append(parts, part{name, func(ctx context.Context) error {
+				return allocator.Run(ctx, allocator.RunConfig{
+					Config:      allocator.Config{BatchSize: c.BatchSize, BatchWait: c.BatchWait},
+					MetricsAddr: c.MetricsAddr,
+				}, db, nc, plog)
+			}})
+		case "ingest":
+			parts = append(parts, part{name, func(ctx context.Context) error {
+				return ingest.Run(ctx, ingest.RunConfig{HTTPAddr: c.HTTPAddr}, db, nc, plog)
+			}})
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(parts))
+	for _, p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.run(ctx); err != nil {
+				errs <- fmt.Errorf("%s: %w", p.name, err)
+			}
+			cancel() // one part stopping stops the stack
+		}()
+	}
+	fmt.Fprintf(os.Stderr, "\nallot is up: http://localhost%s  (NATS %s, MySQL %s)\nCtrl-C stops everything.\n\n",
+		c.HTTPAddr, natsURL, config.MaskDSN(c.MySQLDSN))
+	wg.Wait()
+	close(errs)
+	code := 0
+	for err := range errs {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		code = 1
+	}
+	fmt.Fprintln(os.Stderr, "allot stopped.")
+	return code
+}
