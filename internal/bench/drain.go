@@ -1,0 +1,119 @@
+// Package bench measures allot against the designs a user would otherwise
+// build, in one run on one machine: the allocator draining a backlog, and
+// the seed designs (internal/baseline) under the same load.
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// DrainConfig describes one drain run.
+type DrainConfig struct {
+	Requests   int    // join or claim requests (after one open per activity)
+	Activities int    // spread over this many activities
+	Capacity   int64  // of each activity
+	Op         string // wire.OpJoin or wire.OpClaim
+	Users      int    // distinct users (0 = one per request)
+	Allocator  allocator.Config
+}
+
+// DrainResult is what a drain run measured.
+type DrainResult struct {
+	Decisions int
+	Elapsed   time.Duration
+}
+
+// PerSecond is the drain rate.
+func (r DrainResult) PerSecond() float64 { return float64(r.Decisions) / r.Elapsed.Seconds() }
+
+// Drain pre-publishes the requests to the stream (db and nc must be empty of
+// allot state), then starts an allocator and times it until the fence has
+// passed the last request.
+func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg DrainConfig) (DrainResult, error) {
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return DrainResult{}, err
+	}
+	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+		return DrainResult{}, err
+	}
+	now := time.Now().UTC()
+	publish := func(r wire.Request) error {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		_, err = js.PublishAsync(wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(r.RequestID))
+		return err
+	}
+	id := func() string { return uuid.Must(uuid.NewV7()).String() }
+	for a := 1; a <= cfg.Activities; a++ {
+		c := cfg.Capacity
+		if err := publish(wire.Request{RequestID: id(), Op: wire.OpOpen, ActivityID: int64(a), Capacity: &c, ReceivedAt: now}); err != nil {
+			return DrainResult{}, err
+		}
+	}
+	users := cfg.Users
+	if users <= 0 {
+		users = cfg.Requests
+	}
+	for i := 0; i < cfg.Requests; i++ {
+		r := wire.Request{RequestID: id(), Op: cfg.Op, ActivityID: int64(i%cfg.Activities) + 1,
+			UserID: int64(i%users) + 1, ReceivedAt: now}
+		if err := publish(r); err != nil {
+			return DrainResult{}, err
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		return DrainResult{}, fmt.Errorf("pre-publish did not complete within a minute")
+	}
+	st, err := js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	last := info.State.LastSeq
+	total := cfg.Requests + cfg.Activities
+
+	a, err := allocator.New(db, nc, log, nil, cfg.Allocator, allocator.Hooks{})
+	if err != nil {
+		return DrainResult{}, err
+	}
+	start := time.Now()
+	if err := a.Start(ctx); err != nil {
+		return DrainResult{}, err
+	}
+	defer a.Stop()
+	for {
+		var fence uint64
+		if err := db.QueryRowContext(ctx, "SELECT last_seq FROM allocator_partition WHERE partition_id = ?", cfg.Allocator.Partition).Scan(&fence); err != nil && err != sql.ErrNoRows {
+			return DrainResult{}, err
+		}
+		if fence >= last {
+			break
+		}
+		if time.Since(start) > 5*time.Minute {
+			return DrainResult{}, fmt.Errorf("drain stalled at %d of %d", fence, last)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return DrainResult{Decisions: total, Elapsed: time.Since(start)}, nil
+}

@@ -1,0 +1,66 @@
+package bench
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+func benchDrain(b *testing.B, cfg DrainConfig) {
+	if testing.Short() {
+		b.Skip("benchmark")
+	}
+	b.ReportAllocs()
+	var rate float64
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		db := dbtest.New(b)
+		ns := natstest.New(b)
+		nc, _ := ns.Connect(b)
+		b.StartTimer()
+		res, err := Drain(context.Background(), db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rate = res.PerSecond()
+	}
+	b.ReportMetric(rate, "decisions/s")
+}
+
+func BenchmarkDrainHotJoin(b *testing.B) {
+	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1, Capacity: 100, Op: wire.OpJoin})
+}
+
+func BenchmarkDrainHotClaim(b *testing.B) {
+	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1, Capacity: 100, Op: wire.OpClaim, Users: 18000})
+}
+
+func BenchmarkDrainSpreadJoin(b *testing.B) {
+	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1000, Capacity: 10, Op: wire.OpJoin})
+}
+
+// TestDrainSmall keeps the harness honest in the ordinary test run.
+func TestDrainSmall(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	res, err := Drain(context.Background(), db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		DrainConfig{Requests: 300, Activities: 3, Capacity: 10, Op: wire.OpJoin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decisions != 303 {
+		t.Fatalf("decisions %d, want 303", res.Decisions)
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 303 {
+		t.Fatalf("results %d, want 303", n)
+	}
+	db.CheckInvariants(t)
+	t.Logf("drained %d decisions at %.0f/s", res.Decisions, res.PerSecond())
+}

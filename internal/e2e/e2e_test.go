@@ -1,0 +1,357 @@
+// Package e2e drives the whole system through its HTTP surface: a real
+// ingest, a real allocator, a real JetStream server and a real MariaDB
+// database per test.
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// stack is one test's running system.
+type stack struct {
+	t   *testing.T
+	db  *dbtest.DB
+	ns  *natstest.Server
+	js  jetstream.JetStream
+	url string
+	cl  *http.Client
+}
+
+func newStack(t *testing.T, acfg allocator.Config) *stack {
+	t.Helper()
+	s := &stack{t: t, db: dbtest.New(t), ns: natstest.New(t)}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+
+	anc, _ := s.ns.Connect(t)
+	a, err := allocator.New(s.db.DB, anc, log, nil, acfg, allocator.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+
+	inc, ijs := s.ns.Connect(t)
+	s.js = ijs
+	svc, err := ingest.New(s.db.DB, inc, ijs, log, prometheus.NewRegistry(), ingest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	srv := httptest.NewServer(svc.Handler())
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	s.cl = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}
+	return s
+}
+
+// call sends one request and decodes the JSON answer into a map.
+func (s *stack) call(method, path, body string, header ...string) (int, map[string]any) {
+	s.t.Helper()
+	code, m, err := s.try(method, path, body, header...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return code, m
+}
+
+func (s *stack) try(method, path, body string, header ...string) (int, map[string]any, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, s.url+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := s.cl.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	b, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(b, &m); err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("%s %s: answer %d is not JSON: %q", method, path, resp.StatusCode, b)
+	}
+	return resp.StatusCode, m, nil
+}
+
+// done sends a write with ?wait and requires its final result.
+func (s *stack) done(method, path, body string) map[string]any {
+	s.t.Helper()
+	code, m := s.call(method, path+"?wait=10s", body)
+	if code != http.StatusOK || m["state"] != wire.StateDone {
+		s.t.Fatalf("%s %s: %d %v, want 200 done", method, path, code, m)
+	}
+	return m
+}
+
+func (s *stack) open(activity, capacity int) {
+	s.t.Helper()
+	m := s.done("PUT", fmt.Sprintf("/v1/activities/%d", activity), fmt.Sprintf(`{"capacity": %d}`, capacity))
+	if o := m["outcome"]; o != wire.OutcomeOpened && o != wire.OutcomeResized {
+		s.t.Fatalf("open %d: %v", activity, m)
+	}
+}
+
+func (s *stack) join(a, u int) map[string]any {
+	return s.done("POST", fmt.Sprintf("/v1/activities/%d/signups/%d", a, u), "")
+}
+
+func (s *stack) cancel(a, u int) map[string]any {
+	return s.done("DELETE", fmt.Sprintf("/v1/activities/%d/signups/%d", a, u), "")
+}
+
+func (s *stack) signup(a, u int) map[string]any {
+	s.t.Helper()
+	code, m := s.call("GET", fmt.Sprintf("/v1/activities/%d/signups/%d", a, u), "")
+	if code != http.StatusOK {
+		s.t.Fatalf("signup %d/%d: %d %v", a, u, code, m)
+	}
+	return m
+}
+
+func want(t *testing.T, what string, m map[string]any, fields ...any) {
+	t.Helper()
+	for i := 0; i+1 < len(fields); i += 2 {
+		k := fields[i].(string)
+		got := m[k]
+		w := fields[i+1]
+		if n, ok := w.(int); ok {
+			w = float64(n)
+		}
+		if got != w {
+			t.Fatalf("%s: %s = %v, want %v (answer %v)", what, k, got, w, m)
+		}
+	}
+}
+
+// eventsFor reads the events of one activity from ALLOT_EVENTS.
+func (s *stack) eventsFor(activity int, atLeast int) []wire.Event {
+	s.t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var out []wire.Event
+		c, err := s.js.OrderedConsumer(ctx, wire.EventStream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{fmt.Sprintf("alloc.evt.%d.>", activity)},
+		})
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		batch, err := c.FetchNoWait(10000)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			var ev wire.Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				s.t.Fatal(err)
+			}
+			out = append(out, ev)
+		}
+		if len(out) >= atLeast {
+			return out
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("activity %d: %d events, want at least %d", activity, len(out), atLeast)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSeedWaitlistStory is write-up 000's story, through HTTP.
+func TestSeedWaitlistStory(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const act, A, B, C = 9001, 1, 2, 3
+	s.open(act, 1)
+	want(t, "A joins", s.join(act, A), "outcome", wire.OutcomeConfirmed, "status", wire.StatusConfirmed)
+	want(t, "B joins", s.join(act, B), "outcome", wire.OutcomeWaiting, "position", 1)
+	want(t, "C joins", s.join(act, C), "outcome", wire.OutcomeWaiting, "position", 2)
+
+	want(t, "cancel A", s.cancel(act, A), "outcome", wire.OutcomeCancelled, "promoted_user_id", B)
+	want(t, "B after", s.signup(act, B), "status", wire.StatusConfirmed)
+	want(t, "C after", s.signup(act, C), "status", wire.StatusWaiting, "position", 1)
+
+	want(t, "cancel B", s.cancel(act, B), "outcome", wire.OutcomeCancelled, "promoted_user_id", C)
+	want(t, "C promoted", s.signup(act, C), "status", wire.StatusConfirmed)
+
+	want(t, "A re-joins", s.join(act, A), "outcome", wire.OutcomeWaiting, "position", 1)
+	want(t, "D joins", s.join(act, 4), "outcome", wire.OutcomeWaiting, "position", 2)
+
+	// Duplicates change nothing.
+	want(t, "C joins again", s.join(act, C), "outcome", wire.OutcomeAlreadyConfirmed)
+	want(t, "A joins again", s.join(act, A), "outcome", wire.OutcomeAlreadyWaiting, "position", 1)
+	want(t, "B cancels again", s.cancel(act, B), "outcome", wire.OutcomeNotSignedUp, "promoted_user_id", nil)
+	code, st := s.call("GET", fmt.Sprintf("/v1/activities/%d", act), "")
+	if code != 200 {
+		t.Fatalf("state: %d", code)
+	}
+	want(t, "state", st, "capacity", 1, "confirmed", 1, "waiting", 2, "remaining", 0)
+
+	evs := s.eventsFor(act, 10)
+	var promoted []int64
+	count := map[string]int{}
+	for _, e := range evs {
+		count[e.Kind]++
+		if e.Kind == wire.EventPromoted {
+			promoted = append(promoted, e.UserID)
+		}
+	}
+	if fmt.Sprint(promoted) != fmt.Sprint([]int64{B, C}) {
+		t.Fatalf("promoted events for %v, want [B C] = [%d %d]", promoted, B, C)
+	}
+	wantCount := map[string]int{"opened": 1, "confirmed": 1, "sold_out": 1, "waitlisted": 4, "cancelled": 2, "promoted": 2}
+	if fmt.Sprint(count) != fmt.Sprint(wantCount) {
+		t.Fatalf("events %v, want %v", count, wantCount)
+	}
+	s.db.CheckInvariants(t)
+}
+
+// TestCancelVersusJoinRace: while a confirmed user cancels, concurrent joins
+// from new users never take the seat ahead of the first waiter.
+func TestCancelVersusJoinRace(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const rounds, joiners = 25, 12
+	for r := 1; r <= rounds; r++ {
+		act := 100 + r
+		s.open(act, 1)
+		s.join(act, 1)                                                // confirmed
+		want(t, "first waiter", s.join(act, 2), "outcome", "WAITING") // first waiter
+		var wg sync.WaitGroup
+		results := make([]map[string]any, joiners)
+		wg.Add(joiners + 1)
+		go func() { defer wg.Done(); s.cancel(act, 1) }()
+		for j := range joiners {
+			go func() {
+				defer wg.Done()
+				results[j] = s.join(act, 1000+j)
+			}()
+		}
+		wg.Wait()
+		for j, m := range results {
+			if m["outcome"] != wire.OutcomeWaiting {
+				t.Fatalf("round %d: new joiner %d got %v ahead of the first waiter", r, 1000+j, m["outcome"])
+			}
+		}
+		want(t, fmt.Sprintf("round %d first waiter", r), s.signup(act, 2), "status", wire.StatusConfirmed)
+	}
+	s.db.CheckInvariants(t)
+}
+
+// TestFlashSaleBurst: 2,000 concurrent claims from 1,800 players for 100
+// items, several rounds: exactly 100 granted, nobody twice, every request
+// has a final result, invariants hold after each round.
+func TestFlashSaleBurst(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const claims, players, items, rounds = 2000, 1800, 100, 3
+	for r := 1; r <= rounds; r++ {
+		act := 9000 + r
+		s.open(act, items)
+		outcomes := make([]string, claims)
+		users := make([]int, claims)
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 256)
+		errs := make(chan error, claims)
+		for i := range claims {
+			users[i] = (i*7919)%players + 1 // every player once, 200 of them twice
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				code, m, err := s.try("POST", fmt.Sprintf("/v1/activities/%d/claims/%d?wait=20s", act, users[i]), "")
+				if err != nil || code != http.StatusOK {
+					errs <- fmt.Errorf("claim %d: %d %v %v", i, code, m, err)
+					return
+				}
+				outcomes[i], _ = m["outcome"].(string)
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		count := map[string]int{}
+		owners := map[int]int{}
+		for i, o := range outcomes {
+			count[o]++
+			if o == wire.OutcomeGranted {
+				owners[users[i]]++
+			}
+		}
+		if count[wire.OutcomeGranted] != items {
+			t.Fatalf("round %d: %d GRANTED, want exactly %d (%v)", r, count[wire.OutcomeGranted], items, count)
+		}
+		if count[wire.OutcomeGranted]+count[wire.OutcomeSoldOut]+count[wire.OutcomeAlreadyOwned] != claims {
+			t.Fatalf("round %d: outcomes %v do not cover all %d claims", r, count, claims)
+		}
+		for u, n := range owners {
+			if n > 1 {
+				t.Fatalf("round %d: player %d owns %d", r, u, n)
+			}
+		}
+		if n := s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'CONFIRMED'", act); n != items {
+			t.Fatalf("round %d: %d CONFIRMED rows, want %d", r, n, items)
+		}
+		if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'claim'", act); n != claims {
+			t.Fatalf("round %d: %d results, want %d", r, n, claims)
+		}
+		s.db.CheckInvariants(t)
+	}
+}
+
+// TestIdempotencyKeyEndToEnd: a repeat is one request with one effect.
+func TestIdempotencyKeyEndToEnd(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	s.open(5, 10)
+	_, first := s.call("POST", "/v1/activities/5/signups/8?wait=10s", "", "Idempotency-Key", "tap-1")
+	_, again := s.call("POST", "/v1/activities/5/signups/8?wait=10s", "", "Idempotency-Key", "tap-1")
+	if first["request_id"] == nil || first["request_id"] != again["request_id"] {
+		t.Fatalf("repeat got request_id %v, first %v", again["request_id"], first["request_id"])
+	}
+	want(t, "repeat", again, "outcome", wire.OutcomeConfirmed, "state", "done")
+	code, m := s.call("DELETE", "/v1/activities/5/signups/8", "", "Idempotency-Key", "tap-1")
+	if code != http.StatusUnprocessableEntity {
+		t.Fatalf("key reused for another op: %d %v, want 422", code, m)
+	}
+	if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = 5 AND op = 'join'"); n != 1 {
+		t.Fatalf("%d join results, want 1", n)
+	}
+	if n := s.db.Count(t, "SELECT confirmed_count FROM activity WHERE id = 5"); n != 1 {
+		t.Fatalf("confirmed_count %d, want 1", n)
+	}
+}
