@@ -34,6 +34,8 @@ type cfg struct {
 	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
 	StreamReplicas  int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the idempotency bucket"`
 	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
+	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
+	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -55,6 +57,9 @@ func (c cfg) Validate() error {
 	}
 	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
 		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", c.StreamReplicas)
+	}
+	if c.MaxInFlight < 1 || c.MaxInFlight > 4000 {
+		return fmt.Errorf("ALLOT_INGEST_MAX_IN_FLIGHT must be between 1 and 4000, got %d", c.MaxInFlight)
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", c.RateLimit)
@@ -99,6 +104,8 @@ func run(ctx context.Context) int {
 			PublishTimeout: c.PublishTimeout,
 			StreamReplicas: c.StreamReplicas,
 			RateLimit:      c.RateLimit,
+			DisableShed:    !c.Shed,
+			MaxInFlight:    c.MaxInFlight,
 		},
 		ShutdownTimeout: c.ShutdownTimeout,
 	}, db, nc, log)

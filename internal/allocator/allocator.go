@@ -82,6 +82,10 @@ type Allocator struct {
 	stream jetstream.Stream
 	cons   jetstream.Consumer
 	relay  *Relay
+	// views holds the views of full activities for ingest's shedding;
+	// viewFull says which activities have one.
+	views    jetstream.KeyValue
+	viewFull map[int64]bool
 
 	// cache holds each activity's live state between batches. An entry is
 	// trusted only while its NextSeq, capacity and count match the row
@@ -108,8 +112,9 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	log = log.With(slog.Int("partition", cfg.Partition))
 	return &Allocator{
 		cfg: cfg, db: db, nc: nc, js: js, log: log, m: m, hooks: hooks,
-		relay: newRelay(db, js, log, m, cfg.Partition),
-		cache: make(map[int64]*allocation.Activity),
+		relay:    newRelay(db, js, log, m, cfg.Partition),
+		cache:    make(map[int64]*allocation.Activity),
+		viewFull: make(map[int64]bool),
 	}, nil
 }
 
@@ -130,6 +135,12 @@ func (a *Allocator) Start(ctx context.Context) error {
 	}
 	if err := store.EnsurePartition(ctx, a.db, a.cfg.Partition); err != nil {
 		return err
+	}
+	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{}); err != nil {
+		return err
+	}
+	if err := a.repairViews(ctx); err != nil {
+		return fmt.Errorf("allocator: repair views: %w", err)
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel

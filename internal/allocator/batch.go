@@ -33,6 +33,7 @@ type outcome struct {
 	results  []wire.Result
 	rejected map[uint64]string // seq → reason
 	events   int
+	changed  []*allocation.Activity // activities whose state the commit changed
 }
 
 // handle applies msgs (possibly none: then it only looks for a gap) and
@@ -257,6 +258,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	var (
 		signups = make(map[[2]int64]store.SignupRow)
 		touched = make(map[int64]bool)
+		changed = make(map[int64]bool)
 		rowsOut = make([]store.ResultRow, 0, len(reqs))
 	)
 	out.results = make([]wire.Result, 0, len(reqs))
@@ -281,6 +283,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		acts[r.req.ActivityID] = after
 		if after != nil {
 			touched[after.ID] = true
+			if d.Changes {
+				changed[after.ID] = true
+			}
 		}
 		for _, s := range d.Changed {
 			signups[[2]int64{r.req.ActivityID, s.UserID}] = store.SignupRow{
@@ -300,6 +305,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		if act := acts[id]; act != nil && touched[id] {
 			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq})
 			a.cache[id] = act
+			if changed[id] {
+				out.changed = append(out.changed, act)
+			}
 		}
 	}
 	signupRows := make([]store.SignupRow, 0, len(signups))
@@ -349,11 +357,7 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	if err != nil {
 		return nil, err
 	}
-	signups := make([]allocation.Signup, len(live))
-	for i, s := range live {
-		signups[i] = allocation.Signup{UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq}
-	}
-	act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, signups)
+	act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, toSignups(live))
 	if err != nil {
 		return nil, fmt.Errorf("activity %d in mysql breaks an invariant: %w", id, err)
 	}
@@ -422,6 +426,7 @@ func (a *Allocator) afterCommit(ctx context.Context, items []item, out outcome) 
 		}
 	}
 	a.m.batchSize.Observe(float64(len(out.results)))
+	a.publishViews(ctx, out.changed)
 	if len(out.results) > 0 {
 		a.publishResults(out.results)
 	}

@@ -111,3 +111,19 @@ func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, p int,
 	}
 	return c, nil
 }
+
+// EnsureViewBucket creates or opens the KV bucket of full-activity views.
+// It keeps one revision per key: only the latest view matters.
+func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      wire.ViewBucket,
+		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(c.Replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: ensure bucket %s: %w", ErrUnavailable, wire.ViewBucket, err)
+	}
+	return kv, nil
+}

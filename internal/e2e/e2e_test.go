@@ -37,6 +37,10 @@ type stack struct {
 }
 
 func newStack(t *testing.T, acfg allocator.Config) *stack {
+	return newStackOpts(t, acfg, ingest.Options{})
+}
+
+func newStackOpts(t *testing.T, acfg allocator.Config, iopts ingest.Options) *stack {
 	t.Helper()
 	s := &stack{t: t, db: dbtest.New(t), ns: natstest.New(t)}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -54,7 +58,7 @@ func newStack(t *testing.T, acfg allocator.Config) *stack {
 
 	inc, ijs := s.ns.Connect(t)
 	s.js = ijs
-	svc, err := ingest.New(s.db.DB, inc, ijs, log, prometheus.NewRegistry(), ingest.Options{})
+	svc, err := ingest.New(s.db.DB, inc, ijs, log, prometheus.NewRegistry(), iopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,12 +278,21 @@ func TestCancelVersusJoinRace(t *testing.T) {
 // has a final result, invariants hold after each round.
 func TestFlashSaleBurst(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	for _, shed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("shed=%v", shed), func(t *testing.T) {
+			t.Parallel()
+			flashSale(t, newStackOpts(t, allocator.Config{}, ingest.Options{DisableShed: !shed}), shed)
+		})
+	}
+}
+
+func flashSale(t *testing.T, s *stack, shed bool) {
 	const claims, players, items, rounds = 2000, 1800, 100, 3
 	for r := 1; r <= rounds; r++ {
 		act := 9000 + r
 		s.open(act, items)
 		outcomes := make([]string, claims)
+		shedAnswers := make([]bool, claims)
 		users := make([]int, claims)
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 256)
@@ -297,6 +310,7 @@ func TestFlashSaleBurst(t *testing.T) {
 					return
 				}
 				outcomes[i], _ = m["outcome"].(string)
+				shedAnswers[i] = m["shed"] == true
 			}()
 		}
 		wg.Wait()
@@ -306,8 +320,15 @@ func TestFlashSaleBurst(t *testing.T) {
 		}
 		count := map[string]int{}
 		owners := map[int]int{}
+		nshed := 0
 		for i, o := range outcomes {
 			count[o]++
+			if shedAnswers[i] {
+				nshed++
+				if o == wire.OutcomeGranted {
+					t.Fatalf("round %d: a shed answer granted a seat", r)
+				}
+			}
 			if o == wire.OutcomeGranted {
 				owners[users[i]]++
 			}
@@ -326,9 +347,14 @@ func TestFlashSaleBurst(t *testing.T) {
 		if n := s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'CONFIRMED'", act); n != items {
 			t.Fatalf("round %d: %d CONFIRMED rows, want %d", r, n, items)
 		}
-		if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'claim'", act); n != claims {
-			t.Fatalf("round %d: %d results, want %d", r, n, claims)
+		if !shed && nshed > 0 {
+			t.Fatalf("round %d: %d answers shed with shedding off", r, nshed)
 		}
+		// Every claim has its final result: stored, or answered at once.
+		if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'claim'", act); n+int64(nshed) != claims {
+			t.Fatalf("round %d: %d stored results + %d shed answers, want %d", r, n, nshed, claims)
+		}
+		t.Logf("round %d: %d claims, %d answered from the view", r, claims, nshed)
 		s.db.CheckInvariants(t)
 	}
 }
@@ -354,4 +380,63 @@ func TestIdempotencyKeyEndToEnd(t *testing.T) {
 	if n := s.db.Count(t, "SELECT confirmed_count FROM activity WHERE id = 5"); n != 1 {
 		t.Fatalf("confirmed_count %d, want 1", n)
 	}
+}
+
+// claimUntilShed claims until ingest answers from the view (the view follows
+// the commit by a moment), and returns that answer. Claims answered through
+// the stream first must carry the same outcome.
+func (s *stack) claimUntilShed(a, u int, outcome string) map[string]any {
+	s.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m := s.done("POST", fmt.Sprintf("/v1/activities/%d/claims/%d", a, u), "")
+		if m["outcome"] != outcome {
+			s.t.Fatalf("claim %d/%d: %v, want %s", a, u, m, outcome)
+		}
+		if m["shed"] == true {
+			return m
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("claim %d/%d never answered from the view", a, u)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestShedAnswersAreExact: claims answered at once for a full activity give
+// holders ALREADY_OWNED and waiters ALREADY_WAITING with their position,
+// exactly as the allocator would; a freed seat ends the shedding.
+func TestShedAnswersAreExact(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const act = 77
+	s.open(act, 2)
+	s.join(act, 1)
+	s.join(act, 2)
+	s.join(act, 3) // waiting, position 1
+	s.join(act, 4) // waiting, position 2
+
+	want(t, "holder", s.claimUntilShed(act, 1, wire.OutcomeAlreadyOwned), "status", wire.StatusConfirmed)
+	want(t, "second waiter", s.claimUntilShed(act, 4, wire.OutcomeAlreadyWaiting), "position", 2)
+	sold := s.claimUntilShed(act, 9, wire.OutcomeSoldOut)
+	code, poll := s.call("GET", "/v1/requests/"+sold["request_id"].(string), "")
+	if code != 200 {
+		t.Fatalf("poll of a shed answer: %d %v", code, poll)
+	}
+	want(t, "poll of a shed answer", poll, "state", wire.StateDone, "outcome", wire.OutcomeSoldOut)
+
+	// A cancel promotes 3: the view follows.
+	s.cancel(act, 2)
+	want(t, "promoted waiter", s.claimUntilShed(act, 3, wire.OutcomeAlreadyOwned), "status", wire.StatusConfirmed)
+	want(t, "waiter moved up", s.claimUntilShed(act, 4, wire.OutcomeAlreadyWaiting), "position", 1)
+
+	// Two cancels free a seat: no more shedding, the claim is granted.
+	s.cancel(act, 4)
+	s.cancel(act, 1)
+	m := s.done("POST", fmt.Sprintf("/v1/activities/%d/claims/%d", act, 9), "")
+	want(t, "claim after a seat freed", m, "outcome", wire.OutcomeGranted)
+	if m["shed"] == true {
+		t.Fatal("a granted claim was shed")
+	}
+	s.db.CheckInvariants(t)
 }

@@ -15,6 +15,7 @@ type metrics struct {
 	publishFailures prometheus.Counter
 	replays         prometheus.Counter
 	waiters         prometheus.Gauge
+	shed            *prometheus.CounterVec // outcome
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -40,8 +41,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "allot_ingest_waiters",
 			Help: "HTTP handlers waiting for a request's result (?wait=).",
 		}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_shed_claims_total",
+			Help: "Claims for a full activity answered at once from the allocator's view, by outcome.",
+		}, []string{"outcome"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

@@ -44,6 +44,10 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 		writeJSON(w, http.StatusOK, res)
 		return
 	}
+	if res, ok := s.shedIDs.shedResult(uid); ok {
+		writeJSON(w, http.StatusOK, res)
+		return
+	}
 	if !s.ids.Issued(uid) {
 		writeError(w, http.StatusNotFound, "Request "+id+" is unknown: ingest never issued it.")
 		return

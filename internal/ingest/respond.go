@@ -15,6 +15,7 @@ const (
 	msgDatabaseDown = "The database is unavailable; retry later."
 	msgNoRoute      = "No route matches this path."
 	msgInternal     = "An internal error occurred; it was logged."
+	msgOverloaded   = "Too many requests are in flight; nothing was stored, retry after the time in the Retry-After header."
 	msgRateLimited  = "Too many requests; retry after the time in the Retry-After header."
 )
 

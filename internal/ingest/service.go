@@ -27,6 +27,7 @@ import (
 // Defaults of Options; the first two are the contract's numbers.
 const (
 	DefaultMaxWait           = 30 * time.Second
+	DefaultMaxInFlight       = 2048 // below nats.go's default async-publish bound of 4000
 	DefaultBodyLimit         = 64 << 10
 	DefaultPublishTimeout    = 5 * time.Second
 	DefaultRecheckInterval   = time.Second
@@ -69,6 +70,12 @@ type Options struct {
 	RateLimit float64
 	// RateBurst is the burst of RateLimit; default max(1, RateLimit/10).
 	RateBurst int
+	// DisableShed turns off answering claims for a full activity at once
+	// (ALLOT_SHED=false): every claim then goes through the stream.
+	DisableShed bool
+	// MaxInFlight bounds the publishes awaiting their PubAck; a write beyond
+	// it answers 503 at once rather than queueing without bound. Default 2048.
+	MaxInFlight int
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -115,6 +122,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.RateLimit > 0 && o.RateBurst == 0 {
 		o.RateBurst = max(1, int(o.RateLimit/10))
 	}
+	if o.MaxInFlight < 0 {
+		return o, fmt.Errorf("ingest: MaxInFlight must not be negative, got %d", o.MaxInFlight)
+	}
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
 	return o, nil
 }
 
@@ -128,6 +141,9 @@ type Service struct {
 	opts Options
 
 	ids     *idIssuer
+	shedIDs *idIssuer
+	views   views
+	flight  chan struct{} // one token per publish in flight
 	waiters *waiters
 	limiter *rate.Limiter // nil when RateLimit is off
 	metrics *metrics
@@ -139,6 +155,8 @@ type Service struct {
 	quit     chan struct{} // closed by endWaits: waiting handlers answer now
 	quitOnce sync.Once
 	stopped  bool
+	// stopViews ends the view watcher.
+	stopViews context.CancelFunc
 }
 
 // New builds a Service over db (read only: results, activities, signups),
@@ -178,6 +196,9 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		log:     log,
 		opts:    opts,
 		ids:     newIDIssuer(opts.IDSecret),
+		shedIDs: newIDIssuer(opts.IDSecret + "/shed"),
+		views:   views{m: make(map[int64]*shedView)},
+		flight:  make(chan struct{}, opts.MaxInFlight),
 		waiters: newWaiters(m.waiters),
 		metrics: m,
 		quit:    make(chan struct{}),
@@ -211,6 +232,18 @@ func (s *Service) Start(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("ingest start: %w: ensure bucket %s: %w", bus.ErrUnavailable, s.opts.IdempotencyBucket, err)
+	}
+	if !s.opts.DisableShed {
+		vkv, err := bus.EnsureViewBucket(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas})
+		if err != nil {
+			return fmt.Errorf("ingest start: %w", err)
+		}
+		wctx, cancel := context.WithCancel(context.Background())
+		if err := s.watchViews(wctx, vkv); err != nil {
+			cancel()
+			return fmt.Errorf("ingest start: %w: watch %s: %w", bus.ErrUnavailable, wire.ViewBucket, err)
+		}
+		s.stopViews = cancel
 	}
 	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
 	if err != nil {
@@ -250,6 +283,9 @@ func (s *Service) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopped = true
+	if s.stopViews != nil {
+		s.stopViews()
+	}
 	if s.sub != nil {
 		if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			s.log.Warn("unsubscribe results", slog.Any("err", err))

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -86,13 +87,19 @@ func (ws *waiters) deliver(r wire.Result) {
 // while someone waits: the allocator publishes a batch per commit whether or
 // not anyone listens.
 func (s *Service) onResults(m *nats.Msg) {
-	if s.waiters.count() == 0 {
+	hasViews := !s.opts.DisableShed && bytes.Contains(m.Data, []byte(`"views"`))
+	if s.waiters.count() == 0 && !hasViews {
 		return
 	}
 	var batch wire.ResultBatch
 	if err := json.Unmarshal(m.Data, &batch); err != nil {
 		s.log.Warn("undecodable result batch", slog.String("subject", m.Subject), slog.Any("err", err))
 		return
+	}
+	if hasViews {
+		for _, v := range batch.Views {
+			s.views.put(v)
+		}
 	}
 	for i := range batch.Results {
 		r := batch.Results[i]

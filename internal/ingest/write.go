@@ -66,6 +66,11 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		writeError(w, http.StatusTooManyRequests, msgRateLimited)
 		return
 	}
+	// A keyed claim always goes through the stream, so the key stays bound
+	// to one stored request.
+	if op == wire.OpClaim && !hasKey && !s.opts.DisableShed && s.shed(w, r, activity, user) {
+		return
+	}
 
 	ctx := r.Context()
 	uid, err := s.ids.New()
@@ -129,6 +134,11 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		}
 	}
 	if err := s.publish(ctx, activity, id, data); err != nil {
+		if errors.Is(err, errOverloaded) {
+			w.Header()["Retry-After"] = []string{"1"}
+			writeError(w, http.StatusServiceUnavailable, msgOverloaded)
+			return
+		}
 		writeError(w, http.StatusServiceUnavailable, msgBrokerDown)
 		return
 	}
@@ -163,11 +173,16 @@ func canonicalPath(op string, activity, user int64) string {
 // within its duplicate window. The publish is not cut short when the client
 // leaves: its outcome is logged either way.
 func (s *Service) publish(ctx context.Context, activity int64, id string, data []byte) error {
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.PublishTimeout)
-	defer cancel()
+	select {
+	case s.flight <- struct{}{}:
+		defer func() { <-s.flight }()
+	default:
+		s.metrics.publishFailures.Inc()
+		return fmt.Errorf("%w: %d publishes already in flight", errOverloaded, cap(s.flight))
+	}
 	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
 	start := time.Now()
-	ack, err := s.js.PublishMsg(pctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
+	ack, err := s.publishAsync(msg, id)
 	s.metrics.publishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.publishFailures.Inc()
@@ -180,6 +195,29 @@ func (s *Service) publish(ctx context.Context, activity int64, id string, data [
 			slog.Int64("activity_id", activity), slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
 	}
 	return nil
+}
+
+// errOverloaded means the in-flight bound is reached: 503 at once.
+var errOverloaded = errors.New("too many publishes in flight")
+
+// publishAsync publishes without a round trip of its own: many handlers'
+// messages share the connection's pipeline and their PubAcks come back
+// asynchronously; this handler waits for its own, at most PublishTimeout.
+func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
+	f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
+	if err != nil {
+		return nil, err
+	}
+	timer := time.NewTimer(s.opts.PublishTimeout)
+	defer timer.Stop()
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-timer.C:
+		return nil, fmt.Errorf("no PubAck within %s", s.opts.PublishTimeout)
+	}
 }
 
 // idemRecord is the value stored under an Idempotency-Key.

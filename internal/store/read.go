@@ -136,3 +136,17 @@ func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, 
 	}
 	return s, true, nil
 }
+
+// GetActivityRow reads one activity row without locking it.
+func GetActivityRow(ctx context.Context, q DBTX, id int64) (ActivityRow, bool, error) {
+	r := ActivityRow{ID: id}
+	err := q.QueryRowContext(ctx, "SELECT capacity, confirmed_count, next_seq FROM activity WHERE id = ?", id).
+		Scan(&r.Capacity, &r.Confirmed, &r.NextSeq)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, false, nil
+	}
+	if err != nil {
+		return r, false, fmt.Errorf("get activity %d: %w", id, err)
+	}
+	return r, true, nil
+}

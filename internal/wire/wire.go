@@ -110,6 +110,9 @@ type Result struct {
 	Capacity        *int64    `json:"capacity,omitempty"`
 	Seq             uint64    `json:"seq"`
 	AppliedAt       time.Time `json:"applied_at"`
+	// Shed marks a claim that ingest answered at once from the allocator's
+	// view of a full activity: final, never stored in the stream.
+	Shed bool `json:"shed,omitempty"`
 }
 
 // Request states as seen by a polling client.
@@ -135,9 +138,12 @@ type Event struct {
 	At         time.Time `json:"at"`
 }
 
-// ResultBatch is the payload of ResultSubject.
+// ResultBatch is the payload of ResultSubject: the results a commit
+// recorded, or the views it changed (sent first, so that ingest never
+// answers from a view older than a result it has already given out).
 type ResultBatch struct {
-	Results []Result `json:"results"`
+	Results []Result `json:"results,omitempty"`
+	Views   []View   `json:"views,omitempty"`
 }
 
 // eventNamespace roots the deterministic event ids.
@@ -149,4 +155,31 @@ var eventNamespace = uuid.MustParse("6f1c3e5a-2b0d-4c8e-9a57-3d2e1f0b9c44")
 // that dedupe by event_id.
 func EventID(requestID string, index int) string {
 	return uuid.NewSHA1(eventNamespace, []byte(requestID+"/"+strconv.Itoa(index))).String()
+}
+
+// ViewBucket is the JetStream KV bucket where the allocator keeps a view of
+// every full activity, so that ingest can answer a claim for it at once.
+const ViewBucket = "ALLOT_VIEW"
+
+// MaxViewHolders bounds the holders a view lists; a full activity with more
+// live signups is published without them (Complete false) and not shed.
+const MaxViewHolders = 10_000
+
+// ViewKey is the key of activity's view in ViewBucket.
+func ViewKey(activity int64) string { return "a." + strconv.FormatInt(activity, 10) }
+
+// Full reports whether the view is of an activity with no free seat.
+func (v View) Full() bool { return v.Confirmed >= v.Capacity }
+
+// View is the value of a full activity's key: its counters and, when
+// Complete, every user holding a seat and every waiter in queue order, which
+// is all a claim's decision needs.
+type View struct {
+	ActivityID int64   `json:"activity_id"`
+	Capacity   int64   `json:"capacity"`
+	Confirmed  int64   `json:"confirmed"`
+	Seq        uint64  `json:"seq"` // the last stream sequence applied to the activity
+	Complete   bool    `json:"complete"`
+	Holders    []int64 `json:"holders,omitempty"` // CONFIRMED users
+	Waiters    []int64 `json:"waiters,omitempty"` // WAITING users, head first
 }
