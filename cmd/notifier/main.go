@@ -1,0 +1,215 @@
+// Command notifier is allot's reference consumer of events: it delivers the
+// events its durable consumer selects (alloc.evt.*.promoted by default) to a
+// webhook, or logs them when ALLOT_NOTIFY_URL is empty. Wiring only: the
+// work is in internal/notifier. It never connects to MySQL.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/notifier"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+const binary = "notifier"
+
+// secretURL is a webhook URL that prints with its password and query values
+// masked: webhook URLs often carry their credentials.
+type secretURL string
+
+func (u secretURL) String() string {
+	if u == "" {
+		return ""
+	}
+	p, err := url.Parse(string(u))
+	if err != nil {
+		return "*****"
+	}
+	if q := p.Query(); len(q) > 0 {
+		for k := range q {
+			q[k] = []string{"*****"}
+		}
+		p.RawQuery = q.Encode()
+	}
+	return p.Redacted()
+}
+
+type cfg struct {
+	config.Common
+	NotifyURL         secretURL     `envconfig:"NOTIFY_URL" desc:"webhook URL events are POSTed to; empty = log them only"`
+	NotifyFilter      string        `envconfig:"NOTIFY_FILTER" default:"alloc.evt.*.promoted" desc:"subject filter within alloc.evt.>"`
+	NotifyDurable     string        `envconfig:"NOTIFY_DURABLE" default:"notifier" desc:"durable consumer name"`
+	NotifyTimeout     time.Duration `envconfig:"NOTIFY_TIMEOUT" default:"5s" desc:"one webhook attempt"`
+	NotifyMaxAttempts int           `envconfig:"NOTIFY_MAX_ATTEMPTS" default:"8" desc:"attempts before an event is dead-lettered"`
+	NotifyBackoffBase time.Duration `envconfig:"NOTIFY_BACKOFF_BASE" default:"500ms" desc:"first retry waits up to this"`
+	NotifyBackoffMax  time.Duration `envconfig:"NOTIFY_BACKOFF_MAX" default:"30s" desc:"no retry waits longer"`
+	NotifyWorkers     int           `envconfig:"NOTIFY_WORKERS" default:"4" desc:"events delivered concurrently; 1 keeps stream order"`
+	NotifyMetricsAddr string        `envconfig:"NOTIFY_METRICS_ADDR" desc:"serve /metrics and /healthz here; empty = off"`
+}
+
+// durableName is what NATS accepts as a consumer name, kept conservative.
+var durableName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Validate reports the first invalid value as one sentence. MySQL settings
+// are checked only as far as Common does: the notifier never uses them.
+func (c *cfg) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.NATSURL == "" {
+		return errors.New("ALLOT_NATS_URL is empty: set it to your NATS server with JetStream")
+	}
+	if c.NotifyURL != "" {
+		u, err := url.Parse(string(c.NotifyURL))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("ALLOT_NOTIFY_URL must be an absolute http:// or https:// URL, got %q", c.NotifyURL.String())
+		}
+	}
+	if err := validFilter(c.NotifyFilter); err != nil {
+		return err
+	}
+	if !durableName.MatchString(c.NotifyDurable) {
+		return fmt.Errorf("ALLOT_NOTIFY_DURABLE must be 1 to 64 letters, digits, '-' or '_', got %q", c.NotifyDurable)
+	}
+	if c.NotifyTimeout <= 0 || c.NotifyTimeout > 10*time.Minute {
+		return fmt.Errorf("ALLOT_NOTIFY_TIMEOUT must be above 0 and at most 10m, got %s", c.NotifyTimeout)
+	}
+	if c.NotifyMaxAttempts < 1 || c.NotifyMaxAttempts > 1000 {
+		return fmt.Errorf("ALLOT_NOTIFY_MAX_ATTEMPTS must be between 1 and 1000, got %d", c.NotifyMaxAttempts)
+	}
+	if c.NotifyBackoffBase <= 0 {
+		return fmt.Errorf("ALLOT_NOTIFY_BACKOFF_BASE must be above 0, got %s", c.NotifyBackoffBase)
+	}
+	if c.NotifyBackoffMax < c.NotifyBackoffBase || c.NotifyBackoffMax > time.Hour {
+		return fmt.Errorf("ALLOT_NOTIFY_BACKOFF_MAX must be between ALLOT_NOTIFY_BACKOFF_BASE (%s) and 1h, got %s", c.NotifyBackoffBase, c.NotifyBackoffMax)
+	}
+	if c.NotifyWorkers < 1 || c.NotifyWorkers > 256 {
+		return fmt.Errorf("ALLOT_NOTIFY_WORKERS must be between 1 and 256, got %d", c.NotifyWorkers)
+	}
+	if c.NotifyMetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.NotifyMetricsAddr); err != nil {
+			return fmt.Errorf("ALLOT_NOTIFY_METRICS_ADDR must be host:port or :port, got %q", c.NotifyMetricsAddr)
+		}
+	}
+	return nil
+}
+
+// validFilter accepts a NATS subject within alloc.evt.>: whole-token
+// wildcards only, '>' last.
+func validFilter(f string) error {
+	bad := fmt.Errorf("ALLOT_NOTIFY_FILTER must be a subject within %s> such as %s, got %q",
+		wire.EventSubjectPrefix, notifier.DefaultFilter, f)
+	if !strings.HasPrefix(f, wire.EventSubjectPrefix) {
+		return bad
+	}
+	tokens := strings.Split(f, ".")
+	for i, tok := range tokens {
+		switch {
+		case tok == "", strings.ContainsAny(tok, " \t\r\n"):
+			return bad
+		case tok == ">" && i != len(tokens)-1:
+			return bad
+		case tok != "*" && tok != ">" && strings.ContainsAny(tok, "*>"):
+			return bad
+		}
+	}
+	return nil
+}
+
+func (c *cfg) notifierConfig() notifier.Config {
+	return notifier.Config{
+		URL:         string(c.NotifyURL),
+		Filter:      c.NotifyFilter,
+		Durable:     c.NotifyDurable,
+		Timeout:     c.NotifyTimeout,
+		MaxAttempts: c.NotifyMaxAttempts,
+		BackoffBase: c.NotifyBackoffBase,
+		BackoffMax:  c.NotifyBackoffMax,
+		Workers:     c.NotifyWorkers,
+	}
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Stderr))
+}
+
+// run is main without the process: exit code 0 after a signal, 1 when the
+// notifier fails while running, 2 on bad config or an unreachable broker.
+func run(ctx context.Context, stderr io.Writer) int {
+	var c cfg
+	if err := config.Load(&c); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	config.Print(stderr, binary, &c)
+	log := c.Logger(stderr, binary)
+	nc, err := bus.Connect(c.NATSURL, binary, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
+		return 2
+	}
+	defer nc.Drain() //nolint:errcheck
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	n, err := notifier.New(nc, log, reg, c.notifierConfig())
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	if err := n.Start(ctx); err != nil {
+		fmt.Fprintf(stderr, "%s: %v — is JetStream enabled on the server at ALLOT_NATS_URL?\n", binary, err)
+		return 2
+	}
+
+	if c.NotifyMetricsAddr != "" {
+		ln, err := net.Listen("tcp", c.NotifyMetricsAddr)
+		if err != nil {
+			n.Stop()
+			fmt.Fprintf(stderr, "%s: listen %s: %v\n", binary, c.NotifyMetricsAddr, err)
+			return 2
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(sctx) //nolint:errcheck
+		}()
+	}
+
+	done := make(chan error, 1)
+	go func() { done <- n.Wait() }()
+	select {
+	case <-ctx.Done():
+		log.Info("notifier stopping: finishing the attempts in flight")
+		n.Stop()
+		return 0
+	case err := <-done:
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 1
+	}
+}

@@ -1,0 +1,321 @@
+// Package notifier is allot's reference consumer of events: a durable pull
+// consumer on ALLOT_EVENTS (by default alloc.evt.*.promoted) that POSTs each
+// event to a webhook with Idempotency-Key = event_id, or logs it when no
+// webhook is configured. It never touches the database.
+//
+// Delivery is at least once. A message is acknowledged only after the
+// webhook answered 2xx (or, when every attempt failed, after the event is
+// stored on the dead-letter stream), so a crash at any point makes JetStream
+// redeliver it; a receiver that dedupes by event_id sees each event exactly
+// once.
+//
+// Workers (Config.Workers) each pull one message at a time, so nothing sits
+// in a client-side buffer while its ack timer runs, and deliver concurrently:
+// events are not delivered in stream order unless Workers is 1. While an
+// event is retried its worker keeps telling JetStream it is in progress, so
+// it is not redelivered to another worker meanwhile.
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// Defaults of Config.
+const (
+	DefaultFilter        = wire.EventSubjectPrefix + "*." + wire.EventPromoted
+	DefaultDurable       = "notifier"
+	DefaultTimeout       = 5 * time.Second
+	DefaultMaxAttempts   = 8
+	DefaultBackoffBase   = 500 * time.Millisecond
+	DefaultBackoffMax    = 30 * time.Second
+	DefaultWorkers       = 4
+	DefaultMaxAckPending = 64
+	DefaultAckWait       = 30 * time.Second
+	DefaultPollWait      = time.Second
+)
+
+// Config tunes a Notifier. Zero values take the defaults.
+type Config struct {
+	// URL is the webhook each event is POSTed to (body: the event JSON as
+	// stored; headers: Content-Type: application/json, Idempotency-Key:
+	// event_id). User info in it is sent as basic auth; redirects are not
+	// followed. Empty means log each event instead.
+	URL string
+	// Filter is the consumer's subject filter, within alloc.evt.>.
+	Filter string
+	// Durable is the consumer's durable name: a new process with the same
+	// name resumes where the previous one stopped.
+	Durable string
+	// Timeout bounds one webhook attempt, reading the answer included.
+	Timeout time.Duration
+	// MaxAttempts is how many times one delivery tries the webhook before the
+	// event is dead-lettered. The budget is per delivery: a redelivery after
+	// a restart starts again from 1.
+	MaxAttempts int
+	// BackoffBase and BackoffMax shape the wait before attempt n+1: a random
+	// duration in [0, min(BackoffMax, BackoffBase·2^(n-1))] (full jitter).
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+	// Workers is how many events are delivered concurrently.
+	Workers int
+	// MaxAckPending caps the consumer's unacknowledged messages.
+	MaxAckPending int
+	// AckWait is the consumer's redelivery timeout. Workers extend it every
+	// AckWait/3 while they hold a message, so it only matters when a
+	// process dies: it is how soon another one gets the message.
+	AckWait time.Duration
+	// PollWait is how long an idle worker's pull request waits; it bounds
+	// how long Stop waits for idle workers.
+	PollWait time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Filter == "" {
+		c.Filter = DefaultFilter
+	}
+	if c.Durable == "" {
+		c.Durable = DefaultDurable
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.BackoffBase <= 0 {
+		c.BackoffBase = DefaultBackoffBase
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = max(DefaultBackoffMax, c.BackoffBase)
+	}
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = DefaultMaxAckPending
+	}
+	c.MaxAckPending = max(c.MaxAckPending, c.Workers)
+	if c.AckWait <= 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.PollWait <= 0 {
+		c.PollWait = DefaultPollWait
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.URL != "" {
+		u, err := url.Parse(c.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%w: webhook URL must be an absolute http or https URL", ErrInvalidConfig)
+		}
+	}
+	if c.BackoffMax < c.BackoffBase {
+		return fmt.Errorf("%w: backoff max %s is below backoff base %s", ErrInvalidConfig, c.BackoffMax, c.BackoffBase)
+	}
+	if c.AckWait < 100*time.Millisecond {
+		return fmt.Errorf("%w: ack wait %s is below 100ms", ErrInvalidConfig, c.AckWait)
+	}
+	return nil
+}
+
+// Errors a Notifier returns.
+var (
+	// ErrInvalidConfig means New was given a Config it cannot run with.
+	ErrInvalidConfig = errors.New("invalid notifier config")
+	// ErrStarted means Start was called twice.
+	ErrStarted = errors.New("notifier already started")
+)
+
+// Notifier delivers the events its durable consumer selects.
+type Notifier struct {
+	cfg    Config
+	js     jetstream.JetStream
+	log    *slog.Logger
+	m      *metrics
+	client *http.Client
+
+	cons jetstream.Consumer
+
+	// inFlight holds the stream sequences being delivered here, so that a
+	// redelivery of a message this process still works on (its ack timer ran
+	// out while NATS was unreachable) is not POSTed a second time in parallel.
+	inFlightMu sync.Mutex
+	inFlight   map[uint64]struct{}
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	errMu  sync.Mutex
+	err    error
+}
+
+// New returns a notifier on nc; Start runs it. Its metrics are registered on
+// reg (one Notifier per registry), or on a private registry when reg is nil.
+func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Notifier, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("notifier: %w", err)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = cfg.Workers
+	return &Notifier{
+		cfg: cfg, js: js, m: newMetrics(reg),
+		log: log.With(slog.String("durable", cfg.Durable)),
+		client: &http.Client{
+			Transport: transport,
+			// A POST must reach the configured URL itself: following a
+			// 301/302/303 would turn it into a GET and lose the body.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		inFlight: make(map[uint64]struct{}),
+	}, nil
+}
+
+// Start ensures ALLOT_EVENTS (so the notifier may start before the
+// allocator), the dead-letter stream and the durable consumer, then runs the
+// workers until Stop. ctx bounds the setup only.
+func (n *Notifier) Start(ctx context.Context) error {
+	if n.cancel != nil {
+		return ErrStarted
+	}
+	setupCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := bus.EnsureStreams(setupCtx, n.js, bus.StreamConfig{}); err != nil {
+		return err
+	}
+	if _, err := n.js.CreateOrUpdateStream(setupCtx, DLQStreamConfig()); err != nil {
+		return fmt.Errorf("%w: ensure stream %s: %w", bus.ErrUnavailable, DLQStream, err)
+	}
+	cons, err := n.ensureConsumer(setupCtx)
+	if err != nil {
+		return err
+	}
+	n.cons = cons
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = stop
+	for range n.cfg.Workers {
+		n.wg.Go(func() {
+			if err := n.work(runCtx); err != nil {
+				n.setErr(err)
+			}
+		})
+	}
+	n.log.InfoContext(ctx, "notifier running", slog.String("filter", n.cfg.Filter),
+		slog.Bool("webhook", n.cfg.URL != ""), slog.Int("workers", n.cfg.Workers))
+	return nil
+}
+
+// Stop stops pulling, lets webhook attempts in flight finish (each is bounded
+// by Timeout) and acknowledges those that succeeded; events waiting for a
+// retry are handed back to JetStream (Nak) for the next process. It returns
+// once every worker has exited.
+func (n *Notifier) Stop() {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.wg.Wait()
+}
+
+// Wait blocks until the notifier stops by itself or is stopped, and says why
+// it stopped by itself (nil after Stop).
+func (n *Notifier) Wait() error {
+	n.wg.Wait()
+	n.errMu.Lock()
+	defer n.errMu.Unlock()
+	return n.err
+}
+
+func (n *Notifier) setErr(err error) {
+	n.errMu.Lock()
+	if n.err == nil {
+		n.err = err
+	}
+	n.errMu.Unlock()
+	n.cancel()
+}
+
+func (n *Notifier) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	c, err := n.js.CreateOrUpdateConsumer(ctx, wire.EventStream, jetstream.ConsumerConfig{
+		Durable:       n.cfg.Durable,
+		Description:   "allot notifier: delivers events to a webhook",
+		FilterSubject: n.cfg.Filter,
+		// A new durable starts at the beginning of the stream: a notifier
+		// deployed after the first events still delivers them.
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       n.cfg.AckWait,
+		// Attempts are counted by the notifier, which dead-letters; the
+		// broker must never drop a message on its own.
+		MaxDeliver:    -1,
+		MaxAckPending: n.cfg.MaxAckPending,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: ensure consumer %s: %w", bus.ErrUnavailable, n.cfg.Durable, err)
+	}
+	return c, nil
+}
+
+// work pulls one message at a time and delivers it, until ctx ends or the
+// connection is closed for good.
+func (n *Notifier) work(ctx context.Context) error {
+	for ctx.Err() == nil {
+		msg, err := n.cons.Next(jetstream.FetchMaxWait(n.cfg.PollWait))
+		switch {
+		case err == nil:
+		case errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoMessages):
+			continue
+		case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrConnectionClosed):
+			return fmt.Errorf("notifier: %w", err)
+		default:
+			n.log.WarnContext(ctx, "pull events", slog.Any("err", err))
+			if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) {
+				if _, err := n.ensureConsumer(ctx); err != nil {
+					n.log.WarnContext(ctx, "recreate consumer", slog.Any("err", err))
+				}
+			}
+			sleep(ctx, n.cfg.PollWait)
+			continue
+		}
+		if ctx.Err() != nil {
+			// Pulled while stopping: hand it straight back.
+			msg.Nak() //nolint:errcheck // redelivered after AckWait anyway
+			return nil
+		}
+		n.handle(ctx, msg)
+	}
+	return nil
+}
+
+// sleep waits d or until ctx ends, and reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
