@@ -28,9 +28,9 @@ CREATE TABLE IF NOT EXISTS activity_signup (
 -- publishes them in seq order per partition behind the cursor in
 -- event_relay, so an event is never lost after commit.
 CREATE TABLE IF NOT EXISTS processed_request (
-  request_id CHAR(36) CHARACTER SET ascii NOT NULL PRIMARY KEY,
-  seq BIGINT NOT NULL,
   partition_id INT NOT NULL DEFAULT 0,
+  seq BIGINT NOT NULL,
+  request_id CHAR(36) CHARACTER SET ascii NOT NULL,
   op VARCHAR(8) NOT NULL,
   activity_id BIGINT NOT NULL,
   user_id BIGINT NOT NULL,
@@ -41,8 +41,10 @@ CREATE TABLE IF NOT EXISTS processed_request (
   capacity INT NULL,
   events TEXT CHARACTER SET ascii NULL,
   applied_at DATETIME(6) NOT NULL,
-  UNIQUE KEY uk_processed_seq (seq),
-  KEY idx_processed_partition (partition_id, seq)
+  -- Clustered by the order the relay and the audit read it in; stream
+  -- sequences are unique across partitions, request ids unique outright.
+  PRIMARY KEY (partition_id, seq),
+  UNIQUE KEY uk_processed_request (request_id)
 ) ENGINE=InnoDB;
 
 -- Messages the allocator refused as malformed: terminated, never applied,

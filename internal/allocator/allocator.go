@@ -91,6 +91,10 @@ type Allocator struct {
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
 	cache map[int64]*allocation.Activity
+	// checkDuplicates makes a batch look up which of its requests were
+	// already applied before deciding; set only to redo a batch that ran
+	// into one.
+	checkDuplicates bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

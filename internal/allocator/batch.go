@@ -116,6 +116,10 @@ func (a *Allocator) handleItems(ctx context.Context, items []item) error {
 	return a.afterCommit(ctx, items, out)
 }
 
+// errRetryChecked asks applyOnce to run the batch again with the lookup of
+// already applied requests.
+var errRetryChecked = errors.New("batch holds an already applied request")
+
 // applyOnce runs one transaction (retried on lost races) over the items not
 // yet applied, after filling any gap before them.
 func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error) {
@@ -134,8 +138,19 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 	}, func(tx *sql.Tx) error {
 		var err error
 		out, err = a.applyTx(ctx, tx, items)
+		if errors.Is(err, store.ErrDuplicateRequest) && !a.checkDuplicates {
+			return errRetryChecked
+		}
 		return err
 	})
+	if errors.Is(err, errRetryChecked) {
+		// A request was stored twice: apply the batch again, looking up
+		// every request first. The cache holds the rolled-back decisions.
+		clear(a.cache)
+		a.checkDuplicates = true
+		defer func() { a.checkDuplicates = false }()
+		return a.applyOnce(ctx, items)
+	}
 	if err != nil {
 		// The cache may hold decisions that were rolled back; the next
 		// transaction sees their NextSeq disagree with the row and reloads,
@@ -227,14 +242,18 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	}
 
 	// Skip requests already applied: the same request stored twice (an
-	// Idempotency-Key repeat after the broker's duplicate window).
-	ids := make([]string, len(reqs))
-	for i, r := range reqs {
-		ids[i] = r.req.RequestID
-	}
-	done, err := store.Processed(ctx, tx, ids)
-	if err != nil {
-		return out, err
+	// Idempotency-Key repeat after the broker's duplicate window). That is
+	// rare, so it is looked up only after InsertResults ran into one.
+	done := make(map[string]bool, len(reqs))
+	if a.checkDuplicates {
+		ids := make([]string, len(reqs))
+		for i, r := range reqs {
+			ids[i] = r.req.RequestID
+		}
+		var err error
+		if done, err = store.Processed(ctx, tx, ids); err != nil {
+			return out, err
+		}
 	}
 	actIDs := make([]int64, 0, 4)
 	for _, r := range reqs {
@@ -266,7 +285,6 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		if done[r.req.RequestID] {
 			continue
 		}
-		done[r.req.RequestID] = true // a repeat within this batch, too
 		act := acts[r.req.ActivityID]
 		var capacity int64
 		if r.req.Capacity != nil {
@@ -280,6 +298,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			out.rejected[r.seq] = err.Error()
 			continue
 		}
+		done[r.req.RequestID] = true // a repeat later in this batch is skipped too
 		acts[r.req.ActivityID] = after
 		if after != nil {
 			touched[after.ID] = true
@@ -292,11 +311,12 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 				ActivityID: r.req.ActivityID, UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq,
 			}
 		}
-		res := resultOf(r.req, r.seq, d, after, now)
+		res := allocation.ResultOf(r.req, r.seq, d, after)
+		res.AppliedAt = now
 		out.results = append(out.results, res)
 		a.m.decisions.WithLabelValues(r.req.Op, d.Outcome).Inc()
 		a.m.acceptToApply.Observe(now.Sub(r.req.ReceivedAt).Seconds())
-		rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition, Events: encodeEvents(d.Events)})
+		rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition, Events: allocation.EncodeEvents(d.Events)})
 		out.events += len(d.Events)
 	}
 
@@ -446,45 +466,4 @@ func (a *Allocator) publishResults(results []wire.Result) {
 			a.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // best effort by design
 		}
 	}
-}
-
-// resultOf turns a decision into the recorded result.
-func resultOf(req wire.Request, seq uint64, d allocation.Decision, after *allocation.Activity, now time.Time) wire.Result {
-	r := wire.Result{
-		RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
-		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: d.Outcome, Seq: seq, AppliedAt: now,
-	}
-	if d.Status != "" {
-		s := d.Status
-		r.Status = &s
-	}
-	if d.Position > 0 {
-		p := d.Position
-		r.Position = &p
-	}
-	switch req.Op {
-	case wire.OpCancel:
-		if len(d.PromotedUserIDs) > 0 {
-			id := d.PromotedUserIDs[0]
-			r.PromotedUserID = &id
-		}
-	case wire.OpOpen:
-		r.PromotedUserIDs = slices.Clone(d.PromotedUserIDs)
-		if after != nil {
-			c := after.Capacity
-			r.Capacity = &c
-		}
-	}
-	return r
-}
-
-func encodeEvents(events []allocation.Event) string {
-	if len(events) == 0 {
-		return ""
-	}
-	specs := make([]store.EventSpec, len(events))
-	for i, e := range events {
-		specs[i] = store.EventSpec{Kind: e.Kind, UserID: e.UserID}
-	}
-	return store.EncodeEvents(specs)
 }

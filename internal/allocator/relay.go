@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -105,7 +106,7 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 		}
 		var futures []jetstream.PubAckFuture
 		for _, row := range rows {
-			events, err := store.DecodeEvents(row.Events)
+			events, err := allocation.DecodeEvents(row.Events)
 			if err != nil {
 				return fmt.Errorf("request %s: %w", row.RequestID, err)
 			}

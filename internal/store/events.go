@@ -5,52 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 )
-
-// EventSpec is one event as the outbox stores it.
-type EventSpec struct {
-	Kind   string
-	UserID int64
-}
-
-// EncodeEvents packs events as "kind:user_id;kind:user_id" for the events
-// column. Kinds are fixed lower-case words, so the separators never clash.
-func EncodeEvents(events []EventSpec) string {
-	if len(events) == 0 {
-		return ""
-	}
-	var b strings.Builder
-	for i, e := range events {
-		if i > 0 {
-			b.WriteByte(';')
-		}
-		b.WriteString(e.Kind)
-		b.WriteByte(':')
-		b.WriteString(strconv.FormatInt(e.UserID, 10))
-	}
-	return b.String()
-}
-
-// DecodeEvents unpacks the events column.
-func DecodeEvents(s string) ([]EventSpec, error) {
-	if s == "" {
-		return nil, nil
-	}
-	parts := strings.Split(s, ";")
-	out := make([]EventSpec, 0, len(parts))
-	for _, p := range parts {
-		kind, user, ok := strings.Cut(p, ":")
-		id, err := strconv.ParseInt(user, 10, 64)
-		if !ok || err != nil || kind == "" {
-			return nil, fmt.Errorf("events column: bad entry %q", p)
-		}
-		out = append(out, EventSpec{Kind: kind, UserID: id})
-	}
-	return out, nil
-}
 
 // OutboxRow is a processed request whose events are still to be relayed.
 type OutboxRow struct {

@@ -182,10 +182,31 @@ func UpsertSignups(ctx context.Context, tx *sql.Tx, rows []SignupRow) error {
 		})
 }
 
-// InsertResults records the results of a batch; the primary key on
-// request_id makes a second application fail rather than double.
+// ErrDuplicateRequest means a batch holds a request whose result is already
+// recorded: InsertResults refused to record it twice. The caller rolls back
+// and applies the batch again with an explicit check (Processed).
+var ErrDuplicateRequest = errors.New("a request in the batch was already applied")
+
+// InsertResults records the results of a batch. The unique key on
+// request_id refuses a second result for a request; a batch that runs into
+// it fails with ErrDuplicateRequest, so the common case needs no lookup
+// before the insert.
 func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) error {
-	return insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+", partition_id, events) VALUES ", "",
+	for c := range chunks(len(rs)) {
+		n, err := insertResults(ctx, tx, rs[c.lo:c.hi])
+		if err != nil {
+			return err
+		}
+		if n != int64(c.hi-c.lo) {
+			return ErrDuplicateRequest
+		}
+	}
+	return nil
+}
+
+func insertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) (int64, error) {
+	var affected int64
+	err := insertRowsAffected(ctx, tx, "INSERT IGNORE INTO processed_request ("+resultColumns+", partition_id, events) VALUES ", "",
 		13, len(rs), func(i int, args []any) []any {
 			r := rs[i]
 			var promoted any
@@ -200,7 +221,8 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) error {
 			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
 				nullString(r.Status), nullInt(r.Position), promoted, nullInt(r.Capacity), r.AppliedAt,
 				r.Partition, nullIfEmpty(r.Events))
-		})
+		}, &affected)
+	return affected, err
 }
 
 // InsertRejected records malformed messages.
@@ -214,14 +236,27 @@ func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.T
 
 // insertRows runs prefix + (?,..),(?,..) + suffix in chunks.
 func insertRows(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n int, row func(i int, args []any) []any) error {
+	return insertRowsAffected(ctx, tx, prefix, suffix, cols, n, row, nil)
+}
+
+// insertRowsAffected is insertRows that adds the rows affected to *affected.
+func insertRowsAffected(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n int, row func(i int, args []any) []any, affected *int64) error {
 	for c := range chunks(n) {
 		size := c.hi - c.lo
 		args := make([]any, 0, size*cols)
 		for i := c.lo; i < c.hi; i++ {
 			args = row(i, args)
 		}
-		if _, err := tx.ExecContext(ctx, prefix+placeholders(size, cols)+suffix, args...); err != nil {
+		res, err := tx.ExecContext(ctx, prefix+placeholders(size, cols)+suffix, args...)
+		if err != nil {
 			return fmt.Errorf("%s…: %w", strings.TrimSpace(prefix[:min(len(prefix), 40)]), err)
+		}
+		if affected != nil {
+			n, err := res.RowsAffected()
+			if err != nil {
+				return fmt.Errorf("rows affected: %w", err)
+			}
+			*affected += n
 		}
 	}
 	return nil

@@ -1,0 +1,79 @@
+package allocation
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// ResultOf turns the decision d on req (at stream sequence seq, leaving the
+// activity as after) into the result the allocator records and the audit
+// expects. AppliedAt is left for the caller, which owns the clock.
+func ResultOf(req wire.Request, seq uint64, d Decision, after *Activity) wire.Result {
+	r := wire.Result{
+		RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
+		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: d.Outcome, Seq: seq,
+	}
+	if d.Status != "" {
+		s := d.Status
+		r.Status = &s
+	}
+	if d.Position > 0 {
+		p := d.Position
+		r.Position = &p
+	}
+	switch req.Op {
+	case wire.OpCancel:
+		if len(d.PromotedUserIDs) > 0 {
+			id := d.PromotedUserIDs[0]
+			r.PromotedUserID = &id
+		}
+	case wire.OpOpen:
+		r.PromotedUserIDs = slices.Clone(d.PromotedUserIDs)
+		if after != nil {
+			c := after.Capacity
+			r.Capacity = &c
+		}
+	}
+	return r
+}
+
+// EncodeEvents packs a decision's events as "kind:user_id;kind:user_id",
+// the form processed_request.events (the outbox) stores. Kinds are fixed
+// lower-case words, so the separators never clash.
+func EncodeEvents(events []Event) string {
+	if len(events) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	for i, e := range events {
+		if i > 0 {
+			b.WriteByte(';')
+		}
+		b.WriteString(e.Kind)
+		b.WriteByte(':')
+		b.WriteString(strconv.FormatInt(e.UserID, 10))
+	}
+	return b.String()
+}
+
+// DecodeEvents unpacks what EncodeEvents packed.
+func DecodeEvents(s string) ([]Event, error) {
+	if s == "" {
+		return nil, nil
+	}
+	parts := strings.Split(s, ";")
+	out := make([]Event, 0, len(parts))
+	for _, p := range parts {
+		kind, user, ok := strings.Cut(p, ":")
+		id, err := strconv.ParseInt(user, 10, 64)
+		if !ok || err != nil || kind == "" {
+			return nil, fmt.Errorf("events column: bad entry %q", p)
+		}
+		out = append(out, Event{Kind: kind, UserID: id})
+	}
+	return out, nil
+}
