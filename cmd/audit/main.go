@@ -1,0 +1,178 @@
+// Command audit replays ALLOT_REQUESTS through the allocation domain and
+// checks MySQL against it. Wiring only: the audit lives in internal/audit.
+//
+//	audit [-activity 1,2,3] [-from-seq N | -from-time RFC3339] [-json]
+//
+// Exit status: 0 when every decision and row matches, 1 when anything
+// diverges, 2 when the audit could not run (bad flags or configuration,
+// NATS or MySQL unreachable, an incomplete stream).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/term"
+
+	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/store"
+)
+
+const binary = "audit"
+
+// Exit codes of the contract.
+const (
+	exitOK       = 0
+	exitDiverged = 1
+	exitError    = 2
+)
+
+// cfg is the audit's configuration, read from ALLOT_ variables.
+type cfg struct {
+	config.Common
+}
+
+// Validate reports the first invalid value as one sentence.
+func (c *cfg) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.NATSURL == "" {
+		return errors.New("ALLOT_NATS_URL is empty: the audit reads the request stream of a running NATS server, set it (e.g. nats://127.0.0.1:4222)")
+	}
+	return nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// flags are the parsed command line.
+type flags struct {
+	opts   audit.Options
+	asJSON bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (flags, error) {
+	var (
+		f                  flags
+		activities, fromTS string
+	)
+	fs := flag.NewFlagSet(binary, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&activities, "activity", "", "comma-separated activity ids to audit (default: all)")
+	fs.Uint64Var(&f.opts.FromSeq, "from-seq", 0, "compare only from this stream sequence on (the state is still replayed from the start)")
+	fs.StringVar(&fromTS, "from-time", "", "compare only from the first request stored at or after this RFC3339 time")
+	fs.BoolVar(&f.asJSON, "json", false, "print the report as one JSON object")
+	if err := fs.Parse(args); err != nil {
+		return f, err
+	}
+	if fs.NArg() > 0 {
+		return f, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if activities != "" {
+		for _, s := range strings.Split(activities, ",") {
+			id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			if err != nil || id <= 0 {
+				return f, fmt.Errorf("-activity: %q is not a positive activity id", s)
+			}
+			f.opts.Activities = append(f.opts.Activities, id)
+		}
+	}
+	if fromTS != "" {
+		t, err := time.Parse(time.RFC3339, fromTS)
+		if err != nil {
+			return f, fmt.Errorf("-from-time: %q is not an RFC3339 time (e.g. 2025-01-31T18:00:00Z)", fromTS)
+		}
+		f.opts.FromTime = t
+	}
+	if f.opts.FromSeq > 0 && !f.opts.FromTime.IsZero() {
+		return f, errors.New("-from-seq and -from-time exclude each other: give one")
+	}
+	return f, nil
+}
+
+// run is the whole command; it returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	f, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return exitError
+	}
+	var c cfg
+	err = config.Load(&c)
+	config.Print(stderr, binary, &c)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return exitError
+	}
+	log := c.Logger(stderr, binary)
+	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
+		return exitError
+	}
+	defer db.Close()
+	nc, err := bus.Connect(c.NATSURL, binary, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
+		return exitError
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return exitError
+	}
+	if !f.asJSON && isTerminal(stderr) {
+		f.opts.Progress = stderr
+	}
+	rep, err := audit.Run(ctx, db, js, f.opts)
+	return report(rep, err, f.asJSON, stdout, stderr)
+}
+
+// report prints the outcome of an audit and maps it to the exit code.
+func report(rep audit.Report, err error, asJSON bool, stdout, stderr io.Writer) int {
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return exitError
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		err = enc.Encode(rep)
+	} else {
+		err = rep.WriteText(stdout)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: write report: %v\n", binary, err)
+		return exitError
+	}
+	if !rep.OK {
+		return exitDiverged
+	}
+	return exitOK
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}

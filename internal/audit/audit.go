@@ -1,0 +1,280 @@
+// Package audit replays the request stream ALLOT_REQUESTS through the same
+// pure domain the allocator uses (internal/allocation) and compares what the
+// replay decides with what MySQL recorded: each result in processed_request,
+// each refused message in rejected_message, and the final activity and
+// activity_signup rows. The replay is the reference; MySQL is what is checked.
+//
+// # Snapshot
+//
+// MySQL is read in one read-only REPEATABLE READ transaction, whose snapshot
+// starts with the allocator's fence (the highest allocator_partition.last_seq).
+// The stream's last sequence L is read after that, so every message up to the
+// fence is in the stream. Messages in (fence, L] are pending: counted, never
+// divergences. Messages stored after L are not read. The allocator may keep
+// running while the audit runs.
+//
+// # Replay
+//
+// The state is rebuilt from the first message: the stream must still start at
+// sequence 1 with no deleted messages, otherwise Run fails with
+// ErrIncompleteStream. Each message up to the fence is handled the way the
+// allocator handles it, in stream order:
+//
+//  1. wire.DecodeRequest refuses it: malformed. rejected_message must hold its
+//     sequence, processed_request must not.
+//  2. its request_id already has a result in the replay (an Idempotency-Key
+//     repeat stored twice): skipped. Its sequence must have neither a result
+//     nor a rejected_message row.
+//  3. allocation.Apply returns an error: counted as malformed, like 1.
+//  4. otherwise the decision, turned into a wire.Result exactly as the
+//     allocator records it, must equal the processed_request row at the same
+//     sequence: request_id, op, activity_id, user_id, outcome, status,
+//     position, promoted_user_ids and capacity (applied_at is not compared),
+//     and rejected_message must not hold the sequence.
+//
+// A message the domain accepts but rejected_message holds without a result
+// (the allocator refused it, e.g. on a store error) is one divergence, and
+// the replay then leaves it unapplied as the allocator did. Otherwise the
+// replay never adopts what MySQL says: a wrong decision by the allocator
+// changes the allocator's later decisions, so one fault can show up as
+// several divergences; the earliest one is the cause.
+//
+// After the replay, each audited activity's row (capacity, confirmed_count,
+// next_seq) and each of its activity_signup rows (status, queue_seq;
+// CANCELLED rows too, since the replay keeps every user's last row) must
+// equal the replay's. A divergence on such a row names the request that last
+// changed it in the replay. Rows the replay never produced (an activity,
+// signup, result or rejected_message row with no message behind it) are
+// divergences as well.
+//
+// # Filters
+//
+// Options.Activities reads only the subjects alloc.req.<id> of those
+// activities (activities are independent, so nothing is lost) and checks only
+// their rows: results by activity_id, rejected messages by subject.
+//
+// Options.FromSeq and Options.FromTime open a window: requests before it are
+// replayed to build the state but not compared. Everything that carries a
+// stream sequence (results, rejected messages, activity and signup rows,
+// through the request that last changed them) is compared only from the
+// window's first sequence; rows the replay never produced are reported
+// whatever the window, since no request explains them. With FromTime the
+// window starts at the first message stored at or after that time.
+package audit
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocation"
+)
+
+// ErrInvalidOptions is returned by Run for options it cannot honour, such as
+// FromSeq and FromTime together or an activity id that is not positive.
+var ErrInvalidOptions = errors.New("audit: invalid options")
+
+// ErrIncompleteStream is returned by Run when the request stream no longer
+// holds every message from sequence 1 up to the allocator's fence (messages
+// removed by limits, deleted, or a purged or recreated stream): the state
+// cannot be rebuilt, so nothing could be compared honestly.
+var ErrIncompleteStream = errors.New("audit: the request stream is incomplete")
+
+// Options narrow an audit. The zero value audits every activity over the
+// whole stream.
+type Options struct {
+	// Activities, when non-empty, limits the audit to these activity ids.
+	Activities []int64
+	// FromSeq, when non-zero, compares only from this stream sequence on.
+	FromSeq uint64
+	// FromTime, when non-zero, compares only from the first message stored
+	// at or after it. Exclusive with FromSeq.
+	FromTime time.Time
+	// Progress, when non-nil, receives a progress bar while replaying (the
+	// command passes stderr when it is a terminal).
+	Progress io.Writer
+}
+
+func (o Options) validate() (Options, error) {
+	if o.FromSeq != 0 && !o.FromTime.IsZero() {
+		return o, fmt.Errorf("%w: -from-seq and -from-time exclude each other", ErrInvalidOptions)
+	}
+	if o.FromSeq == math.MaxUint64 {
+		return o, fmt.Errorf("%w: from-seq %d is out of range", ErrInvalidOptions, o.FromSeq)
+	}
+	ids := slices.Clone(o.Activities)
+	for _, id := range ids {
+		if id <= 0 {
+			return o, fmt.Errorf("%w: activity id %d is not positive", ErrInvalidOptions, id)
+		}
+	}
+	slices.Sort(ids)
+	o.Activities = slices.Compact(ids)
+	return o, nil
+}
+
+// Report is what an audit found. The counts cover the whole replay up to the
+// fence; Compared and the divergences are limited to the window.
+type Report struct {
+	// ActivitiesChecked is the number of activities whose rows were compared:
+	// the Activities option, or else every activity the replay or MySQL knows.
+	ActivitiesChecked int `json:"activities_checked"`
+	// Replayed is the number of messages up to the fence that were read.
+	Replayed int `json:"requests_replayed"`
+	// Compared is the number of applied requests in the window whose result
+	// was compared with processed_request.
+	Compared int `json:"compared"`
+	// Skipped is the number of repeats of an already applied request_id.
+	Skipped int `json:"skipped_duplicates"`
+	// Malformed is the number of messages refused by wire.DecodeRequest or
+	// allocation.Apply: the allocator must have recorded them as rejected.
+	Malformed int `json:"malformed"`
+	// Pending is the number of messages stored after the allocator's fence.
+	Pending int `json:"pending"`
+	// LastSeq is the stream's last sequence when the audit started.
+	LastSeq uint64 `json:"last_seq"`
+	// Fence is the allocator's fence: the last stream sequence applied.
+	Fence uint64 `json:"fence"`
+	// WindowStart is the first sequence compared (0 when nothing was).
+	WindowStart uint64 `json:"window_start_seq"`
+	// OK is true when there is no divergence.
+	OK bool `json:"ok"`
+	// Divergences lists every mismatch, in the order found.
+	Divergences []Divergence `json:"divergences"`
+}
+
+// Kind classifies a divergence.
+type Kind string
+
+// Kinds of divergence.
+const (
+	// KindResult: a processed_request column differs from the replay.
+	KindResult Kind = "result"
+	// KindResultMissing: an applied request has no processed_request row.
+	KindResultMissing Kind = "result_missing"
+	// KindResultUnexpected: a processed_request row at a sequence that must
+	// have none (malformed, repeat, pending, or no message at all).
+	KindResultUnexpected Kind = "result_unexpected"
+	// KindNotRejected: a malformed message has no rejected_message row.
+	KindNotRejected Kind = "malformed_not_rejected"
+	// KindRejectedUnexpected: a rejected_message row for a message the
+	// replay applies or skips, or for no message at all.
+	KindRejectedUnexpected Kind = "rejected_unexpected"
+	// KindActivity: an activity column differs from the replay.
+	KindActivity Kind = "activity"
+	// KindActivityMissing: the replay has an activity MySQL lacks.
+	KindActivityMissing Kind = "activity_missing"
+	// KindActivityUnexpected: MySQL has an activity the replay never opened.
+	KindActivityUnexpected Kind = "activity_unexpected"
+	// KindSignup: an activity_signup column differs from the replay.
+	KindSignup Kind = "signup"
+	// KindSignupMissing: the replay has a signup row MySQL lacks.
+	KindSignupMissing Kind = "signup_missing"
+	// KindSignupUnexpected: MySQL has a signup row the replay never made.
+	KindSignupUnexpected Kind = "signup_unexpected"
+)
+
+// Divergence is one mismatch between the replay and MySQL.
+type Divergence struct {
+	// Seq is the stream sequence of the request concerned: the request
+	// itself, or the one that last changed the row. 0 when no request is.
+	Seq uint64 `json:"seq"`
+	// RequestID is that request's id; empty when there is none or the
+	// message could not be decoded.
+	RequestID  string `json:"request_id"`
+	Kind       Kind   `json:"kind"`
+	ActivityID int64  `json:"activity_id,omitempty"`
+	UserID     int64  `json:"user_id,omitempty"`
+	// Field is the column that differs, for the field kinds.
+	Field    string `json:"field,omitempty"`
+	Expected string `json:"expected"`
+	Actual   string `json:"actual"`
+	// Detail explains what the comparison could not, e.g. a decode error.
+	Detail string `json:"detail,omitempty"`
+}
+
+// Run audits MySQL (db) against the request stream (js) and returns what it
+// found. An error means the audit could not be carried out (bad options,
+// NATS or MySQL unreachable, an incomplete stream); divergences are not
+// errors, they are in the Report.
+func Run(ctx context.Context, db *sql.DB, js jetstream.JetStream, opts Options) (Report, error) {
+	opts, err := opts.validate()
+	if err != nil {
+		return Report{}, err
+	}
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return Report{}, fmt.Errorf("audit: begin mysql snapshot: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read-only: nothing to keep
+
+	a := newAuditor(opts)
+	// The fence first: it starts the snapshot, and every message it covers
+	// was stored before the stream's last sequence is read below.
+	if a.fence, err = readFence(ctx, tx); err != nil {
+		return Report{}, err
+	}
+	st, err := openStream(ctx, js, a.fence)
+	if err != nil {
+		return Report{}, err
+	}
+	a.last = st.last
+	if a.rejected, err = readRejected(ctx, tx); err != nil {
+		return Report{}, err
+	}
+
+	from := uint64(0)
+	if opts.FromSeq > 0 {
+		from = opts.FromSeq - 1
+	}
+	pagerCtx, cancelPager := context.WithCancel(ctx)
+	a.results = startResults(pagerCtx, tx, from, opts.Activities)
+	defer func() {
+		cancelPager()
+		a.results.wait()
+	}()
+
+	if err := a.replay(ctx, st); err != nil {
+		return Report{}, err
+	}
+	if err := a.drainResults(); err != nil {
+		return Report{}, err
+	}
+	a.leftoverRejected()
+	if err := a.compareRows(ctx, tx); err != nil {
+		return Report{}, err
+	}
+	return a.report(), nil
+}
+
+// newAuditor prepares the replay state for opts.
+func newAuditor(opts Options) *auditor {
+	a := &auditor{
+		opts:     opts,
+		winStart: math.MaxUint64,
+		acts:     make(map[int64]*allocation.Activity),
+		actLast:  make(map[int64]change),
+		signups:  make(map[signupKey]*signupTrack),
+		seen:     make(map[string]uint64),
+	}
+	switch {
+	case opts.FromSeq > 0:
+		a.winStart = opts.FromSeq
+	case opts.FromTime.IsZero():
+		a.winStart = 1
+	}
+	if len(opts.Activities) > 0 {
+		a.subjects = make(map[string]bool, len(opts.Activities))
+		for _, id := range opts.Activities {
+			a.subjects[subjectOf(id)] = true
+		}
+	}
+	return a
+}

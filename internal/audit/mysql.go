@@ -1,0 +1,243 @@
+package audit
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// resultsPage is how many processed_request rows one query reads. Keyset
+// pages keep the snapshot connection free between them and the memory flat.
+const resultsPage = 10_000
+
+// readFence returns the allocator's fence: the highest last_seq over the
+// partitions (0 before anything was applied).
+func readFence(ctx context.Context, tx *sql.Tx) (uint64, error) {
+	var fence uint64
+	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(last_seq), 0) FROM allocator_partition").Scan(&fence); err != nil {
+		return 0, fmt.Errorf("audit: read the allocator's fence: %w", err)
+	}
+	return fence, nil
+}
+
+// rejectedRow is a rejected_message row.
+type rejectedRow struct {
+	subject string
+	reason  string
+}
+
+// readRejected reads every rejected_message row: they are few, since ingest
+// never publishes anything malformed.
+func readRejected(ctx context.Context, tx *sql.Tx) (map[uint64]rejectedRow, error) {
+	rows, err := tx.QueryContext(ctx, "SELECT seq, subject, reason FROM rejected_message")
+	if err != nil {
+		return nil, fmt.Errorf("audit: read rejected_message: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[uint64]rejectedRow)
+	for rows.Next() {
+		var (
+			seq uint64
+			r   rejectedRow
+		)
+		if err := rows.Scan(&seq, &r.subject, &r.reason); err != nil {
+			return nil, fmt.Errorf("audit: read rejected_message: %w", err)
+		}
+		out[seq] = r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: read rejected_message: %w", err)
+	}
+	return out, nil
+}
+
+// resultRow holds the compared columns of a processed_request row.
+type resultRow struct {
+	RequestID  string
+	Seq        uint64
+	Op         string
+	ActivityID int64
+	UserID     int64
+	Outcome    string
+	Status     sql.NullString
+	Position   sql.NullInt64
+	Promoted   sql.NullString
+	Capacity   sql.NullInt64
+	Events     sql.NullString
+}
+
+// resultCursor walks processed_request in seq order, one page ahead of the
+// replay: a goroutine reads the next page while the replay works.
+type resultCursor struct {
+	pages <-chan []resultRow
+	done  chan struct{}
+	err   error // set by the pager before pages is closed
+	page  []resultRow
+	i     int
+}
+
+// startResults reads the results with seq > after (of activities, when
+// given) in pages on tx. Nothing else may use tx until the cursor is drained
+// or wait returned.
+func startResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *resultCursor {
+	pages := make(chan []resultRow, 2)
+	c := &resultCursor{pages: pages, done: make(chan struct{})}
+	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events " +
+		"FROM processed_request WHERE seq > ?"
+	// The table is clustered by (partition_id, seq): with one partition, as
+	// usual, naming it makes the pages a range scan of the primary key.
+	var parts int
+	var only int64
+	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(partition_id), 0) FROM allocator_partition").Scan(&parts, &only); err == nil && parts == 1 {
+		query += " AND partition_id = " + strconv.FormatInt(only, 10)
+	}
+	if len(activities) > 0 {
+		query += " AND activity_id IN (" + intList(activities) + ")"
+	}
+	query += " ORDER BY seq LIMIT " + strconv.Itoa(resultsPage)
+	go func() {
+		defer close(c.done)
+		defer close(pages)
+		for {
+			page, err := readResults(ctx, tx, query, after)
+			if err != nil {
+				c.err = err
+				return
+			}
+			if len(page) == 0 {
+				return
+			}
+			select {
+			case pages <- page:
+			case <-ctx.Done():
+				c.err = ctx.Err()
+				return
+			}
+			if len(page) < resultsPage {
+				return
+			}
+			after = page[len(page)-1].Seq
+		}
+	}()
+	return c
+}
+
+func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([]resultRow, error) {
+	rows, err := tx.QueryContext(ctx, query, after)
+	if err != nil {
+		return nil, fmt.Errorf("audit: read processed_request after seq %d: %w", after, err)
+	}
+	defer rows.Close()
+	page := make([]resultRow, 0, resultsPage)
+	for rows.Next() {
+		var r resultRow
+		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
+			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events); err != nil {
+			return nil, fmt.Errorf("audit: read processed_request: %w", err)
+		}
+		page = append(page, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: read processed_request: %w", err)
+	}
+	return page, nil
+}
+
+// peek returns the next result without consuming it; nil at the end.
+func (c *resultCursor) peek() (*resultRow, error) {
+	for c.i >= len(c.page) {
+		p, ok := <-c.pages
+		if !ok {
+			return nil, c.err
+		}
+		c.page, c.i = p, 0
+	}
+	return &c.page[c.i], nil
+}
+
+// next consumes the result peek returned.
+func (c *resultCursor) next() { c.i++ }
+
+// wait returns once the pager goroutine has stopped using the transaction.
+func (c *resultCursor) wait() {
+	for range c.pages {
+		// Unblock a pager waiting to hand over a page.
+	}
+	<-c.done
+}
+
+// activityRow is an activity row.
+type activityRow struct {
+	id        int64
+	capacity  int64
+	confirmed int64
+	nextSeq   uint64
+}
+
+func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]activityRow, error) {
+	query := "SELECT id, capacity, confirmed_count, next_seq FROM activity"
+	if len(activities) > 0 {
+		query += " WHERE id IN (" + intList(activities) + ")"
+	}
+	rows, err := tx.QueryContext(ctx, query+" ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("audit: read activity: %w", err)
+	}
+	defer rows.Close()
+	var out []activityRow
+	for rows.Next() {
+		var r activityRow
+		if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.nextSeq); err != nil {
+			return nil, fmt.Errorf("audit: read activity: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: read activity: %w", err)
+	}
+	return out, nil
+}
+
+// eachSignup calls fn for every activity_signup row (of activities, when
+// given), in (activity_id, user_id) order.
+func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key signupKey, status string, queueSeq uint64)) error {
+	query := "SELECT activity_id, user_id, status, queue_seq FROM activity_signup"
+	if len(activities) > 0 {
+		query += " WHERE activity_id IN (" + intList(activities) + ")"
+	}
+	rows, err := tx.QueryContext(ctx, query+" ORDER BY activity_id, user_id")
+	if err != nil {
+		return fmt.Errorf("audit: read activity_signup: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			k      signupKey
+			status string
+			seq    uint64
+		)
+		if err := rows.Scan(&k.activity, &k.user, &status, &seq); err != nil {
+			return fmt.Errorf("audit: read activity_signup: %w", err)
+		}
+		fn(k, status, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("audit: read activity_signup: %w", err)
+	}
+	return nil
+}
+
+// intList formats validated ids for an IN list: integers only, so no
+// placeholder is needed and none can inject.
+func intList(ids []int64) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	return b.String()
+}

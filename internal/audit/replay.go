@@ -1,0 +1,508 @@
+package audit
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// auditor is one audit's replay state and findings.
+type auditor struct {
+	opts  Options
+	fence uint64
+	last  uint64
+	// subjects are the audited subjects; nil means all.
+	subjects map[string]bool
+	// winStart is the first sequence compared; MaxUint64 until a FromTime
+	// window has found its first message.
+	winStart uint64
+
+	rejected map[uint64]rejectedRow
+	results  *resultCursor
+
+	acts map[int64]*allocation.Activity
+	// actLast is the request last applied to each activity: the one that
+	// last wrote its row (next_seq moves with every applied request).
+	actLast map[int64]change
+	// signups holds every user's last row per activity, CANCELLED included.
+	signups map[signupKey]*signupTrack
+	// seen maps each applied request_id to the sequence it was applied at.
+	seen map[string]uint64
+
+	rep Report
+}
+
+// change names the request that changed a row.
+type change struct {
+	seq       uint64
+	requestID string
+}
+
+type signupKey struct{ activity, user int64 }
+
+// signupTrack is a signup row as the replay left it.
+type signupTrack struct {
+	status   string
+	queueSeq uint64
+	by       change
+	matched  bool
+}
+
+func subjectOf(activity int64) string { return wire.RequestSubject(activity) }
+
+func (a *auditor) inWindow(seq uint64) bool { return seq >= a.winStart }
+
+func (a *auditor) diverge(d Divergence) { a.rep.Divergences = append(a.rep.Divergences, d) }
+
+// message replays one stored message: the allocator's steps, in its order.
+func (a *auditor) message(seq uint64, subject string, data []byte, stored time.Time) error {
+	if a.winStart == math.MaxUint64 && !a.opts.FromTime.IsZero() && !stored.Before(a.opts.FromTime) {
+		a.winStart = seq
+	}
+	got, err := a.resultAt(seq)
+	if err != nil {
+		return err
+	}
+	rej, rejected := a.rejected[seq]
+	delete(a.rejected, seq)
+	check := a.inWindow(seq)
+
+	if seq > a.fence {
+		a.rep.Pending++
+		if check && got != nil {
+			a.unexpectedResult(got, "a result recorded beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
+		}
+		if check && rejected {
+			a.unexpectedRejected(seq, "", rej, "a rejected_message row beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
+		}
+		return nil
+	}
+	a.rep.Replayed++
+
+	req, err := wire.DecodeRequest(subject, data)
+	if err != nil {
+		a.malformed(seq, "", subject, err, got, rejected, check)
+		return nil
+	}
+	if first, dup := a.seen[req.RequestID]; dup {
+		a.rep.Skipped++
+		if check && got != nil {
+			a.unexpectedResult(got, "a result recorded for a repeat of request "+req.RequestID+" first applied at seq "+strconv.FormatUint(first, 10))
+		}
+		if check && rejected {
+			a.unexpectedRejected(seq, req.RequestID, rej, "a repeat of an applied request must be skipped, not rejected")
+		}
+		return nil
+	}
+	var capacity int64
+	if req.Capacity != nil {
+		capacity = *req.Capacity
+	}
+	dreq := allocation.Request{Op: req.Op, ActivityID: req.ActivityID, UserID: req.UserID, Capacity: capacity}
+	act := a.acts[req.ActivityID]
+	if rejected && got == nil {
+		// The allocator refused a request the domain accepts (a store
+		// error, say) and applied nothing. Report it once and follow the
+		// allocator, so one fault reads as one divergence instead of a
+		// cascade; the decision is taken on a copy only to name it.
+		_, d, err := allocation.Apply(act.Clone(), dreq, seq)
+		if err != nil {
+			a.malformed(seq, req.RequestID, subject, err, nil, true, check)
+			return nil
+		}
+		if check {
+			a.rep.Compared++
+			a.diverge(Divergence{
+				Seq: seq, RequestID: req.RequestID, Kind: KindRejectedUnexpected,
+				ActivityID: req.ActivityID, UserID: req.UserID,
+				Expected: "applied with outcome " + d.Outcome, Actual: "rejected: " + rej.reason,
+				Detail: "the replay follows the allocator and leaves the request unapplied",
+			})
+		}
+		return nil
+	}
+	after, d, err := allocation.Apply(act, dreq, seq)
+	if err != nil {
+		a.malformed(seq, req.RequestID, subject, err, got, rejected, check)
+		return nil
+	}
+	a.seen[req.RequestID] = seq
+	by := change{seq: seq, requestID: req.RequestID}
+	if after != nil {
+		a.acts[req.ActivityID] = after
+		a.actLast[req.ActivityID] = by
+	}
+	for _, s := range d.Changed {
+		k := signupKey{req.ActivityID, s.UserID}
+		t := a.signups[k]
+		if t == nil {
+			t = new(signupTrack)
+			a.signups[k] = t
+		}
+		t.status, t.queueSeq, t.by = s.Status, s.QueueSeq, by
+	}
+	if !check {
+		return nil
+	}
+	if rejected {
+		// Both a result and a rejection: the result is compared below.
+		a.unexpectedRejected(seq, req.RequestID, rej, "the request has a result as well")
+	}
+	a.rep.Compared++
+	want := allocation.ResultOf(req, seq, d, after)
+	if got == nil {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing,
+			ActivityID: req.ActivityID, UserID: req.UserID,
+			Expected: "a processed_request row with outcome " + want.Outcome, Actual: "none",
+		})
+		return nil
+	}
+	a.compareResult(want, got)
+	if exp, act := allocation.EncodeEvents(d.Events), got.Events.String; exp != act {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: req.RequestID, Kind: KindResult, ActivityID: req.ActivityID, UserID: req.UserID,
+			Field: "events", Expected: exp, Actual: act,
+		})
+	}
+	return nil
+}
+
+// malformed checks a message the allocator must have refused.
+func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, got *resultRow, rejected, check bool) {
+	a.rep.Malformed++
+	if !check {
+		return
+	}
+	if !rejected {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: requestID, Kind: KindNotRejected,
+			Expected: "a rejected_message row", Actual: "none",
+			Detail: "malformed message on " + subject + " not recorded as rejected: " + cause.Error(),
+		})
+	}
+	if got != nil {
+		a.unexpectedResult(got, "a result recorded for a malformed message: "+cause.Error())
+	}
+}
+
+// resultAt returns the processed_request row at seq, or nil, after
+// reporting every row before seq: no message the replay read sits there.
+func (a *auditor) resultAt(seq uint64) (*resultRow, error) {
+	for {
+		r, err := a.results.peek()
+		if err != nil || r == nil || r.Seq > seq {
+			return nil, err
+		}
+		a.results.next()
+		if r.Seq == seq {
+			return r, nil
+		}
+		if a.inWindow(r.Seq) {
+			a.unexpectedResult(r, "no request message at this seq"+a.scope())
+		}
+	}
+}
+
+// drainResults reports the rows after the last message read.
+func (a *auditor) drainResults() error {
+	for {
+		r, err := a.results.peek()
+		if err != nil || r == nil {
+			return err
+		}
+		a.results.next()
+		if a.inWindow(r.Seq) {
+			a.unexpectedResult(r, "no request message at this seq"+a.scope())
+		}
+	}
+}
+
+// scope says which part of the stream "no message" refers to.
+func (a *auditor) scope() string {
+	if a.subjects != nil {
+		return " among the audited activities' subjects up to seq " + strconv.FormatUint(a.last, 10)
+	}
+	return " up to seq " + strconv.FormatUint(a.last, 10)
+}
+
+// leftoverRejected reports rejected_message rows no message accounted for.
+func (a *auditor) leftoverRejected() {
+	seqs := make([]uint64, 0, len(a.rejected))
+	for seq, r := range a.rejected {
+		if a.subjects != nil && !a.subjects[r.subject] {
+			continue
+		}
+		if a.inWindow(seq) {
+			seqs = append(seqs, seq)
+		}
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		a.unexpectedRejected(seq, "", a.rejected[seq], "no message at this seq"+a.scope())
+	}
+}
+
+func (a *auditor) unexpectedResult(r *resultRow, why string) {
+	a.diverge(Divergence{
+		Seq: r.Seq, RequestID: r.RequestID, Kind: KindResultUnexpected,
+		ActivityID: r.ActivityID, UserID: r.UserID,
+		Expected: "no processed_request row", Actual: "a row with outcome " + r.Outcome,
+		Detail: why,
+	})
+}
+
+func (a *auditor) unexpectedRejected(seq uint64, requestID string, r rejectedRow, why string) {
+	a.diverge(Divergence{
+		Seq: seq, RequestID: requestID, Kind: KindRejectedUnexpected,
+		Expected: "no rejected_message row", Actual: "rejected on " + r.subject + ": " + r.reason,
+		Detail: why,
+	})
+}
+
+// compareResult compares the recorded result with the replayed one, column
+// by column, so each difference reads as expected vs actual.
+func (a *auditor) compareResult(want wire.Result, got *resultRow) {
+	field := func(name, exp, act string) {
+		a.diverge(Divergence{
+			Seq: want.Seq, RequestID: want.RequestID, Kind: KindResult,
+			ActivityID: want.ActivityID, UserID: want.UserID,
+			Field: name, Expected: exp, Actual: act,
+		})
+	}
+	if got.RequestID != want.RequestID {
+		field("request_id", want.RequestID, got.RequestID)
+	}
+	if got.Op != want.Op {
+		field("op", want.Op, got.Op)
+	}
+	if got.ActivityID != want.ActivityID {
+		field("activity_id", itoa(want.ActivityID), itoa(got.ActivityID))
+	}
+	if got.UserID != want.UserID {
+		field("user_id", itoa(want.UserID), itoa(got.UserID))
+	}
+	if got.Outcome != want.Outcome {
+		field("outcome", want.Outcome, got.Outcome)
+	}
+	if want.Status == nil && got.Status.Valid || want.Status != nil && (!got.Status.Valid || got.Status.String != *want.Status) {
+		field("status", strOrNull(want.Status), nullStr(got.Status))
+	}
+	if !sameInt(want.Position, got.Position) {
+		field("position", intOrNull(want.Position), nullInt(got.Position))
+	}
+	if !sameInt(want.Capacity, got.Capacity) {
+		field("capacity", intOrNull(want.Capacity), nullInt(got.Capacity))
+	}
+	// The allocator stores a cancel's single promoted user as a one-element
+	// list, like a resize's (store.InsertResults).
+	ids := want.PromotedUserIDs
+	if want.PromotedUserID != nil {
+		ids = []int64{*want.PromotedUserID}
+	}
+	exp := idList(ids)
+	act := "null"
+	if got.Promoted.Valid && got.Promoted.String != "" {
+		act = got.Promoted.String
+	}
+	if act != exp {
+		var parsed []int64
+		if json.Unmarshal([]byte(act), &parsed) != nil || !slices.Equal(parsed, ids) {
+			field("promoted_user_ids", exp, act)
+		}
+	}
+}
+
+// compareRows compares the final activity and signup rows with the replay.
+func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
+	rows, err := readActivities(ctx, tx, a.opts.Activities)
+	if err != nil {
+		return err
+	}
+	checked := make(map[int64]bool, len(a.acts)+len(rows))
+	for _, id := range a.opts.Activities {
+		checked[id] = true
+	}
+	inRow := make(map[int64]bool, len(rows))
+	for _, r := range rows {
+		checked[r.id] = true
+		inRow[r.id] = true
+		act := a.acts[r.id]
+		if act == nil {
+			a.diverge(Divergence{
+				Kind: KindActivityUnexpected, ActivityID: r.id,
+				Expected: "no activity row (never opened)",
+				Actual:   fmt.Sprintf("capacity %d, confirmed_count %d, next_seq %d", r.capacity, r.confirmed, r.nextSeq),
+			})
+			continue
+		}
+		by := a.actLast[r.id]
+		if !a.inWindow(by.seq) {
+			continue
+		}
+		col := func(name string, exp, act int64) {
+			if exp != act {
+				a.diverge(Divergence{
+					Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.id,
+					Field: name, Expected: itoa(exp), Actual: itoa(act),
+				})
+			}
+		}
+		col("capacity", act.Capacity, r.capacity)
+		col("confirmed_count", act.Confirmed, r.confirmed)
+		col("next_seq", int64(act.NextSeq), int64(r.nextSeq))
+	}
+	ids := make([]int64, 0, len(a.acts))
+	for id := range a.acts {
+		checked[id] = true
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if by := a.actLast[id]; !inRow[id] && a.inWindow(by.seq) {
+			act := a.acts[id]
+			a.diverge(Divergence{
+				Seq: by.seq, RequestID: by.requestID, Kind: KindActivityMissing, ActivityID: id,
+				Expected: fmt.Sprintf("capacity %d, confirmed_count %d, next_seq %d", act.Capacity, act.Confirmed, act.NextSeq),
+				Actual:   "no activity row",
+			})
+		}
+	}
+	a.rep.ActivitiesChecked = len(checked)
+
+	err = eachSignup(ctx, tx, a.opts.Activities, func(k signupKey, status string, queueSeq uint64) {
+		t := a.signups[k]
+		if t == nil {
+			a.diverge(Divergence{
+				Kind: KindSignupUnexpected, ActivityID: k.activity, UserID: k.user,
+				Expected: "no signup row (the user never signed up)",
+				Actual:   "status " + status + ", queue_seq " + strconv.FormatUint(queueSeq, 10),
+			})
+			return
+		}
+		t.matched = true
+		if !a.inWindow(t.by.seq) {
+			return
+		}
+		if status != t.status {
+			a.diverge(Divergence{
+				Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignup, ActivityID: k.activity, UserID: k.user,
+				Field: "status", Expected: t.status, Actual: status,
+			})
+		}
+		if queueSeq != t.queueSeq {
+			a.diverge(Divergence{
+				Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignup, ActivityID: k.activity, UserID: k.user,
+				Field: "queue_seq", Expected: strconv.FormatUint(t.queueSeq, 10), Actual: strconv.FormatUint(queueSeq, 10),
+			})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	var missing []signupKey
+	for k, t := range a.signups {
+		if !t.matched && a.inWindow(t.by.seq) {
+			missing = append(missing, k)
+		}
+	}
+	slices.SortFunc(missing, func(x, y signupKey) int {
+		if x.activity != y.activity {
+			return cmpInt(x.activity, y.activity)
+		}
+		return cmpInt(x.user, y.user)
+	})
+	for _, k := range missing {
+		t := a.signups[k]
+		a.diverge(Divergence{
+			Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignupMissing, ActivityID: k.activity, UserID: k.user,
+			Expected: "status " + t.status + ", queue_seq " + strconv.FormatUint(t.queueSeq, 10),
+			Actual:   "no signup row",
+		})
+	}
+	return nil
+}
+
+func (a *auditor) report() Report {
+	r := a.rep
+	r.LastSeq, r.Fence = a.last, a.fence
+	if a.winStart != math.MaxUint64 {
+		r.WindowStart = a.winStart
+	}
+	if r.Divergences == nil {
+		r.Divergences = []Divergence{}
+	}
+	r.OK = len(r.Divergences) == 0
+	return r
+}
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func cmpInt(x, y int64) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+func sameInt(want *int64, got sql.NullInt64) bool {
+	if want == nil {
+		return !got.Valid
+	}
+	return got.Valid && got.Int64 == *want
+}
+
+func strOrNull(p *string) string {
+	if p == nil {
+		return "null"
+	}
+	return *p
+}
+
+func nullStr(s sql.NullString) string {
+	if !s.Valid {
+		return "null"
+	}
+	return s.String
+}
+
+func intOrNull(p *int64) string {
+	if p == nil {
+		return "null"
+	}
+	return itoa(*p)
+}
+
+func nullInt(n sql.NullInt64) string {
+	if !n.Valid {
+		return "null"
+	}
+	return itoa(n.Int64)
+}
+
+// idList formats ids the way the allocator stores them: a JSON array, or
+// "null" for none.
+func idList(ids []int64) string {
+	if len(ids) == 0 {
+		return "null"
+	}
+	b := []byte{'['}
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, ']'))
+}
