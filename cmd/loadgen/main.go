@@ -1,0 +1,178 @@
+// Command loadgen is the launch-night rehearsal: it opens an activity, fires
+// a burst of requests at allot's HTTP API (or at a baseline serving the same
+// routes), waits for every final result, prints the figures and checks the
+// invariants. Exit 0 when the verdict passes, 1 when it fails, 2 on usage
+// errors or when the rehearsal cannot run.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/allot-dev/allot/internal/loadgen"
+)
+
+const binary = "loadgen"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, term.IsTerminal(int(os.Stderr.Fd()))))
+}
+
+// options are the flags beyond loadgen.Config.
+type options struct {
+	cfg      loadgen.Config
+	json     bool
+	progress bool
+	timeout  time.Duration
+}
+
+// errUsage marks a command-line mistake (exit 2 after the usage text).
+var errUsage = errors.New("usage")
+
+// defaultURL is the ingest of `make run`, or ALLOT_HTTP_ADDR when set.
+func defaultURL() string {
+	addr := os.Getenv("ALLOT_HTTP_ADDR")
+	if addr == "" {
+		addr = ":8080"
+	}
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	return "http://" + addr
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	fs := flag.NewFlagSet(binary, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: %s -url URL -activity A -capacity N -n REQUESTS -users U -c CONC [-mix claim=1,join=0,cancel=0] [-json]\n", binary)
+		fs.PrintDefaults()
+	}
+	c := &o.cfg
+	c.Mix = loadgen.DefaultMix
+	fs.StringVar(&c.BaseURL, "url", defaultURL(), "base URL of the API (default from ALLOT_HTTP_ADDR)")
+	fs.Int64Var(&c.Activity, "activity", 0, "activity id to open and fire at (required)")
+	fs.Int64Var(&c.Capacity, "capacity", -1, "capacity to open the activity with (required unless -no-open)")
+	fs.IntVar(&c.Requests, "n", 1000, "number of requests in the burst")
+	fs.IntVar(&c.Users, "users", 0, "distinct users; fewer than -n means repeat taps (default -n)")
+	fs.IntVar(&c.Concurrency, "c", 64, "concurrent workers")
+	fs.Var(&c.Mix, "mix", "op weights, e.g. claim=1,join=0,cancel=0")
+	fs.DurationVar(&c.Wait, "wait", 30*time.Second, "?wait= of each write and poll")
+	fs.DurationVar(&c.OpenWait, "open-wait", 10*time.Second, "?wait= of the open")
+	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the users' and ops' draw")
+	fs.BoolVar(&c.NoOpen, "no-open", false, "use the activity as it is instead of opening it")
+	fs.IntVar(&c.MaxRetries, "retries", 100, "429/503 retries per HTTP exchange")
+	fs.BoolVar(&o.json, "json", false, "print one JSON object with every figure instead of text")
+	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr when it is a terminal (never with -json)")
+	fs.DurationVar(&o.timeout, "timeout", 0, "give up on the rehearsal after this long (0 = never)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return o, err
+		}
+		return o, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	bad := func(msg string) (options, error) {
+		fmt.Fprintf(stderr, "%s: %s\n", binary, msg)
+		fs.Usage()
+		return o, fmt.Errorf("%w: %s", errUsage, msg)
+	}
+	if fs.NArg() > 0 {
+		return bad("unexpected arguments: " + strings.Join(fs.Args(), " "))
+	}
+	if c.Activity == 0 {
+		return bad("-activity is required: the rehearsal opens (resets the capacity of) that activity")
+	}
+	if c.Capacity < 0 {
+		if !c.NoOpen {
+			return bad("-capacity is required unless -no-open")
+		}
+		c.Capacity = 0
+	}
+	if c.Users == 0 {
+		c.Users = c.Requests
+	}
+	if c.Wait == 0 || c.OpenWait == 0 {
+		return bad("-wait and -open-wait must be positive")
+	}
+	if o.timeout < 0 {
+		return bad("-timeout must not be negative")
+	}
+	if err := c.Validate(); err != nil {
+		return bad(strings.TrimPrefix(err.Error(), loadgen.ErrConfig.Error()+": "))
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, stderrIsTerminal bool) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		return 2
+	}
+	c := o.cfg
+	fmt.Fprintf(stderr, "%s: url=%s activity=%d capacity=%d n=%d users=%d c=%d mix=%s wait=%s seed=%d no-open=%t\n",
+		binary, c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users, c.Concurrency, c.Mix, c.Wait, c.Seed, c.NoOpen)
+	if o.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
+	var bar *progressbar.ProgressBar
+	if o.progress && !o.json && stderrIsTerminal {
+		bar = progressbar.NewOptions(c.Requests,
+			progressbar.OptionSetWriter(stderr),
+			progressbar.OptionSetDescription("burst"),
+			progressbar.OptionShowCount(),
+			progressbar.OptionShowIts(),
+			progressbar.OptionSetItsString("req"),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+		)
+		c.Progress = func(done int) { bar.Set(done) } //nolint:errcheck // a progress bar that fails to draw is no error
+	}
+	rep, err := loadgen.Run(ctx, c)
+	if bar != nil {
+		bar.Finish() //nolint:errcheck
+	}
+	if err != nil && rep.Results == 0 && rep.Errors == 0 {
+		// Nothing was fired: the rehearsal could not run.
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	if o.json {
+		out, jerr := json.Marshal(rep)
+		if jerr != nil {
+			fmt.Fprintf(stderr, "%s: encode the report: %v\n", binary, jerr)
+			return 2
+		}
+		fmt.Fprintf(stdout, "%s\n", out)
+	} else {
+		rep.WriteText(stdout) //nolint:errcheck
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 1
+	}
+	if rep.Verdict() != nil {
+		return 1
+	}
+	return 0
+}

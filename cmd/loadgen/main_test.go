@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestFlagErrorsExit2(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string // in stderr
+	}{
+		{"bad mix weight", []string{"-activity", "1", "-capacity", "5", "-mix", "claim=x"}, "-mix"},
+		{"unknown op in mix", []string{"-activity", "1", "-capacity", "5", "-mix", "buy=1"}, "unknown op"},
+		{"all-zero mix", []string{"-activity", "1", "-capacity", "5", "-mix", "claim=0,join=0,cancel=0"}, "every weight is zero"},
+		{"negative weight", []string{"-activity", "1", "-capacity", "5", "-mix", "claim=-1,join=1"}, "non-negative"},
+		{"no activity", []string{"-capacity", "5"}, "-activity is required"},
+		{"no capacity", []string{"-activity", "1"}, "-capacity is required"},
+		{"bad url", []string{"-url", "localhost", "-activity", "1", "-capacity", "5"}, "-url"},
+		{"zero requests", []string{"-activity", "1", "-capacity", "5", "-n", "0"}, "-n"},
+		{"zero workers", []string{"-activity", "1", "-capacity", "5", "-c", "0"}, "-c"},
+		{"unknown flag", []string{"-activity", "1", "-capacity", "5", "-bogus"}, "bogus"},
+		{"stray argument", []string{"-activity", "1", "-capacity", "5", "extra"}, "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := run(context.Background(), tt.args, &stdout, &stderr, false); code != 2 {
+				t.Fatalf("exit %d, want 2; stderr:\n%s", code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("stderr does not mention %q:\n%s", tt.want, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "usage:") {
+				t.Errorf("stderr has no usage text:\n%s", stderr.String())
+			}
+		})
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	var stderr bytes.Buffer
+	o, err := parseFlags([]string{"-url", "http://h:1/", "-activity", "9", "-capacity", "100", "-n", "2000",
+		"-c", "32", "-mix", "claim=2,join=1", "-json"}, &stderr)
+	if err != nil {
+		t.Fatalf("parseFlags: %v\n%s", err, stderr.String())
+	}
+	c := o.cfg
+	if c.BaseURL != "http://h:1/" || c.Activity != 9 || c.Capacity != 100 || c.Requests != 2000 || c.Users != 2000 ||
+		c.Concurrency != 32 || c.Mix.Claim != 2 || c.Mix.Join != 1 || c.Mix.Cancel != 0 || !o.json {
+		t.Errorf("parsed %+v json=%v; want the flags, users defaulting to -n", c, o.json)
+	}
+}
+
+// claimServer is a tiny synchronous claim API, right or oversold on demand.
+func claimServer(oversell bool) http.Handler {
+	var mu sync.Mutex
+	var capacity, granted int64
+	owners := map[string]bool{}
+	mux := http.NewServeMux()
+	mux.HandleFunc("PUT /v1/activities/{a}", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Capacity int64 }
+		json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		capacity = body.Capacity
+		mu.Unlock()
+		fmt.Fprint(w, `{"request_id":"x","state":"done","op":"open","outcome":"OPENED"}`)
+	})
+	mux.HandleFunc("GET /v1/activities/{a}", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(w, `{"capacity":%d,"confirmed":%d,"waiting":0,"remaining":%d}`, capacity, granted, capacity-granted)
+	})
+	mux.HandleFunc("POST /v1/activities/{a}/claims/{u}", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		u := r.PathValue("u")
+		out := "SOLD_OUT"
+		switch {
+		case owners[u]:
+			out = "ALREADY_OWNED"
+		case granted < capacity || oversell:
+			owners[u] = true
+			granted++
+			out = "GRANTED"
+		}
+		fmt.Fprintf(w, `{"request_id":"r","state":"done","op":"claim","outcome":%q}`, out)
+	})
+	return mux
+}
+
+func TestRunExitCodes(t *testing.T) {
+	tests := []struct {
+		name     string
+		oversell bool
+		want     int
+	}{
+		{"a correct server passes", false, 0},
+		{"an oversold server fails", true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(claimServer(tt.oversell))
+			defer srv.Close()
+			var stdout, stderr bytes.Buffer
+			args := []string{"-url", srv.URL, "-activity", "1", "-capacity", "10", "-n", "200", "-users", "150", "-c", "8", "-json"}
+			if code := run(context.Background(), args, &stdout, &stderr, true); code != tt.want {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.want, stdout.String(), stderr.String())
+			}
+			var rep map[string]any
+			if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+				t.Fatalf("-json output is not one JSON object: %v\n%s", err, stdout.String())
+			}
+			if rep["pass"] != (tt.want == 0) {
+				t.Errorf("pass = %v in %s", rep["pass"], stdout.String())
+			}
+			if strings.Contains(stderr.String(), "burst") {
+				t.Errorf("a progress bar was drawn with -json:\n%s", stderr.String())
+			}
+		})
+	}
+}
+
+func TestRunUnreachableExit2(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run(context.Background(), []string{"-url", "http://127.0.0.1:1", "-activity", "1", "-capacity", "1", "-n", "1"},
+		&stdout, &stderr, false)
+	if code != 2 || !strings.Contains(stderr.String(), "open the activity") {
+		t.Fatalf("exit %d, want 2 with one clear line; stderr:\n%s", code, stderr.String())
+	}
+}

@@ -1,0 +1,298 @@
+// Package loadgen is the launch-night rehearsal: it opens an activity, fires
+// a burst of claims, joins and cancels at allot's HTTP API (or at anything
+// that serves the same routes, such as the baselines), waits for every final
+// result, and checks the outcome against the invariants: never oversold,
+// never undersold, no user granted twice, counters that add up.
+//
+// The engine runs in-process (Run) for tests and benchmarks and behind
+// cmd/loadgen for operators. The client side is kept cheap, because on a
+// rehearsal box it shares the cores with the server: a fixed set of
+// workers, one shared keep-alive transport sized for them, per-worker
+// buffers, and per-request figures written into preallocated slices.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// Config is one rehearsal.
+type Config struct {
+	// BaseURL is the server, e.g. http://127.0.0.1:8080.
+	BaseURL string
+	// Activity is the activity the burst targets.
+	Activity int64
+	// Capacity is the capacity the activity is opened with.
+	Capacity int64
+	// Requests is the size of the burst.
+	Requests int
+	// Users is the number of distinct users; fewer users than requests
+	// means repeat taps.
+	Users int
+	// Concurrency is the number of workers, each with one request in
+	// flight.
+	Concurrency int
+	// Mix weighs the ops; the zero Mix is DefaultMix.
+	Mix Mix
+	// Wait is the ?wait= of every write and poll (default 30s, the most
+	// the API honours).
+	Wait time.Duration
+	// OpenWait is the ?wait= of the open (default 10s).
+	OpenWait time.Duration
+	// NoOpen skips the open: the activity is used as it is.
+	NoOpen bool
+	// Seed fixes the users and ops of each request (default 1).
+	Seed uint64
+	// MaxRetries bounds the 429/503 retries of one HTTP exchange
+	// (default 100).
+	MaxRetries int
+	// RequestTimeout bounds one HTTP exchange (default Wait + 30s).
+	RequestTimeout time.Duration
+	// Client overrides the HTTP client; by default one is built whose
+	// transport keeps Concurrency idle connections to the server.
+	Client *http.Client
+	// Progress, when set, is called from one goroutine with the number of
+	// requests finished, every ProgressEvery while firing and once at the
+	// end.
+	Progress func(done int)
+	// ProgressEvery is the period of Progress (default 100ms).
+	ProgressEvery time.Duration
+}
+
+// ErrConfig is wrapped by the errors of an invalid Config: a usage error.
+var ErrConfig = errors.New("invalid loadgen configuration")
+
+// MaxRequests bounds one burst; the per-request figures are kept in memory.
+const MaxRequests = 50_000_000
+
+// Validate reports the first invalid value, wrapping ErrConfig.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+	}
+	u, err := url.Parse(c.BaseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return bad("-url must be an http(s) URL such as http://127.0.0.1:8080, got %q", c.BaseURL)
+	}
+	switch {
+	case c.Activity < 1:
+		return bad("-activity must be from 1 to 9223372036854775807, got %d", c.Activity)
+	case c.Capacity < 0 || c.Capacity > wire.MaxCapacity:
+		return bad("-capacity must be from 0 to %d, got %d", wire.MaxCapacity, c.Capacity)
+	case c.Requests < 1 || c.Requests > MaxRequests:
+		return bad("-n must be from 1 to %d, got %d", MaxRequests, c.Requests)
+	case c.Users < 1:
+		return bad("-users must be at least 1, got %d", c.Users)
+	case c.Concurrency < 1 || c.Concurrency > 100_000:
+		return bad("-c must be from 1 to 100000, got %d", c.Concurrency)
+	case c.Mix != (Mix{}) && !c.Mix.valid():
+		return bad("the mix %s has a negative weight or only zero weights", c.Mix)
+	case c.Wait < 0 || c.OpenWait < 0:
+		return bad("-wait must not be negative")
+	case c.MaxRetries < 0:
+		return bad("-retries must not be negative")
+	}
+	return nil
+}
+
+func (c *Config) defaults() {
+	c.BaseURL = strings.TrimRight(c.BaseURL, "/")
+	if c.Mix == (Mix{}) {
+		c.Mix = DefaultMix
+	}
+	if c.Wait == 0 {
+		c.Wait = 30 * time.Second
+	}
+	if c.OpenWait == 0 {
+		c.OpenWait = 10 * time.Second
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.MaxRetries == 0 {
+		c.MaxRetries = 100
+	}
+	if c.RequestTimeout == 0 {
+		c.RequestTimeout = c.Wait + 30*time.Second
+	}
+	if c.ProgressEvery <= 0 {
+		c.ProgressEvery = 100 * time.Millisecond
+	}
+	c.Concurrency = min(c.Concurrency, c.Requests)
+}
+
+// NewClient returns an HTTP client for conc workers: keep-alive connections,
+// as many idle ones kept per host as there are workers, so that the burst
+// does not pay a TCP handshake per request, and no compression.
+func NewClient(conc int, timeout time.Duration) *http.Client {
+	tr := &http.Transport{
+		Proxy:               http.ProxyFromEnvironment,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        conc,
+		MaxIdleConnsPerHost: conc,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return &http.Client{Transport: tr, Timeout: timeout}
+}
+
+// ErrOpen is returned by Run when the activity could not be opened.
+var ErrOpen = errors.New("open the activity")
+
+// Run opens the activity, fires the burst, waits for every final result and
+// returns the figures. An error means the rehearsal could not run (bad
+// config, open refused, server unreachable) or was cut short by ctx; in the
+// second case the report holds what was measured. Whether the outcome is
+// right is Report.Verdict's business.
+func Run(ctx context.Context, cfg Config) (Report, error) {
+	if err := cfg.Validate(); err != nil {
+		return Report{}, err
+	}
+	cfg.defaults()
+	client := cfg.Client
+	if client == nil {
+		client = NewClient(cfg.Concurrency, cfg.RequestTimeout)
+		defer client.CloseIdleConnections()
+	}
+	r := newRunner(cfg, client)
+	rep := Report{
+		URL: cfg.BaseURL, Activity: cfg.Activity, Capacity: cfg.Capacity, Requests: cfg.Requests,
+		Users: cfg.Users, Concurrency: cfg.Concurrency, Mix: cfg.Mix, Seed: cfg.Seed,
+	}
+	setup := r.newWorker(0)
+	if !cfg.NoOpen {
+		out, err := setup.open(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("%w %d: %w", ErrOpen, cfg.Activity, err)
+		}
+		rep.OpenOutcome = out
+	}
+	before, err := setup.state(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("read the activity before the burst: %w", err)
+	}
+	rep.Before = before
+	if before != nil && cfg.NoOpen {
+		rep.Capacity = before.Capacity
+	}
+
+	fireErr := r.fire(ctx)
+	r.report(&rep)
+
+	// The final state is read even after a cut-short burst, on a fresh
+	// context, because it is what the operator most needs to see then.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	after, err := setup.state(sctx)
+	if err != nil {
+		return rep, errors.Join(fireErr, fmt.Errorf("read the activity after the burst: %w", err))
+	}
+	rep.After = after
+	return rep, fireErr
+}
+
+// runner is one burst in flight.
+type runner struct {
+	cfg    Config
+	client *http.Client
+	plan   plan
+
+	// prefix[op] is the URL of op up to the user id; writeQuery and
+	// pollQuery are the ?wait= suffixes.
+	prefix     [3]string
+	method     [3]string
+	writeQuery string
+	pollURL    string
+	pollQuery  string
+
+	lat  []time.Duration // send → final result, per request
+	outc []uint8         // outcome code per request, 0 = no result
+
+	next     atomic.Int64
+	finished atomic.Int64
+	t0       time.Time
+
+	mu      sync.Mutex
+	samples []string
+	workers []*worker
+}
+
+func newRunner(cfg Config, client *http.Client) *runner {
+	a := cfg.BaseURL + "/v1/activities/" + strconv.FormatInt(cfg.Activity, 10)
+	wait := "?wait=" + cfg.Wait.String()
+	return &runner{
+		cfg:        cfg,
+		client:     client,
+		prefix:     [3]string{opClaim: a + "/claims/", opJoin: a + "/signups/", opCancel: a + "/signups/"},
+		method:     [3]string{opClaim: http.MethodPost, opJoin: http.MethodPost, opCancel: http.MethodDelete},
+		writeQuery: wait,
+		pollURL:    cfg.BaseURL + "/v1/requests/",
+		pollQuery:  wait,
+	}
+}
+
+// maxSamples bounds the error messages a report keeps.
+const maxSamples = 5
+
+func (r *runner) sample(msg string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.samples) < maxSamples {
+		r.samples = append(r.samples, msg)
+	}
+}
+
+// fire runs the burst over the workers.
+func (r *runner) fire(ctx context.Context) error {
+	n := r.cfg.Requests
+	r.plan = makePlan(n, r.cfg.Users, r.cfg.Mix, r.cfg.Seed)
+	r.lat = make([]time.Duration, n)
+	r.outc = make([]uint8, n)
+	r.workers = make([]*worker, r.cfg.Concurrency)
+	for i := range r.workers {
+		r.workers[i] = r.newWorker(uint64(i) + 1)
+	}
+
+	stopProgress := r.startProgress()
+	var wg sync.WaitGroup
+	r.t0 = time.Now()
+	for _, w := range r.workers {
+		wg.Go(func() { w.loop(ctx) })
+	}
+	wg.Wait()
+	stopProgress()
+	return ctx.Err()
+}
+
+func (r *runner) startProgress() (stop func()) {
+	if r.cfg.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(r.cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				r.cfg.Progress(int(r.finished.Load()))
+				return
+			case <-t.C:
+				r.cfg.Progress(int(r.finished.Load()))
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

@@ -1,0 +1,150 @@
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+func fakeRun(t *testing.T, f *fakeServer, cfg Config) Report {
+	t.Helper()
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	cfg.BaseURL = srv.URL
+	if cfg.Activity == 0 {
+		cfg.Activity = 9001
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rep, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return rep
+}
+
+func TestRunAsyncWithThrottling(t *testing.T) {
+	f := newFake("")
+	f.async, f.throttleOf = true, 7
+	var progress []int
+	rep := fakeRun(t, f, Config{Capacity: 50, Requests: 600, Users: 500, Concurrency: 16,
+		Progress: func(done int) { progress = append(progress, done) }, ProgressEvery: time.Millisecond})
+	if err := rep.Verdict(); err != nil {
+		t.Fatalf("verdict: %v\n%+v", err, rep)
+	}
+	if rep.Results != 600 || rep.Accepted != 600 || rep.Errors != 0 {
+		t.Errorf("results %d, accepted %d, errors %d; want 600, 600, 0 (samples %v)", rep.Results, rep.Accepted, rep.Errors, rep.ErrorSamples)
+	}
+	if rep.Statuses[202] != 600 || rep.Statuses[429] == 0 || rep.Retries != rep.Statuses[429] {
+		t.Errorf("statuses %v, retries %d; want 600×202 and every 429 retried", rep.Statuses, rep.Retries)
+	}
+	if rep.Polls < 1200 {
+		t.Errorf("polls = %d, want ≥ 1200 (one pending and one done per request)", rep.Polls)
+	}
+	if rep.Outcomes[wire.OutcomeGranted] != 50 || rep.UsersWithSeat != 50 {
+		t.Errorf("outcomes %v, users with a seat %d; want 50 GRANTED", rep.Outcomes, rep.UsersWithSeat)
+	}
+	if len(progress) == 0 || progress[len(progress)-1] != 600 {
+		t.Errorf("progress calls end at %v, want a last call with 600", progress)
+	}
+}
+
+func TestRunDetectsBrokenServers(t *testing.T) {
+	tests := []struct {
+		bug      string
+		capacity int64
+		want     error
+	}{
+		{"oversell", 20, ErrOversold},
+		{"undersell", 20, ErrUndersold},
+		{"double", 150, ErrDoubleGrant}, // seats for every second tap of 100 users
+		{"lie", 20, ErrAccounting},
+	}
+	for _, tt := range tests {
+		t.Run(tt.bug, func(t *testing.T) {
+			rep := fakeRun(t, newFake(tt.bug), Config{Capacity: tt.capacity, Requests: 300, Users: 100, Concurrency: 8})
+			if err := rep.Verdict(); !errors.Is(err, tt.want) {
+				t.Fatalf("verdict = %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRunOpenRefused(t *testing.T) {
+	srv := httptest.NewServer(newFake(""))
+	defer srv.Close()
+	// The fake has no join route: every request is a 404, an error.
+	rep, err := Run(context.Background(), Config{BaseURL: srv.URL, Activity: 1, Capacity: 5, Requests: 20, Users: 20,
+		Concurrency: 4, Mix: Mix{Join: 1}})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if rep.Errors != 20 || rep.Statuses[404] != 20 || len(rep.ErrorSamples) == 0 {
+		t.Errorf("errors %d, statuses %v, samples %v; want 20 errors from 404s", rep.Errors, rep.Statuses, rep.ErrorSamples)
+	}
+	if err := rep.Verdict(); !errors.Is(err, ErrIncomplete) {
+		t.Errorf("verdict = %v, want ErrIncomplete", err)
+	}
+	_, err = Run(context.Background(), Config{BaseURL: "http://127.0.0.1:1", Activity: 1, Capacity: 5, Requests: 1, Users: 1, Concurrency: 1})
+	if !errors.Is(err, ErrOpen) {
+		t.Errorf("Run against a closed port: %v, want ErrOpen", err)
+	}
+}
+
+func TestReportJSON(t *testing.T) {
+	rep := fakeRun(t, newFake(""), Config{Capacity: 10, Requests: 50, Users: 40, Concurrency: 4})
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"accepted_per_sec", "first_to_last_result_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms",
+		"outcomes", "http_statuses", "after", "pass", "failures", "errors", "retries"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("JSON report lacks %q: %s", k, data)
+		}
+	}
+	if got["pass"] != true {
+		t.Errorf("pass = %v, want true: %s", got["pass"], data)
+	}
+	var text strings.Builder
+	rep.WriteText(&text)
+	if !strings.Contains(text.String(), "verdict:              PASS") {
+		t.Errorf("text report without a PASS verdict:\n%s", text.String())
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := Config{BaseURL: "http://x:1", Activity: 1, Capacity: 1, Requests: 1, Users: 1, Concurrency: 1}
+	tests := []struct {
+		name   string
+		change func(*Config)
+	}{
+		{"url", func(c *Config) { c.BaseURL = "x:1" }},
+		{"activity", func(c *Config) { c.Activity = 0 }},
+		{"capacity", func(c *Config) { c.Capacity = -1 }},
+		{"requests", func(c *Config) { c.Requests = 0 }},
+		{"users", func(c *Config) { c.Users = 0 }},
+		{"concurrency", func(c *Config) { c.Concurrency = 0 }},
+		{"mix", func(c *Config) { c.Mix = Mix{Claim: -1, Join: 2} }},
+	}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for _, tt := range tests {
+		c := ok
+		tt.change(&c)
+		if err := c.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%s: Validate = %v, want ErrConfig", tt.name, err)
+		}
+	}
+}

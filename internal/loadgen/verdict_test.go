@@ -1,0 +1,104 @@
+package loadgen
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestVerdict(t *testing.T) {
+	// pass is a clean flash sale: 2,000 claims from 1,800 users for 100.
+	pass := func() Report {
+		return Report{
+			Capacity: 100, Requests: 2000, Users: 1800, Mix: DefaultMix, Results: 2000,
+			Outcomes: map[string]int{"GRANTED": 100, "SOLD_OUT": 1850, "ALREADY_OWNED": 50},
+			Before:   &State{Capacity: 100, Remaining: 100},
+			After:    &State{Capacity: 100, Confirmed: 100},
+		}
+	}
+	tests := []struct {
+		name   string
+		change func(*Report)
+		want   []error // nil = pass
+	}{
+		{"clean sale", func(*Report) {}, nil},
+		{"oversold by the results", func(r *Report) {
+			r.Outcomes["GRANTED"] = 101
+			r.After = &State{Capacity: 100, Confirmed: 101, Remaining: -1}
+		}, []error{ErrOversold}},
+		{"oversold by the state only", func(r *Report) {
+			r.After = &State{Capacity: 100, Confirmed: 101, Remaining: -1}
+		}, []error{ErrOversold, ErrAccounting}},
+		{"undersold", func(r *Report) {
+			r.Outcomes["GRANTED"] = 99
+			r.After = &State{Capacity: 100, Confirmed: 99, Remaining: 1}
+		}, []error{ErrUndersold}},
+		{"fewer users than seats: all granted is right", func(r *Report) {
+			r.Users, r.Outcomes["GRANTED"] = 60, 60
+			r.After = &State{Capacity: 100, Confirmed: 60, Remaining: 40}
+		}, nil},
+		{"fewer users than seats: one missing", func(r *Report) {
+			r.Users, r.Outcomes["GRANTED"] = 60, 59
+			r.After = &State{Capacity: 100, Confirmed: 59, Remaining: 41}
+		}, []error{ErrUndersold}},
+		{"double grant", func(r *Report) { r.DoubleGrantUsers, r.DoubleGrants = 1, []int64{7} }, []error{ErrDoubleGrant}},
+		{"incomplete", func(r *Report) { r.Results, r.Errors = 1990, 10 }, []error{ErrIncomplete}},
+		{"counters drift", func(r *Report) { r.After.Remaining = 3 }, []error{ErrAccounting}},
+		{"waiting while a seat is free", func(r *Report) {
+			r.Mix = Mix{Join: 1}
+			r.Outcomes = map[string]int{"CONFIRMED": 99, "WAITING": 5}
+			r.After = &State{Capacity: 100, Confirmed: 99, Waiting: 5, Remaining: 1}
+		}, []error{ErrUndersold}},
+		{"join burst with a waitlist", func(r *Report) {
+			r.Mix = Mix{Join: 1}
+			r.Outcomes = map[string]int{"CONFIRMED": 100, "WAITING": 1700, "ALREADY_WAITING": 200}
+			r.After = &State{Capacity: 100, Confirmed: 100, Waiting: 1700}
+		}, nil},
+		{"join burst, waitlist lost a row", func(r *Report) {
+			r.Mix = Mix{Join: 1}
+			r.Outcomes = map[string]int{"CONFIRMED": 100, "WAITING": 1700, "ALREADY_WAITING": 200}
+			r.After = &State{Capacity: 100, Confirmed: 100, Waiting: 1699}
+		}, []error{ErrAccounting}},
+		{"claims and cancels add up", func(r *Report) {
+			r.Mix = Mix{Claim: 3, Cancel: 1}
+			r.Outcomes = map[string]int{"GRANTED": 130, "CANCELLED": 40, "SOLD_OUT": 1300, "NOT_SIGNED_UP": 530}
+			r.After = &State{Capacity: 100, Confirmed: 90, Remaining: 10}
+		}, nil},
+		{"claims and cancels do not add up", func(r *Report) {
+			r.Mix = Mix{Claim: 3, Cancel: 1}
+			r.Outcomes = map[string]int{"GRANTED": 130, "CANCELLED": 40, "SOLD_OUT": 1300, "NOT_SIGNED_UP": 530}
+			r.After = &State{Capacity: 100, Confirmed: 91, Remaining: 9}
+		}, []error{ErrAccounting}},
+		{"reused activity: no exact grant count", func(r *Report) {
+			r.Before = &State{Capacity: 100, Confirmed: 100}
+			r.Outcomes = map[string]int{"SOLD_OUT": 1900, "ALREADY_OWNED": 100}
+		}, nil},
+		{"several failures at once", func(r *Report) {
+			r.Outcomes["GRANTED"] = 104
+			r.After = &State{Capacity: 100, Confirmed: 104, Remaining: -4}
+			r.DoubleGrantUsers = 4
+		}, []error{ErrOversold, ErrDoubleGrant}},
+	}
+	all := []error{ErrIncomplete, ErrOversold, ErrUndersold, ErrDoubleGrant, ErrAccounting}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := pass()
+			tt.change(&r)
+			err := r.Verdict()
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("Verdict = %v, want pass", err)
+				}
+				return
+			}
+			for _, sentinel := range all {
+				want := false
+				for _, w := range tt.want {
+					want = want || w == sentinel
+				}
+				if got := errors.Is(err, sentinel); got != want {
+					t.Errorf("errors.Is(Verdict, %v) = %v, want %v (verdict: %v)", sentinel, got, want, err)
+				}
+			}
+		})
+	}
+}
