@@ -6,7 +6,7 @@ PKGS  := ./...
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short lint bench clean
+.PHONY: help build run test test-short test-faults lint bench clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -31,3 +31,10 @@ lint: ## gofmt and go vet
 
 clean: ## remove build output and the local NATS store
 	rm -rf $(BIN) var
+
+bench: build ## one run, side by side: allocator drain vs the seed designs, and an HTTP burst vs the Redis-gated seed design
+	./$(BIN)/bench -bin $(BIN)
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
+
+test-faults: build ## the fault-injection suite: real processes killed and restarted mid-burst
+	$(GO) test -count=1 -v -run . ./internal/faults/

@@ -3,11 +3,12 @@ package allocator
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
@@ -15,56 +16,96 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// viewOf is the view of a full activity.
+// viewed reports whether act gets a view: full, and nobody waiting.
+func viewed(act *allocation.Activity) bool {
+	return act.Confirmed >= act.Capacity && act.Waiting() == 0
+}
+
+// viewOf is the view of a viewed activity.
 func viewOf(act *allocation.Activity) wire.View {
 	v := wire.View{ActivityID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed, Seq: act.NextSeq - 1}
-	if act.Confirmed+act.Waiting() > wire.MaxViewHolders {
+	if act.Confirmed > wire.MaxViewHolders {
 		return v
 	}
 	v.Complete = true
-	for _, s := range act.Live() { // ordered by queue_seq: waiters come out head first
-		if s.Status == wire.StatusConfirmed {
-			v.Holders = append(v.Holders, s.UserID)
-		} else {
-			v.Waiters = append(v.Waiters, s.UserID)
-		}
+	v.Holders = make([]int64, 0, act.Confirmed)
+	for _, s := range act.Live() {
+		v.Holders = append(v.Holders, s.UserID)
 	}
 	return v
 }
 
 // publishViews refreshes the views of the activities a commit changed: a
-// full one gets its current view, one that is no longer full loses its key.
+// viewed one gets its current view, one that no longer is loses its key.
 // Best effort after commit: a view that is missing only costs ingest a trip
 // through the stream; a stale one is repaired at the next change or start.
 func (a *Allocator) publishViews(ctx context.Context, changed []*allocation.Activity) {
-	if a.views == nil {
+	if a.views == nil || len(changed) == 0 {
 		return
 	}
-	var notify []wire.View
+	// Writes to the bucket go out as asynchronous publishes on its subjects
+	// (what kv.Put and kv.Delete send), all acknowledged together: one round
+	// trip per batch, not one per activity.
+	var (
+		notify  []wire.View
+		futures []jetstream.PubAckFuture
+		full    []int64
+		cleared []int64
+	)
+	send := func(key string, data []byte, del bool) {
+		msg := nats.NewMsg("$KV." + wire.ViewBucket + "." + key)
+		msg.Data = data
+		if del {
+			msg.Header.Set("KV-Operation", "DEL")
+		}
+		f, err := a.js.PublishMsgAsync(msg)
+		if err != nil {
+			a.log.WarnContext(ctx, "publish view", slog.String("key", key), slog.Any("err", err))
+			return
+		}
+		futures = append(futures, f)
+	}
 	for _, act := range changed {
-		key := wire.ViewKey(act.ID)
-		if act.Confirmed < act.Capacity {
+		if !viewed(act) {
 			if a.viewFull[act.ID] {
+				// Complete=false: ingest drops its copy.
 				notify = append(notify, wire.View{ActivityID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed, Seq: act.NextSeq - 1})
-				if err := a.views.Delete(ctx, key); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-					a.log.WarnContext(ctx, "delete view", slog.Int64("activity_id", act.ID), slog.Any("err", err))
-					continue
-				}
-				delete(a.viewFull, act.ID)
+				send(wire.ViewKey(act.ID), nil, true)
+				cleared = append(cleared, act.ID)
 			}
 			continue
 		}
 		v := viewOf(act)
-		notify = append(notify, v)
 		b, err := json.Marshal(v)
-		if err == nil {
-			_, err = a.views.Put(ctx, key, b)
-		}
 		if err != nil {
-			a.log.WarnContext(ctx, "put view", slog.Int64("activity_id", act.ID), slog.Any("err", err))
 			continue
 		}
-		a.viewFull[act.ID] = true
+		notify = append(notify, v)
+		send(wire.ViewKey(act.ID), b, false)
+		full = append(full, act.ID)
+	}
+	ok := true
+	timeout := time.After(5 * time.Second)
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			ok = false
+			a.log.WarnContext(ctx, "view not stored", slog.Any("err", err))
+		case <-timeout:
+			ok = false
+		}
+		if !ok {
+			break
+		}
+	}
+	if ok {
+		for _, id := range full {
+			a.viewFull[id] = true
+		}
+		for _, id := range cleared {
+			delete(a.viewFull, id)
+		}
 	}
 	if len(notify) > 0 {
 		// Before the results: ingest applies these first, so no client that

@@ -51,10 +51,18 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return DrainResult{}, err
 	}
 	now := time.Now().UTC()
+	sent := 0
 	publish := func(r wire.Request) error {
 		b, err := json.Marshal(r)
 		if err != nil {
 			return err
+		}
+		if sent++; sent%2000 == 0 { // stay below the async publish bound
+			select {
+			case <-js.PublishAsyncComplete():
+			case <-time.After(time.Minute):
+				return fmt.Errorf("pre-publish stalled")
+			}
 		}
 		_, err = js.PublishAsync(wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(r.RequestID))
 		return err

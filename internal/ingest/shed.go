@@ -20,23 +20,22 @@ import (
 // Shedding: a claim for an activity the allocator reports full is decided
 // here, at once, without touching the stream (write-up 003's "shed load
 // before the database"). The allocator keeps a view of every full activity
-// in the ALLOT_VIEW bucket: its counters and, up to wire.MaxViewHolders,
-// every holder and waiter. Against that state a claim's decision is fixed:
-// a holder gets ALREADY_OWNED, a waiter ALREADY_WAITING with its position,
-// anyone else SOLD_OUT; nothing changes, so nothing needs to be stored. The
-// view lags a commit by a moment, which is the same as the claim having
-// arrived a moment earlier.
+// without waiters in the ALLOT_VIEW bucket: its counters and, up to
+// wire.MaxViewHolders, every holder. Against that state a claim's decision
+// is fixed: a holder gets ALREADY_OWNED, anyone else SOLD_OUT; nothing
+// changes, so nothing needs to be stored. The allocator sends changed views
+// ahead of the results of the same commit, so a client is never answered
+// from a view older than a result this ingest has given out.
 
 // shedView is the decoded view of one full activity.
 type shedView struct {
 	v       wire.View
 	holders map[int64]struct{}
-	waiters map[int64]int64 // user → 1-based position
 }
 
 // shedOutcomes are encoded into a shed request id, so that a poll of it can
 // answer without any stored state.
-var shedOutcomes = []string{wire.OutcomeSoldOut, wire.OutcomeAlreadyOwned, wire.OutcomeAlreadyWaiting}
+var shedOutcomes = []string{wire.OutcomeSoldOut, wire.OutcomeAlreadyOwned}
 
 // views is ingest's copy of the ALLOT_VIEW bucket.
 type views struct {
@@ -72,16 +71,13 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 }
 
 // put installs v unless a view of a later state is already installed. A
-// view of an activity that is not full removes it.
+// view that cannot decide a claim removes the activity's.
 func (vs *views) put(v wire.View) {
 	var sv *shedView
-	if v.Full() {
-		sv = &shedView{v: v, holders: make(map[int64]struct{}, len(v.Holders)), waiters: make(map[int64]int64, len(v.Waiters))}
+	if v.Sheddable() {
+		sv = &shedView{v: v, holders: make(map[int64]struct{}, len(v.Holders))}
 		for _, u := range v.Holders {
 			sv.holders[u] = struct{}{}
-		}
-		for i, u := range v.Waiters {
-			sv.waiters[u] = int64(i + 1)
 		}
 	}
 	vs.mu.Lock()
@@ -128,7 +124,7 @@ func (s *Service) watchViews(ctx context.Context, kv jetstream.KeyValue) error {
 // It reports whether it answered.
 func (s *Service) shed(w http.ResponseWriter, r *http.Request, activity, user int64) bool {
 	sv := s.views.get(activity)
-	if sv == nil || !sv.v.Complete || !sv.v.Full() {
+	if sv == nil {
 		return false
 	}
 	res := wire.Result{State: wire.StateDone, Op: wire.OpClaim, ActivityID: activity, UserID: user,
@@ -136,9 +132,6 @@ func (s *Service) shed(w http.ResponseWriter, r *http.Request, activity, user in
 	if _, ok := sv.holders[user]; ok {
 		st := wire.StatusConfirmed
 		res.Outcome, res.Status = wire.OutcomeAlreadyOwned, &st
-	} else if pos, ok := sv.waiters[user]; ok {
-		st := wire.StatusWaiting
-		res.Outcome, res.Status, res.Position = wire.OutcomeAlreadyWaiting, &st, &pos
 	}
 	id, err := s.shedIDs.newShed(res.Outcome)
 	if err != nil {

@@ -158,7 +158,8 @@ func EventID(requestID string, index int) string {
 }
 
 // ViewBucket is the JetStream KV bucket where the allocator keeps a view of
-// every full activity, so that ingest can answer a claim for it at once.
+// every full activity without waiters, so that ingest can answer a claim for
+// it at once.
 const ViewBucket = "ALLOT_VIEW"
 
 // MaxViewHolders bounds the holders a view lists; a full activity with more
@@ -168,12 +169,14 @@ const MaxViewHolders = 10_000
 // ViewKey is the key of activity's view in ViewBucket.
 func ViewKey(activity int64) string { return "a." + strconv.FormatInt(activity, 10) }
 
-// Full reports whether the view is of an activity with no free seat.
-func (v View) Full() bool { return v.Confirmed >= v.Capacity }
+// Sheddable reports whether a claim can be decided from the view alone: no
+// free seat, and every holder listed.
+func (v View) Sheddable() bool { return v.Complete && v.Confirmed >= v.Capacity }
 
 // View is the value of a full activity's key: its counters and, when
-// Complete, every user holding a seat and every waiter in queue order, which
-// is all a claim's decision needs.
+// Complete, every user holding a seat, which is all a claim's decision needs
+// while nobody waits. An activity with waiters has no view: its waitlist
+// changes with every join, and claims on it are rare.
 type View struct {
 	ActivityID int64   `json:"activity_id"`
 	Capacity   int64   `json:"capacity"`
@@ -181,5 +184,4 @@ type View struct {
 	Seq        uint64  `json:"seq"` // the last stream sequence applied to the activity
 	Complete   bool    `json:"complete"`
 	Holders    []int64 `json:"holders,omitempty"` // CONFIRMED users
-	Waiters    []int64 `json:"waiters,omitempty"` // WAITING users, head first
 }

@@ -1,0 +1,342 @@
+// Command bench is `make bench`: one run on one machine, printing side by
+// side allot's allocator draining a backlog, the seed designs a user would
+// otherwise build under the same request count, their ratio, and an
+// end-to-end burst through HTTP against allot and against the Redis-gated
+// seed design, both driven by the same load generator.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/baseline"
+	"github.com/allot-dev/allot/internal/bench"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/loadgen"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+type opts struct {
+	n, conc, httpConc int
+	bin, dsn          string
+	skipE2E           bool
+	batch             int
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var o opts
+	flag.IntVar(&o.n, "n", 20000, "requests per measurement")
+	flag.IntVar(&o.conc, "conc", 64, "MySQL connections (and callers) of the seed designs")
+	flag.IntVar(&o.httpConc, "http-conc", 256, "concurrent HTTP clients of the end-to-end burst")
+	flag.IntVar(&o.batch, "batch", 500, "allocator batch size")
+	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
+	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts")
+	flag.Parse()
+	o.dsn = os.Getenv("ALLOT_MYSQL_DSN")
+	if o.dsn == "" {
+		o.dsn = "root@tcp(127.0.0.1:3306)/allot_bench?parseTime=true"
+	}
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// freshDB creates a new empty database on the server of dsn.
+func freshDB(ctx context.Context, dsn, prefix string) (string, func(), error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", nil, err
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	cfg.DBName = prefix + hex.EncodeToString(b[:])
+	d := cfg.FormatDSN()
+	if err := store.EnsureDatabase(ctx, d); err != nil {
+		return "", nil, err
+	}
+	drop := func() {
+		if db, err := store.Open(context.Background(), d, 1); err == nil {
+			db.Exec("DROP DATABASE " + cfg.DBName) //nolint:errcheck
+			db.Close()
+		}
+	}
+	return d, drop, nil
+}
+
+type row struct {
+	name, design string
+	perSec       float64
+	detail       string
+}
+
+func run(ctx context.Context, o opts) error {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var rows []row
+	fmt.Fprintf(os.Stderr, "bench: %d requests per measurement, seed designs with %d connections\n", o.n, o.conc)
+
+	drains := []struct {
+		name string
+		cfg  bench.DrainConfig
+	}{
+		{"drain: joins, one hot activity", bench.DrainConfig{Requests: o.n, Activities: 1, Capacity: 100, Op: wire.OpJoin}},
+		{"drain: claims, one hot activity", bench.DrainConfig{Requests: o.n, Activities: 1, Capacity: 100, Op: wire.OpClaim, Users: o.n * 9 / 10}},
+		{"drain: joins over 1,000 activities", bench.DrainConfig{Requests: o.n, Activities: 1000, Capacity: 10, Op: wire.OpJoin}},
+	}
+	var hotJoin, hotClaim float64
+	for i, d := range drains {
+		d.cfg.Allocator = allocator.Config{BatchSize: o.batch}
+		res, err := drain(ctx, o, log, d.cfg)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "  %s: %.0f decisions/s\n", d.name, res.PerSecond())
+		rows = append(rows, row{d.name, "allot", res.PerSecond(), fmt.Sprintf("%d decisions in %s", res.Decisions, res.Elapsed.Round(time.Millisecond))})
+		switch i {
+		case 0:
+			hotJoin = res.PerSecond()
+		case 1:
+			hotClaim = res.PerSecond()
+		}
+	}
+
+	seedJoin, seedClaim, err := seeds(ctx, o)
+	if err != nil {
+		return err
+	}
+	rows = append(rows,
+		row{"seed join (SELECT … FOR UPDATE)", "seed", seedJoin.PerSecond, fmt.Sprintf("p50 %s p99 %s", seedJoin.P50.Round(time.Millisecond), seedJoin.P99.Round(time.Millisecond))},
+		row{"seed claim (conditional UPDATE)", "seed", seedClaim.PerSecond, fmt.Sprintf("p50 %s p99 %s", seedClaim.P50.Round(time.Millisecond), seedClaim.P99.Round(time.Millisecond))},
+	)
+
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(os.Stdout, "\n== allocator throughput vs the seed designs (one run, same MariaDB) ==")
+	fmt.Fprintln(tw, "measurement\tdesign\trequests/s\tdetail\t")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t\n", r.name, r.design, r.perSec, r.detail)
+	}
+	tw.Flush()
+	fmt.Printf("ratio allot joins / seed join:   %.1fx\n", hotJoin/seedJoin.PerSecond)
+	fmt.Printf("ratio allot claims / seed claim: %.1fx\n", hotClaim/seedClaim.PerSecond)
+
+	if o.skipE2E {
+		return nil
+	}
+	return e2e(ctx, o)
+}
+
+func drain(ctx context.Context, o opts, log *slog.Logger, cfg bench.DrainConfig) (bench.DrainResult, error) {
+	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_")
+	if err != nil {
+		return bench.DrainResult{}, err
+	}
+	defer drop()
+	db, err := store.Open(ctx, dsn, 16)
+	if err != nil {
+		return bench.DrainResult{}, err
+	}
+	defer db.Close()
+	if err := store.Migrate(ctx, db); err != nil {
+		return bench.DrainResult{}, err
+	}
+	dir, err := os.MkdirTemp("", "allot-bench-nats-")
+	if err != nil {
+		return bench.DrainResult{}, err
+	}
+	defer os.RemoveAll(dir)
+	// fsync on every write, as make run and production configs do.
+	srv, err := bus.RunServer(bus.ServerConfig{Port: -1, StoreDir: dir})
+	if err != nil {
+		return bench.DrainResult{}, err
+	}
+	defer srv.Shutdown()
+	nc, err := bus.Connect(srv.ClientURL(), "bench", log)
+	if err != nil {
+		return bench.DrainResult{}, err
+	}
+	defer nc.Close()
+	return bench.Drain(ctx, db, nc, log, cfg)
+}
+
+func seeds(ctx context.Context, o opts) (baseline.Stats, baseline.Stats, error) {
+	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_seed_")
+	if err != nil {
+		return baseline.Stats{}, baseline.Stats{}, err
+	}
+	defer drop()
+	db, err := baseline.Open(ctx, dsn, o.conc)
+	if err != nil {
+		return baseline.Stats{}, baseline.Stats{}, err
+	}
+	defer db.Close()
+	if err := baseline.Migrate(ctx, db); err != nil {
+		return baseline.Stats{}, baseline.Stats{}, err
+	}
+	if _, err := baseline.ResetActivity(ctx, db, 1, 100); err != nil {
+		return baseline.Stats{}, baseline.Stats{}, err
+	}
+	join := baseline.Drive(ctx, func(ctx context.Context, u int64) (string, error) { return baseline.SeedJoin(ctx, db, 1, u) }, o.n, o.n, o.conc)
+	fmt.Fprintf(os.Stderr, "  seed join: %.0f requests/s\n", join.PerSecond)
+	if _, err := baseline.ResetStock(ctx, db, 9001, 100); err != nil {
+		return baseline.Stats{}, baseline.Stats{}, err
+	}
+	claim := baseline.Drive(ctx, func(ctx context.Context, u int64) (string, error) { return baseline.SeedClaim(ctx, db, 9001, u) }, o.n, o.n*9/10, o.conc)
+	fmt.Fprintf(os.Stderr, "  seed claim: %.0f requests/s\n", claim.PerSecond)
+	if join.Errors > 0 || claim.Errors > 0 {
+		return join, claim, fmt.Errorf("seed designs failed: %s / %s", join.FirstError, claim.FirstError)
+	}
+	return join, claim, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// server is a system under test running as its own process.
+type server struct {
+	cmd *exec.Cmd
+	url string
+}
+
+func start(ctx context.Context, bin string, args []string, env []string, ready string) (*server, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logf, _ := os.CreateTemp("", "allot-bench-*.log")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w (run make build first)", bin, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(ready)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode < 500 {
+				return &server{cmd: cmd}, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill() //nolint:errcheck
+			return nil, fmt.Errorf("%s not ready after 30s; its log: %s", bin, logf.Name())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *server) stop() {
+	s.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }() //nolint:errcheck
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		s.cmd.Process.Kill() //nolint:errcheck
+	}
+}
+
+func e2e(ctx context.Context, o opts) error {
+	fmt.Fprintln(os.Stderr, "bench: end-to-end bursts through HTTP")
+	lg := func(url string) (loadgen.Report, error) {
+		return loadgen.Run(ctx, loadgen.Config{
+			BaseURL: url, Activity: 9001, Capacity: 100, Requests: o.n, Users: o.n * 9 / 10,
+			Concurrency: o.httpConc, Mix: loadgen.Mix{Claim: 1}, Wait: 30 * time.Second, Seed: 1,
+		})
+	}
+	var reports []loadgen.Report
+	var names []string
+
+	// allot: the whole stack as one process (embedded JetStream, fsync always).
+	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_e2e_")
+	if err != nil {
+		return err
+	}
+	defer drop()
+	dir, err := os.MkdirTemp("", "allot-bench-e2e-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	hp, _ := freePort()
+	np, _ := freePort()
+	mp, _ := freePort()
+	url := "http://127.0.0.1:" + strconv.Itoa(hp)
+	s, err := start(ctx, filepath.Join(o.bin, "stack"), nil, []string{
+		"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=", "ALLOT_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(hp),
+		"ALLOT_EMBEDDED_NATS_PORT=" + strconv.Itoa(np), "ALLOT_EMBEDDED_NATS_STORE=" + dir,
+		"ALLOT_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(mp), "ALLOT_LOG_LEVEL=warn",
+	}, url+"/readyz")
+	if err != nil {
+		return err
+	}
+	rep, err := lg(url)
+	s.stop()
+	if err != nil {
+		return fmt.Errorf("loadgen against allot: %w", err)
+	}
+	reports, names = append(reports, rep), append(names, "allot (ingest+allocator+JetStream)")
+
+	// The Redis-gated seed design, served over HTTP by the same kind of server.
+	gdsn, gdrop, err := freshDB(ctx, o.dsn, "allot_bench_gated_")
+	if err != nil {
+		return err
+	}
+	defer gdrop()
+	gp, _ := freePort()
+	gurl := "http://127.0.0.1:" + strconv.Itoa(gp)
+	g, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "gated", "-addr", "127.0.0.1:" + strconv.Itoa(gp)},
+		[]string{"ALLOT_MYSQL_DSN=" + gdsn, "ALLOT_LOG_LEVEL=warn"}, gurl+"/v1/activities/1")
+	if err != nil {
+		return err
+	}
+	grep, err := lg(gurl)
+	g.stop()
+	if err != nil {
+		return fmt.Errorf("loadgen against the gated seed design: %w", err)
+	}
+	reports, names = append(reports, grep), append(names, "seed claim behind a Redis DECR gate")
+
+	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine ==\n",
+		o.n, o.n*9/10, o.httpConc)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tverdict\t")
+	for i, r := range reports {
+		verdict := "PASS"
+		if err := r.Verdict(); err != nil {
+			verdict = "FAIL: " + err.Error()
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t\n", names[i], r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
+			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
+			r.Outcomes[wire.OutcomeGranted], verdict)
+	}
+	tw.Flush()
+	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",
+		reports[0].ToLastResult.Seconds()/reports[1].ToLastResult.Seconds())
+	return nil
+}
+

@@ -1,0 +1,80 @@
+package faults
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// suite is what TestMain prepared for the scenarios.
+var suite struct {
+	// bin holds the built binaries: allocator, ingest, natsd.
+	bin string
+	// skip, when set, is why every scenario skips.
+	skip string
+	// buildErr, when set, fails every scenario.
+	buildErr error
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		suite.skip = "fault-injection suite skipped under -short: it builds the binaries and runs real processes for minutes"
+		os.Exit(m.Run())
+	}
+	dir, err := os.MkdirTemp("", "allot-faults-bin-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "faults: %v\n", err)
+		os.Exit(1)
+	}
+	suite.bin = dir
+	suite.buildErr = build(dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// build compiles the three binaries the scenarios run into dir, once.
+func build(dir string) error {
+	start := time.Now()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return fmt.Errorf("the go command is needed to build the binaries: %w", err)
+	}
+	out, err := exec.Command(goBin, "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("go env GOMOD: %w", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	args := []string{"build", "-o", dir + string(filepath.Separator)}
+	if os.Getenv("ALLOT_FAULTS_RACE") == "1" {
+		args = append(args, "-race")
+	}
+	args = append(args, "./cmd/allocator", "./cmd/ingest", "./cmd/natsd")
+	cmd := exec.Command(goBin, args...)
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go %s in %s: %w\n%s", strings.Join(args, " "), root, err, stderr.String())
+	}
+	fmt.Printf("faults: built allocator, ingest, natsd in %s (%s)\n", dir, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// needSuite skips or fails t when the suite cannot run.
+func needSuite(t *testing.T) {
+	t.Helper()
+	if suite.skip != "" {
+		t.Skip(suite.skip)
+	}
+	if suite.buildErr != nil {
+		t.Fatalf("building the binaries failed: %v", suite.buildErr)
+	}
+}
