@@ -3,7 +3,6 @@ package allocator
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"time"
@@ -115,12 +114,8 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 					EventID: wire.EventID(row.RequestID, i), Kind: e.Kind, ActivityID: row.ActivityID,
 					UserID: e.UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
 				}
-				b, err := json.Marshal(ev)
-				if err != nil {
-					return fmt.Errorf("encode event: %w", err)
-				}
 				msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
-				msg.Data = b
+				msg.Data = ev.AppendJSON(make([]byte, 0, 256))
 				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.EventID))
 				if err != nil {
 					return fmt.Errorf("publish event %s: %w", ev.EventID, err)

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,12 +15,9 @@ import (
 // never applies it; the audit skips it the same way.
 func DecodeRequest(subject string, data []byte) (Request, error) {
 	var req Request
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&req); err != nil {
+	// Unmarshal also refuses trailing data after the object.
+	if err := json.Unmarshal(data, &req); err != nil {
 		return req, fmt.Errorf("undecodable request: %v", err)
-	}
-	if dec.More() {
-		return req, errors.New("undecodable request: trailing data after the JSON object")
 	}
 	id, err := uuid.Parse(req.RequestID)
 	if err != nil || len(req.RequestID) != 36 || id.String() != strings.ToLower(req.RequestID) {
