@@ -20,7 +20,8 @@ const binary = "allocator"
 
 type cfg struct {
 	config.Common
-	Partition   int           `envconfig:"PARTITION" default:"0"`
+	Partitions  int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
+	PinnedTTL   time.Duration `envconfig:"PINNED_TTL" default:"5s" desc:"failover time: how long a partition stays pinned to an allocator that stopped pulling"`
 	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500"`
 	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms"`
 	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091"`
@@ -39,8 +40,11 @@ func (c *cfg) Validate() error {
 	if c.BatchWait < 0 || c.BatchWait > time.Second {
 		return fmt.Errorf("ALLOT_BATCH_WAIT must be between 0 and 1s, got %s", c.BatchWait)
 	}
-	if c.Partition < 0 {
-		return fmt.Errorf("ALLOT_PARTITION must not be negative, got %d", c.Partition)
+	if c.Partitions < 1 || c.Partitions > 1024 {
+		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
+	}
+	if c.PinnedTTL < time.Second {
+		return fmt.Errorf("ALLOT_PINNED_TTL must be at least 1s, got %s", c.PinnedTTL)
 	}
 	return nil
 }
@@ -72,7 +76,8 @@ func run(ctx context.Context) int {
 	}
 	defer nc.Drain() //nolint:errcheck
 	err = allocator.Run(ctx, allocator.RunConfig{
-		Config:      allocator.Config{Partition: c.Partition, BatchSize: c.BatchSize, BatchWait: c.BatchWait},
+		Config: allocator.Config{Partitions: c.Partitions, PinnedTTL: c.PinnedTTL,
+			BatchSize: c.BatchSize, BatchWait: c.BatchWait},
 		MetricsAddr: c.MetricsAddr,
 	}, db, nc, log)
 	if err != nil {

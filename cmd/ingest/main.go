@@ -34,6 +34,7 @@ type cfg struct {
 	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
 	StreamReplicas  int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the idempotency bucket"`
 	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
+	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 }
@@ -60,6 +61,9 @@ func (c cfg) Validate() error {
 	}
 	if c.MaxInFlight < 1 || c.MaxInFlight > 4000 {
 		return fmt.Errorf("ALLOT_INGEST_MAX_IN_FLIGHT must be between 1 and 4000, got %d", c.MaxInFlight)
+	}
+	if c.Partitions < 1 || c.Partitions > 1024 {
+		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", c.RateLimit)
@@ -105,6 +109,7 @@ func run(ctx context.Context) int {
 			StreamReplicas: c.StreamReplicas,
 			RateLimit:      c.RateLimit,
 			DisableShed:    !c.Shed,
+			Partitions:     c.Partitions,
 			MaxInFlight:    c.MaxInFlight,
 		},
 		ShutdownTimeout: c.ShutdownTimeout,

@@ -32,6 +32,7 @@ type cfg struct {
 	NATSSync    time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
 	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator metrics address"`
 	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500" desc:"most requests per allocator transaction"`
+	Partitions  int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
 	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 }
 
@@ -41,6 +42,9 @@ func (c *cfg) Validate() error {
 	}
 	if c.NATSPort < 1 || c.NATSPort > 65535 {
 		return fmt.Errorf("ALLOT_EMBEDDED_NATS_PORT must be a port number, got %d", c.NATSPort)
+	}
+	if c.Partitions < 1 || c.Partitions > 1024 {
+		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
 	}
 	if c.BatchSize < 1 || c.BatchSize > 10_000 {
 		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", c.BatchSize)
@@ -110,13 +114,13 @@ func run(ctx context.Context) int {
 		case "allocator":
 			parts = append(parts, part{name, func(ctx context.Context) error {
 				return allocator.Run(ctx, allocator.RunConfig{
-					Config:      allocator.Config{BatchSize: c.BatchSize, BatchWait: c.BatchWait},
+					Config:      allocator.Config{Partitions: c.Partitions, BatchSize: c.BatchSize, BatchWait: c.BatchWait},
 					MetricsAddr: c.MetricsAddr,
 				}, db, nc, plog)
 			}})
 		case "ingest":
 			parts = append(parts, part{name, func(ctx context.Context) error {
-				return ingest.Run(ctx, ingest.RunConfig{HTTPAddr: c.HTTPAddr}, db, nc, plog)
+				return ingest.Run(ctx, ingest.RunConfig{HTTPAddr: c.HTTPAddr, Options: ingest.Options{Partitions: c.Partitions}}, db, nc, plog)
 			}})
 		}
 	}

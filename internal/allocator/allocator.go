@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -27,8 +28,12 @@ import (
 
 // Config tunes an Allocator. Zero values take the defaults.
 type Config struct {
-	// Partition is the request-stream partition this allocator applies.
-	Partition int
+	// Partition is the request-stream partition this allocator applies,
+	// one of Partitions (default 1).
+	Partition, Partitions int
+	// PinnedTTL is how long the server waits for a pinned allocator that
+	// stopped pulling before it hands the partition to another (default 5s).
+	PinnedTTL time.Duration
 	// BatchSize is the most requests applied in one transaction (default 500).
 	BatchSize int
 	// BatchWait is how long a batch waits for more requests after its first
@@ -53,6 +58,10 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleCheck <= 0 {
 		c.IdleCheck = time.Second
+	}
+	c.Partitions = max(c.Partitions, 1)
+	if c.PinnedTTL <= 0 {
+		c.PinnedTTL = 5 * time.Second
 	}
 	return c
 }
@@ -91,6 +100,12 @@ type Allocator struct {
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
 	cache map[int64]*allocation.Activity
+	// lastFence and lastDseq are where this allocator's last commit left
+	// the fence and the last delivery it handled (0: unknown).
+	lastFence, lastDseq uint64
+	// pinID is the pin the server last delivered with: this allocator
+	// holds the partition while the consumer's pinned id equals it.
+	pinID string
 	// checkDuplicates makes a batch look up which of its requests were
 	// already applied before deciding; set only to redo a batch that ran
 	// into one.
@@ -111,8 +126,11 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	m := newMetrics(reg)
 	cfg = cfg.withDefaults()
+	if cfg.Partition < 0 || cfg.Partition >= cfg.Partitions {
+		return nil, fmt.Errorf("allocator: partition %d is not one of %d", cfg.Partition, cfg.Partitions)
+	}
+	m := newMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"partition": strconv.Itoa(cfg.Partition)}, reg))
 	log = log.With(slog.Int("partition", cfg.Partition))
 	return &Allocator{
 		cfg: cfg, db: db, nc: nc, js: js, log: log, m: m, hooks: hooks,
@@ -125,7 +143,15 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 // Start ensures the streams, the durable consumer and the fence row, then
 // runs the apply loop and the outbox relay until Stop.
 func (a *Allocator) Start(ctx context.Context) error {
-	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{}); err != nil {
+	if err := a.prepare(ctx); err != nil {
+		return err
+	}
+	return a.launch(ctx)
+}
+
+// prepare ensures everything the apply loop needs.
+func (a *Allocator) prepare(ctx context.Context) error {
+	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions}); err != nil {
 		return err
 	}
 	st, err := a.js.Stream(ctx, wire.RequestStream)
@@ -133,7 +159,10 @@ func (a *Allocator) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: %w", bus.ErrUnavailable, err)
 	}
 	a.stream = st
-	a.cons, err = bus.EnsureAllocatorConsumer(ctx, a.js, a.cfg.Partition, 4*a.cfg.BatchSize, a.cfg.AckWait)
+	a.cons, err = bus.EnsureAllocatorConsumer(ctx, a.js, bus.ConsumerConfig{
+		Partition: a.cfg.Partition, Partitions: a.cfg.Partitions,
+		MaxAckPending: 4 * a.cfg.BatchSize, AckWait: a.cfg.AckWait, PinnedTTL: a.cfg.PinnedTTL,
+	})
 	if err != nil {
 		return err
 	}
@@ -146,6 +175,11 @@ func (a *Allocator) Start(ctx context.Context) error {
 	if err := a.repairViews(ctx); err != nil {
 		return fmt.Errorf("allocator: repair views: %w", err)
 	}
+	return nil
+}
+
+// launch runs the apply loop and the relay.
+func (a *Allocator) launch(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	a.wg.Add(2)
@@ -193,7 +227,7 @@ func (a *Allocator) setErr(err error) {
 
 // run is the apply loop: collect a batch, apply it, repeat.
 func (a *Allocator) run(ctx context.Context) error {
-	iter, err := a.cons.Messages(jetstream.PullMaxMessages(2 * a.cfg.BatchSize))
+	iter, err := a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
 	if err != nil {
 		return fmt.Errorf("allocator: consume: %w", err)
 	}
@@ -207,13 +241,77 @@ func (a *Allocator) run(ctx context.Context) error {
 		} else if err != nil {
 			a.log.WarnContext(ctx, "fetch requests", slog.Any("err", err))
 		}
+		if len(msgs) > 0 {
+			if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
+				a.pinID = pin
+			}
+		} else if ctx.Err() != nil || !a.holdsPartition(ctx) {
+			continue
+		}
 		// Apply what is in hand even when stopping: shutdown drains the
 		// batch, it never leaves it half done.
-		if err := a.handle(context.WithoutCancel(ctx), msgs); err != nil {
+		if err := a.handleUntilDone(ctx, msgs); err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
+}
+
+// shutdownGrace bounds how long a stopping allocator keeps trying to
+// finish its batch.
+const shutdownGrace = 10 * time.Second
+
+// handleUntilDone applies msgs, trying again with backoff while the broker
+// or the database is away, holding on to the messages meanwhile. On
+// shutdown it gives up: the messages stay unacknowledged, and this or
+// another allocator applies them later, in order, past the fence.
+func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) error {
+	// The batch in hand may finish after a stop, but not for ever: a
+	// database that stays away ends it ShutdownGrace after the stop.
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(shutdownGrace, cancel)
+		context.AfterFunc(hctx, func() { t.Stop() })
+	})
+	defer stop()
+	backoff := 100 * time.Millisecond
+	for {
+		err := a.handle(hctx, msgs)
+		if err == nil || errors.Is(err, ErrCrashed) {
+			return err
+		}
+		if ctx.Err() != nil {
+			a.log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))
+			return nil
+		}
+		a.log.ErrorContext(ctx, "batch not applied; trying again", slog.Any("err", err), slog.Duration("backoff", backoff))
+		for _, m := range msgs {
+			m.InProgress() //nolint:errcheck // best effort: keep the lease
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+// holdsPartition reports, when idle, whether this allocator may look for a
+// gap between the fence and the stream: when the partition is pinned to it,
+// or to nobody (a crashed holder left messages the server will redeliver
+// only after AckWait). An allocator that another one outranks stays idle.
+func (a *Allocator) holdsPartition(ctx context.Context) bool {
+	info, err := a.cons.Info(ctx)
+	if err != nil {
+		return false
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == bus.PriorityGroup && g.PinnedClientID != "" && g.PinnedClientID != a.pinID {
+			return false
+		}
+	}
+	return true
 }
 
 // collect returns the next batch: it waits up to IdleCheck for a first

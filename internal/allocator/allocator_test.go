@@ -253,7 +253,7 @@ func TestGapLeftByDeadConsumerIsFilledInOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	cons, err := bus.EnsureAllocatorConsumer(ctx, e.js, 0, 100, time.Minute)
+	cons, err := bus.EnsureAllocatorConsumer(ctx, e.js, bus.ConsumerConfig{MaxAckPending: 100, AckWait: time.Minute, PinnedTTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -263,7 +263,7 @@ func TestGapLeftByDeadConsumerIsFilledInOrder(t *testing.T) {
 		e.publish(r, "")
 	}
 	// The "dead" process: takes delivery of the first four, never acks.
-	batch, err := cons.Fetch(4, jetstream.FetchMaxWait(5*time.Second))
+	batch, err := cons.Fetch(4, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(bus.PriorityGroup))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func TestGapLeftByDeadConsumerIsFilledInOrder(t *testing.T) {
 	for _, r := range late {
 		last = e.publish(r, "")
 	}
-	e.start(Config{AckWait: time.Minute}, Hooks{})
+	e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
 	e.waitFence(last)
 
 	for i, want := range []string{wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting} {
@@ -403,4 +403,57 @@ func mixedBurst(n, activities, capacity, users int) []wire.Request {
 	}
 	// A request for an activity never opened.
 	return append(out, req(wire.OpJoin, 99, 1))
+}
+
+// TestHoleInsideABatchIsFilled: a batch with a message missing in the
+// middle (dropped by a slow client, or delivered elsewhere) must not move
+// the fence past it: the missing message is read from the stream and
+// applied in its place.
+func TestHoleInsideABatchIsFilled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	a, err := New(e.db.DB, e.nc, e.log, nil, Config{AckWait: time.Minute}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.prepare(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(open(1, 2), "")
+	joins := make([]wire.Request, 6)
+	for i := range joins {
+		joins[i] = req(wire.OpJoin, 1, int64(i+1))
+		e.publish(joins[i], "")
+	}
+	batch, err := a.cons.Fetch(7, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(bus.PriorityGroup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != 7 {
+		t.Fatalf("fetched %d, want 7", len(msgs))
+	}
+	// First batch: complete, proves itself contiguous.
+	if err := a.handle(ctx, msgs[:3]); err != nil {
+		t.Fatal(err)
+	}
+	// Second batch: the 4th message is missing.
+	holed := append([]jetstream.Msg{}, msgs[4:]...)
+	if err := a.handle(ctx, holed); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{wire.OutcomeConfirmed, wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting, wire.OutcomeWaiting, wire.OutcomeWaiting} {
+		r := e.result(joins[i].RequestID)
+		if r.Outcome != want {
+			t.Errorf("join %d: %s, want %s", i+1, r.Outcome, want)
+		}
+		if r.Position != nil && *r.Position != int64(i-1) {
+			t.Errorf("join %d: position %d, want %d (stream order)", i+1, *r.Position, i-1)
+		}
+	}
+	e.db.CheckInvariants(t)
 }

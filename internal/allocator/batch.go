@@ -25,6 +25,9 @@ type item struct {
 	subject string
 	data    []byte
 	msg     jetstream.Msg
+	// dseq is the consumer's delivery sequence and delivered the number of
+	// deliveries so far (delivered messages only).
+	dseq, delivered uint64
 }
 
 // outcome is what one transaction decided, kept for after the commit.
@@ -47,28 +50,32 @@ func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
 			a.log.ErrorContext(ctx, "message without metadata", slog.Any("err", err))
 			continue
 		}
-		items = append(items, item{seq: md.Sequence.Stream, subject: m.Subject(), data: m.Data(), msg: m})
+		items = append(items, item{seq: md.Sequence.Stream, subject: m.Subject(), data: m.Data(), msg: m,
+			dseq: md.Sequence.Consumer, delivered: md.NumDelivered})
 	}
 	slices.SortFunc(items, func(x, y item) int { return cmpSeq(x.seq, y.seq) })
 	items = slices.CompactFunc(items, func(x, y item) bool { return x.seq == y.seq })
 
 	for {
 		out, err := a.applyOnce(ctx, items)
-		if err != nil && !store.Retryable(err) && ctx.Err() == nil && len(items) > 1 {
+		if err != nil && store.Rejectable(err) && len(items) > 1 {
 			// One bad request must not sink the batch: apply the batch one
 			// request per transaction, so the bad one is isolated.
 			a.log.WarnContext(ctx, "batch failed; isolating requests", slog.Any("err", err), slog.Int("batch", len(items)))
 			return a.isolate(ctx, items)
 		}
-		if err != nil && !store.Retryable(err) && len(items) <= 1 {
+		if err != nil && store.Rejectable(err) {
 			out, err = a.rejectAll(ctx, items, err)
 		}
 		if err != nil {
+			// Not the requests' fault (broker, database, shutdown): nothing
+			// is rejected and nothing acknowledged; the batch is tried again.
 			return fmt.Errorf("apply batch: %w", err)
 		}
 		if err := a.afterCommit(ctx, items, out); err != nil {
 			return err
 		}
+		a.noteCommitted(items, out)
 		var rest []item
 		for _, it := range items {
 			if it.seq > out.fence {
@@ -93,8 +100,8 @@ func cmpSeq(x, y uint64) int {
 	return 0
 }
 
-// isolate applies items one transaction each; one that still fails for a
-// reason other than a lost race is recorded as rejected and terminated.
+// isolate applies items one transaction each; one that the database still
+// refuses for its data is recorded as rejected and terminated.
 func (a *Allocator) isolate(ctx context.Context, items []item) error {
 	for _, it := range items {
 		if err := a.handleItems(ctx, []item{it}); err != nil {
@@ -106,14 +113,18 @@ func (a *Allocator) isolate(ctx context.Context, items []item) error {
 
 func (a *Allocator) handleItems(ctx context.Context, items []item) error {
 	out, err := a.applyOnce(ctx, items)
-	if err != nil && !store.Retryable(err) {
+	if err != nil && store.Rejectable(err) {
 		a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Any("err", err), slog.Uint64("seq", items[0].seq))
 		out, err = a.rejectAll(ctx, items, err)
 	}
 	if err != nil {
 		return fmt.Errorf("apply request: %w", err)
 	}
-	return a.afterCommit(ctx, items, out)
+	if err := a.afterCommit(ctx, items, out); err != nil {
+		return err
+	}
+	a.noteCommitted(items, out)
+	return nil
 }
 
 // errRetryChecked asks applyOnce to run the batch again with the lookup of
@@ -174,15 +185,17 @@ func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item) (outc
 			work = append(work, it)
 		}
 	}
-	filled, err := a.fillGap(ctx, fence, work)
-	if err != nil {
-		return outcome{}, err
-	}
-	if len(filled) > 0 {
-		a.log.InfoContext(ctx, "filling a gap from the stream", slog.Uint64("from_seq", filled[0].seq),
-			slog.Uint64("to_seq", filled[len(filled)-1].seq))
-		a.m.gapFilled.Add(float64(len(filled)))
-		work = filled
+	if !a.contiguous(fence, work) && (len(work) > 0 || len(items) == 0) {
+		walked, filled, err := a.walk(ctx, fence, work)
+		if err != nil {
+			return outcome{}, err
+		}
+		if filled > 0 {
+			a.log.InfoContext(ctx, "applying messages read from the stream", slog.Int("count", filled),
+				slog.Uint64("after_seq", fence))
+			a.m.gapFilled.Add(float64(filled))
+		}
+		work = walked
 	}
 	out := outcome{fence: fence, rejected: map[uint64]string{}}
 	if len(work) == 0 {
@@ -191,32 +204,82 @@ func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item) (outc
 	return a.decide(ctx, tx, work, out)
 }
 
-// fillGap returns the stored messages of this partition between fence and
-// the first item in hand (or after fence when nothing is in hand), at most
-// one batch of them. They exist when a previous allocator took delivery and
-// died before acking: the consumer redelivers them only after AckWait, and
-// applying later requests first would break stream order.
-func (a *Allocator) fillGap(ctx context.Context, fence uint64, work []item) ([]item, error) {
-	if len(work) > 0 && work[0].seq == fence+1 {
-		return nil, nil
+// contiguous reports whether work (sorted, all above fence) is provably
+// the next run of this partition's messages, with no message missing
+// between the fence and it or inside it. The proof is cheap: this
+// allocator set the fence itself after handling the delivery lastDseq, and
+// work holds first deliveries numbered lastDseq+1, lastDseq+2, … in stream
+// order. Every delivery, redeliveries too, takes the next consumer
+// sequence, and first deliveries come in stream order, so a message between
+// two of them would have taken a number between theirs. Anything else (a
+// start, a redelivery, a message the client dropped as a slow consumer, a
+// delivery to another allocator) falls back to walk.
+func (a *Allocator) contiguous(fence uint64, work []item) bool {
+	if len(work) == 0 || a.lastDseq == 0 || a.lastFence != fence {
+		return false
 	}
-	var filled []item
-	next := fence + 1
-	for len(filled) < a.cfg.BatchSize {
-		raw, err := a.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(bus.PartitionFilter(a.cfg.Partition)))
+	for i, it := range work {
+		if it.msg == nil || it.delivered != 1 || it.dseq != a.lastDseq+1+uint64(i) {
+			return false
+		}
+	}
+	return true
+}
+
+// walk reads this partition's messages after fence from the stream itself,
+// in order, at most one batch, using the delivered copy of any message in
+// work. It returns what to apply next and how many messages it read that no
+// delivery brought (a crashed allocator's, or dropped on the way).
+func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item, int, error) {
+	delivered := make(map[uint64]item, len(work))
+	for _, it := range work {
+		delivered[it.seq] = it
+	}
+	var (
+		out    []item
+		filled int
+		last   uint64
+	)
+	if len(work) > 0 {
+		last = work[len(work)-1].seq
+	}
+	filter := bus.PartitionFilter(a.cfg.Partition, a.cfg.Partitions)
+	for next := fence + 1; len(out) < a.cfg.BatchSize && (len(work) == 0 || next <= last); {
+		if it, ok := delivered[next]; ok && a.cfg.Partitions <= 1 {
+			// One partition: the stream holds nothing else, no lookup needed.
+			out = append(out, it)
+			next++
+			continue
+		}
+		raw, err := a.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(filter))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: read stream at %d: %w", bus.ErrUnavailable, next, err)
+			return nil, 0, fmt.Errorf("%w: read stream after %d: %w", bus.ErrUnavailable, next-1, err)
 		}
-		if len(work) > 0 && raw.Sequence >= work[0].seq {
-			break
+		if it, ok := delivered[raw.Sequence]; ok {
+			out = append(out, it)
+		} else {
+			out = append(out, item{seq: raw.Sequence, subject: raw.Subject, data: raw.Data})
+			filled++
 		}
-		filled = append(filled, item{seq: raw.Sequence, subject: raw.Subject, data: raw.Data})
 		next = raw.Sequence + 1
 	}
-	return filled, nil
+	return out, filled, nil
+}
+
+// noteCommitted remembers, after a commit, where this allocator left the
+// fence and the last delivery it handled, for the next contiguous check.
+func (a *Allocator) noteCommitted(items []item, out outcome) {
+	a.lastFence = out.fence
+	a.lastDseq = 0
+	for _, it := range items {
+		if it.msg == nil || it.seq > out.fence {
+			return // a walk or a partial batch: prove the next batch again
+		}
+		a.lastDseq = max(a.lastDseq, it.dseq)
+	}
 }
 
 // decide applies work (sorted, all above the fence) through the domain and
@@ -233,6 +296,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	)
 	for _, it := range work {
 		req, err := wire.DecodeRequest(it.subject, it.data)
+		if err == nil {
+			err = bus.CheckSubject(it.subject, req.ActivityID, a.cfg.Partitions)
+		}
 		if err != nil {
 			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error()})
 			out.rejected[it.seq] = err.Error()

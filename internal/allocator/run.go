@@ -20,29 +20,46 @@ import (
 
 // RunConfig is what Run needs beyond its dependencies.
 type RunConfig struct {
+	// Config is the template of every partition's allocator; its Partition
+	// is ignored.
 	Config
 	// MetricsAddr, when set, serves /metrics, /healthz and /readyz there.
 	MetricsAddr string
 }
 
-// Run migrates the schema, applies requests until ctx ends, then finishes
-// the batch in hand and returns. It is what cmd/allocator runs, and what
-// `make run` runs in-process.
+// Run migrates the schema and runs an allocator for every partition until
+// ctx ends, then lets each finish the batch in hand and returns. Every
+// allocator process competes for every partition; the server pins each
+// partition to one of them and hands it to a survivor when that one stops.
+// It is what cmd/allocator runs, and what `make run` runs in-process.
 func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger) error {
 	if err := store.Migrate(ctx, db); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	a, err := New(db, nc, log, reg, cfg.Config, Hooks{})
-	if err != nil {
-		return err
+	var all []*Allocator
+	stopAll := func() {
+		for _, a := range all {
+			a.Stop()
+		}
 	}
-	if err := a.Start(ctx); err != nil {
-		return err
+	for p := range max(cfg.Partitions, 1) {
+		c := cfg.Config
+		c.Partition = p
+		a, err := New(db, nc, log, reg, c, Hooks{})
+		if err != nil {
+			stopAll()
+			return err
+		}
+		if err := a.Start(ctx); err != nil {
+			stopAll()
+			return err
+		}
+		all = append(all, a)
 	}
-	log.InfoContext(ctx, "allocator running", slog.Int("batch_size", a.cfg.BatchSize),
-		slog.Duration("batch_wait", a.cfg.BatchWait))
+	log.InfoContext(ctx, "allocator running", slog.Int("partitions", len(all)),
+		slog.Int("batch_size", all[0].cfg.BatchSize), slog.Duration("batch_wait", all[0].cfg.BatchWait))
 	var srv *http.Server
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
@@ -58,21 +75,23 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		})
 		ln, err := net.Listen("tcp", cfg.MetricsAddr)
 		if err != nil {
-			a.Stop()
+			stopAll()
 			return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
 		}
 		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
 	}
-	done := make(chan error, 1)
-	go func() { done <- a.Wait() }()
+	done := make(chan error, len(all))
+	for _, a := range all {
+		go func() { done <- a.Wait() }()
+	}
+	var err error
 	select {
 	case <-ctx.Done():
-		log.Info("allocator stopping: finishing the batch in hand")
-		a.Stop()
-		err = nil
+		log.Info("allocator stopping: finishing the batches in hand")
 	case err = <-done:
 	}
+	stopAll()
 	if srv != nil {
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

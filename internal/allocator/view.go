@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -126,7 +127,7 @@ func (a *Allocator) repairViews(ctx context.Context) error {
 	var acts []*allocation.Activity
 	for key := range keys.Keys() {
 		id, err := strconv.ParseInt(strings.TrimPrefix(key, "a."), 10, 64)
-		if err != nil {
+		if err != nil || bus.PartitionOf(id, a.cfg.Partitions) != a.cfg.Partition {
 			continue
 		}
 		row, ok, err := store.GetActivityRow(ctx, a.db, id)

@@ -273,7 +273,7 @@ func newAuditor(opts Options) *auditor {
 	if len(opts.Activities) > 0 {
 		a.subjects = make(map[string]bool, len(opts.Activities))
 		for _, id := range opts.Activities {
-			a.subjects[subjectOf(id)] = true
+			a.subjects[activityKey(id)] = true
 		}
 	}
 	return a

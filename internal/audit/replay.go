@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -19,8 +20,11 @@ type auditor struct {
 	opts  Options
 	fence uint64
 	last  uint64
-	// subjects are the audited subjects; nil means all.
+	// subjects are the audited activities, by their subject token; nil
+	// means all.
 	subjects map[string]bool
+	// partitions is how many partitions the request stream has.
+	partitions int
 	// winStart is the first sequence compared; MaxUint64 until a FromTime
 	// window has found its first message.
 	winStart uint64
@@ -58,6 +62,9 @@ type signupTrack struct {
 
 func subjectOf(activity int64) string { return wire.RequestSubject(activity) }
 
+// activityKey is how a.subjects names an activity: its subject token.
+func activityKey(activity int64) string { return strconv.FormatInt(activity, 10) }
+
 func (a *auditor) inWindow(seq uint64) bool { return seq >= a.winStart }
 
 func (a *auditor) diverge(d Divergence) { a.rep.Divergences = append(a.rep.Divergences, d) }
@@ -88,6 +95,9 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 	a.rep.Replayed++
 
 	req, err := wire.DecodeRequest(subject, data)
+	if err == nil {
+		err = bus.CheckSubject(subject, req.ActivityID, a.partitions)
+	}
 	if err != nil {
 		a.malformed(seq, "", subject, err, got, rejected, check)
 		return nil
@@ -238,7 +248,7 @@ func (a *auditor) scope() string {
 func (a *auditor) leftoverRejected() {
 	seqs := make([]uint64, 0, len(a.rejected))
 	for seq, r := range a.rejected {
-		if a.subjects != nil && !a.subjects[r.subject] {
+		if a.subjects != nil && !a.subjects[wire.ActivityOfSubject(r.subject)] {
 			continue
 		}
 		if a.inWindow(seq) {

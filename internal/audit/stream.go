@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,8 +21,9 @@ const idleLimit = 15 * time.Second
 
 // stream is the request stream as the audit saw it when it started.
 type stream struct {
-	js   jetstream.JetStream
-	last uint64
+	js         jetstream.JetStream
+	last       uint64
+	partitions int // ALLOT_PARTITIONS the stream was created with
 }
 
 // openStream checks that the request stream still holds everything from
@@ -50,12 +52,13 @@ func openStream(ctx context.Context, js jetstream.JetStream, fence uint64) (stre
 		return stream{}, fmt.Errorf("%w: the allocator's fence %d is beyond %s's last sequence %d (purged or recreated stream?)",
 			ErrIncompleteStream, fence, wire.RequestStream, s.LastSeq)
 	}
-	return stream{js: js, last: s.LastSeq}, nil
+	return stream{js: js, last: s.LastSeq, partitions: max(bus.PartitionsOf(info.Config), 1)}, nil
 }
 
 // replay reads the stream in order from sequence 1 up to its last sequence
 // at start and hands each message to the auditor.
 func (a *auditor) replay(ctx context.Context, st stream) error {
+	a.partitions = st.partitions
 	if st.last == 0 {
 		return nil
 	}
@@ -63,7 +66,8 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 	if len(a.opts.Activities) > 0 {
 		filters = filters[:0]
 		for _, id := range a.opts.Activities {
-			filters = append(filters, subjectOf(id))
+			// Stored as published, or behind its partition's token.
+			filters = append(filters, subjectOf(id), wire.RequestSubjectPrefix+"*."+strconv.FormatInt(id, 10))
 		}
 	}
 	cons, err := st.js.OrderedConsumer(ctx, wire.RequestStream, jetstream.OrderedConsumerConfig{

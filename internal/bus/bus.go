@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -43,6 +46,77 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 type StreamConfig struct {
 	// Replicas is the stream replication factor (3 on a cluster).
 	Replicas int
+	// Partitions splits the request stream into this many partitions
+	// (ALLOT_PARTITIONS). It is fixed when the stream is created: 0 takes
+	// what the stream has (1 for a new one); another number than the
+	// stream's is an error.
+	Partitions int
+}
+
+// ErrPartitionsChanged means ALLOT_REQUESTS exists with another number of
+// partitions than configured: the mapping of activities to partitions (and
+// so their order) cannot change under a running system.
+var ErrPartitionsChanged = errors.New("the request stream exists with another number of partitions")
+
+// PartitionTransform maps alloc.req.<activity> to
+// alloc.req.<partition>.<activity> when there are several partitions, with
+// the server's own hash ({{partition(n,1)}}), so publishers keep the
+// contract's subjects.
+func PartitionTransform(partitions int) *jetstream.SubjectTransformConfig {
+	if partitions <= 1 {
+		return nil
+	}
+	return &jetstream.SubjectTransformConfig{
+		Source:      wire.RequestSubjectPrefix + "*",
+		Destination: fmt.Sprintf("%s{{partition(%d,1)}}.{{wildcard(1)}}", wire.RequestSubjectPrefix, partitions),
+	}
+}
+
+// PartitionOf is the partition the stream's transform sends activity to:
+// FNV-1a of its decimal id modulo partitions, as nats-server computes it.
+func PartitionOf(activity int64, partitions int) int {
+	if partitions <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(strconv.FormatInt(activity, 10)))
+	return int(h.Sum32() % uint32(partitions))
+}
+
+// StoredSubject is the subject a request for activity is stored on: the
+// published alloc.req.<activity>, or alloc.req.<partition>.<activity>.
+func StoredSubject(activity int64, partitions int) string {
+	if partitions <= 1 {
+		return wire.RequestSubject(activity)
+	}
+	return wire.RequestSubjectPrefix + strconv.Itoa(PartitionOf(activity, partitions)) + "." + strconv.FormatInt(activity, 10)
+}
+
+// CheckSubject refuses a request for activity stored on another subject
+// than the stream's transform would have chosen (published straight to
+// alloc.req.<p>.<a> with the wrong p): two allocators would otherwise apply
+// one activity. The allocator and the audit both apply it.
+func CheckSubject(subject string, activity int64, partitions int) error {
+	if want := StoredSubject(activity, partitions); subject != want {
+		return fmt.Errorf("activity %d belongs on %s, not on %s", activity, want, subject)
+	}
+	return nil
+}
+
+// PartitionsOf reads the number of partitions from the request stream's
+// configuration (0 when its transform is not allot's).
+func PartitionsOf(cfg jetstream.StreamConfig) int { return partitionsOf(cfg) }
+
+// partitionsOf reads the number of partitions from a stream's transform.
+func partitionsOf(cfg jetstream.StreamConfig) int {
+	if cfg.SubjectTransform == nil {
+		return 1
+	}
+	var n int
+	if _, err := fmt.Sscanf(strings.TrimPrefix(cfg.SubjectTransform.Destination, wire.RequestSubjectPrefix), "{{partition(%d,1)}}", &n); err != nil || n < 1 {
+		return 0
+	}
+	return n
 }
 
 // RequestStreamConfig is ALLOT_REQUESTS: every request ever accepted, kept by
@@ -58,6 +132,8 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		Duplicates:  2 * time.Minute,
 		Discard:     jetstream.DiscardOld,
 		AllowDirect: true,
+
+		SubjectTransform: PartitionTransform(c.Partitions),
 	}
 }
 
@@ -75,8 +151,20 @@ func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
 	}
 }
 
-// EnsureStreams creates or updates both streams.
+// EnsureStreams creates or updates both streams. It refuses to change the
+// number of partitions of an existing request stream.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
+	if st, err := js.Stream(ctx, wire.RequestStream); err == nil {
+		have := partitionsOf(st.CachedInfo().Config)
+		if c.Partitions == 0 {
+			c.Partitions = have
+		}
+		if have != c.Partitions {
+			return fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, have, c.Partitions)
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
+	}
 	for _, cfg := range []jetstream.StreamConfig{RequestStreamConfig(c), EventStreamConfig(c)} {
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, cfg.Name, err)
@@ -89,25 +177,48 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 // partition p.
 func AllocatorConsumer(p int) string { return fmt.Sprintf("allocator-%d", p) }
 
-// PartitionFilter is the subject filter of partition p.
-func PartitionFilter(int) string { return wire.RequestSubjectPrefix + ">" }
+// PartitionFilter is the subject filter of partition p of partitions.
+func PartitionFilter(p, partitions int) string {
+	if partitions <= 1 {
+		return wire.RequestSubjectPrefix + ">"
+	}
+	return wire.RequestSubjectPrefix + strconv.Itoa(p) + ".*"
+}
 
-// EnsureAllocatorConsumer creates or updates the durable pull consumer of
-// partition p. Acks are explicit; AckWait is long because the allocator
-// extends it while a batch's transaction retries.
-func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, p int, maxAckPending int, ackWait time.Duration) (jetstream.Consumer, error) {
+// PriorityGroup is the pinned priority group of the allocator consumers.
+const PriorityGroup = "allocators"
+
+// ConsumerConfig tunes EnsureAllocatorConsumer.
+type ConsumerConfig struct {
+	Partition, Partitions int
+	MaxAckPending         int
+	AckWait               time.Duration
+	// PinnedTTL is how long the server keeps a partition pinned to an
+	// allocator that stopped pulling before it pins another: the failover
+	// time.
+	PinnedTTL time.Duration
+}
+
+// EnsureAllocatorConsumer creates or updates the durable pull consumer of a
+// partition: explicit acks, and a pinned priority group, so that the server
+// hands the partition to one allocator at a time and to a survivor when
+// that one stops pulling. Pinning is not a hard guarantee; MySQL's fence is.
+func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, cc ConsumerConfig) (jetstream.Consumer, error) {
 	c, err := js.CreateOrUpdateConsumer(ctx, wire.RequestStream, jetstream.ConsumerConfig{
-		Durable:       AllocatorConsumer(p),
-		Description:   "allot allocator: applies requests in stream order",
-		FilterSubject: PartitionFilter(p),
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       ackWait,
-		MaxDeliver:    -1,
-		MaxAckPending: maxAckPending,
+		Durable:        AllocatorConsumer(cc.Partition),
+		Description:    "allot allocator: applies requests in stream order",
+		FilterSubject:  PartitionFilter(cc.Partition, cc.Partitions),
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        cc.AckWait,
+		MaxDeliver:     -1,
+		MaxAckPending:  cc.MaxAckPending,
+		PriorityPolicy: jetstream.PriorityPolicyPinned,
+		PriorityGroups: []string{PriorityGroup},
+		PinnedTTL:      cc.PinnedTTL,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: ensure consumer %s: %w", ErrUnavailable, AllocatorConsumer(p), err)
+		return nil, fmt.Errorf("%w: ensure consumer %s: %w", ErrUnavailable, AllocatorConsumer(cc.Partition), err)
 	}
 	return c, nil
 }

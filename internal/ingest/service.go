@@ -70,6 +70,9 @@ type Options struct {
 	RateLimit float64
 	// RateBurst is the burst of RateLimit; default max(1, RateLimit/10).
 	RateBurst int
+	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
+	// stream; 0 keeps what an existing stream has.
+	Partitions int
 	// DisableShed turns off answering claims for a full activity at once
 	// (ALLOT_SHED=false): every claim then goes through the stream.
 	DisableShed bool
@@ -219,7 +222,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.sub != nil || s.stopped {
 		return errors.New("ingest: Start called twice or after Stop")
 	}
-	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas}); err != nil {
+	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions}); err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
 	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{

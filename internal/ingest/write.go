@@ -203,20 +203,40 @@ var errOverloaded = errors.New("too many publishes in flight")
 // publishAsync publishes without a round trip of its own: many handlers'
 // messages share the connection's pipeline and their PubAcks come back
 // asynchronously; this handler waits for its own, at most PublishTimeout.
+//
+// A publish that left the process but got no PubAck (the broker went away,
+// a timeout) may or may not be stored. It is published again with the same
+// Nats-Msg-Id until the deadline: once the broker answers, a stored copy
+// comes back as a duplicate and the client gets its 202, so that 503 keeps
+// meaning "not stored" whenever the broker returns within the deadline.
 func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
-	f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
-	if err != nil {
-		return nil, err
-	}
-	timer := time.NewTimer(s.opts.PublishTimeout)
-	defer timer.Stop()
-	select {
-	case ack := <-f.Ok():
-		return ack, nil
-	case err := <-f.Err():
-		return nil, err
-	case <-timer.C:
-		return nil, fmt.Errorf("no PubAck within %s", s.opts.PublishTimeout)
+	deadline := time.NewTimer(s.opts.PublishTimeout)
+	defer deadline.Stop()
+	var last error
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-deadline.C:
+				return nil, fmt.Errorf("no PubAck within %s: %w", s.opts.PublishTimeout, last)
+			case <-time.After(min(time.Duration(attempt)*50*time.Millisecond, 500*time.Millisecond)):
+			}
+		}
+		f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
+		if err != nil {
+			if attempt == 0 {
+				return nil, err // it never left the process: nothing stored
+			}
+			last = err // an earlier attempt may be stored: keep asking
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			return ack, nil
+		case err := <-f.Err():
+			last = err
+		case <-deadline.C:
+			return nil, fmt.Errorf("no PubAck within %s", s.opts.PublishTimeout)
+		}
 	}
 }
 

@@ -113,6 +113,30 @@ func Retryable(err error) bool {
 		errors.Is(err, sql.ErrConnDone)
 }
 
+// MySQL error numbers that mean "this row's data is refused": the same
+// statement fails the same way however often it runs.
+var dataErrors = map[uint16]bool{
+	1048: true, // column cannot be null
+	1062: true, // duplicate entry
+	1264: true, // out of range value
+	1265: true, // data truncated
+	1366: true, // incorrect value
+	1406: true, // data too long
+	1451: true, // foreign key (parent)
+	1452: true, // foreign key (child)
+	3819: true, // MySQL: check constraint violated
+	4025: true, // MariaDB: CONSTRAINT failed
+}
+
+// Rejectable reports whether err is the database refusing the data itself,
+// so that the request that carries it can be set aside. Everything else (a
+// lost connection, an unreachable broker, a shutdown) is not the request's
+// fault and must never cost it its application.
+func Rejectable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && dataErrors[me.Number]
+}
+
 // TxOptions tunes WithTx.
 type TxOptions struct {
 	// Attempts bounds the runs of fn; 0 means retry until ctx ends.

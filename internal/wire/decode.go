@@ -27,8 +27,8 @@ func DecodeRequest(subject string, data []byte) (Request, error) {
 	if req.ActivityID <= 0 {
 		return req, fmt.Errorf("activity_id %d is not positive", req.ActivityID)
 	}
-	if want := RequestSubject(req.ActivityID); subject != want {
-		return req, fmt.Errorf("activity_id %d was published on %s, not %s", req.ActivityID, subject, want)
+	if ActivityOfSubject(subject) != strconv.FormatInt(req.ActivityID, 10) {
+		return req, fmt.Errorf("activity_id %d was published on %s, not %s", req.ActivityID, subject, RequestSubject(req.ActivityID))
 	}
 	switch req.Op {
 	case OpOpen:
@@ -46,4 +46,22 @@ func DecodeRequest(subject string, data []byte) (Request, error) {
 		return req, fmt.Errorf("unknown op %q", req.Op)
 	}
 	return req, nil
+}
+
+// ActivityOfSubject returns the activity token of a stored request subject:
+// alloc.req.<activity>, or alloc.req.<partition>.<activity> when the stream
+// is partitioned. It returns "" for any other subject.
+func ActivityOfSubject(subject string) string {
+	rest, ok := strings.CutPrefix(subject, RequestSubjectPrefix)
+	if !ok || rest == "" {
+		return ""
+	}
+	part, act, two := strings.Cut(rest, ".")
+	if !two {
+		return rest
+	}
+	if part == "" || strings.Contains(act, ".") {
+		return ""
+	}
+	return act
 }

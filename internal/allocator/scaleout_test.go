@@ -1,0 +1,249 @@
+package allocator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// TestPartitionOfMatchesTheServer: the allocator's idea of an activity's
+// partition is the stream transform's.
+func TestPartitionOfMatchesTheServer(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: 7}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := js.Stream(ctx, wire.RequestStream)
+	for a := int64(1); a <= 300; a++ {
+		ack, err := js.Publish(ctx, wire.RequestSubject(a), []byte("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := st.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := bus.StoredSubject(a, 7); m.Subject != want {
+			t.Fatalf("activity %d stored on %s, bus.StoredSubject says %s", a, m.Subject, want)
+		}
+	}
+	// The number of partitions cannot change under a running system.
+	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: 3}); err == nil {
+		t.Fatal("re-partitioning an existing stream was accepted")
+	}
+	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+		t.Fatalf("0 partitions (keep what exists): %v", err)
+	}
+}
+
+// process is one allocator process: its own connection, one allocator per
+// partition.
+type process struct {
+	nc  *nats.Conn
+	all []*Allocator
+}
+
+func (e *env) startProcess(partitions int, cfg Config) *process {
+	e.t.Helper()
+	nc, _ := e.ns.Connect(e.t)
+	p := &process{nc: nc}
+	for i := range partitions {
+		c := cfg
+		c.Partition, c.Partitions = i, partitions
+		a, err := New(e.db.DB, nc, e.log, nil, c, Hooks{})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if err := a.Start(context.Background()); err != nil {
+			e.t.Fatal(err)
+		}
+		p.all = append(p.all, a)
+	}
+	e.t.Cleanup(p.stop)
+	return p
+}
+
+func (p *process) stop() {
+	for _, a := range p.all {
+		a.Stop()
+	}
+}
+
+// kill drops the process's connection without a goodbye, as kill -9 would,
+// then reaps its goroutines.
+func (p *process) kill() {
+	p.nc.Close()
+	p.stop()
+}
+
+// TestTwoAllocatorsOverFourPartitions: two allocator processes compete for
+// four partitions; pins are forced off mid-burst, then one process dies.
+// Every request is applied exactly once, in order, with exactly one event
+// per change, and the audit replays it clean.
+func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: newEnv(t).log}
+	e.nc, e.js = e.ns.Connect(t)
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{PinnedTTL: time.Second, AckWait: 2 * time.Second, BatchSize: 50}
+	a := e.startProcess(partitions, cfg)
+	b := e.startProcess(partitions, cfg)
+
+	reqs := mixedBurst(3000, 12, 8, 60)
+	var (
+		mu   sync.Mutex
+		last uint64
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // force unpins while the burst runs
+		defer wg.Done()
+		st, _ := e.js.Stream(ctx, wire.RequestStream)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(30 * time.Millisecond):
+				st.UnpinConsumer(ctx, bus.AllocatorConsumer(rand.IntN(partitions)), bus.PriorityGroup) //nolint:errcheck
+			}
+		}
+	}()
+	for i, r := range reqs {
+		seq := e.publish(r, "")
+		mu.Lock()
+		last = max(last, seq)
+		mu.Unlock()
+		if i == len(reqs)/2 {
+			a.kill()
+		}
+	}
+	close(stop)
+	wg.Wait()
+	waitApplied(t, e, len(reqs), 15*time.Second)
+	_ = b
+
+	e.db.CheckInvariants(t)
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != int64(len(reqs)) {
+		t.Fatalf("results = %d, want %d", n, len(reqs))
+	}
+	checkEvents(t, e)
+	rep, err := audit.Run(ctx, e.db.DB, e.js, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK {
+		var lines []string
+		for _, d := range rep.Divergences {
+			lines = append(lines, d.String())
+		}
+		t.Fatalf("audit found %d divergences:\n%s", len(rep.Divergences), strings.Join(lines, "\n"))
+	}
+}
+
+// waitApplied waits until n requests have results.
+func waitApplied(t *testing.T, e *env, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		got := e.db.Count(t, "SELECT COUNT(*) FROM processed_request")
+		if got >= int64(n) {
+			return
+		}
+		if time.Now().After(deadline) {
+			diagnose(t, e, 4)
+			t.Fatalf("%d of %d requests applied after %s", got, n, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// checkEvents compares ALLOT_EVENTS, deduplicated by event_id, with the
+// events every result row says its request caused.
+func checkEvents(t *testing.T, e *env) {
+	t.Helper()
+	want := map[string]int{}
+	total := 0
+	rows, err := e.db.Query("SELECT request_id, events FROM processed_request WHERE events IS NOT NULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, enc string
+		if err := rows.Scan(&id, &enc); err != nil {
+			t.Fatal(err)
+		}
+		evs, err := allocation.DecodeEvents(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, ev := range evs {
+			want[wire.EventID(id, i)+" "+ev.Kind]++
+			total++
+		}
+	}
+	rows.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for natstest.StreamMsgs(t, e.js, wire.EventStream) < uint64(total) {
+		if time.Now().After(deadline) {
+			t.Fatalf("event stream holds %d events, want at least %d", natstest.StreamMsgs(t, e.js, wire.EventStream), total)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c, err := e.js.OrderedConsumer(context.Background(), wire.EventStream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	seen := map[string]string{}
+	for len(seen) < total {
+		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			var ev wire.Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			if prev, ok := seen[ev.EventID]; ok {
+				if prev != string(m.Data()) {
+					t.Fatalf("event %s published twice with different content", ev.EventID)
+				}
+				continue
+			}
+			seen[ev.EventID] = string(m.Data())
+			got[ev.EventID+" "+ev.Kind]++
+		}
+		if n == 0 {
+			break
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events on the stream (%d) differ from the committed changes (%d)", len(got), total)
+	}
+}
