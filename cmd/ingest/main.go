@@ -33,6 +33,7 @@ type cfg struct {
 	PublishTimeout  time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
 	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
 	StreamReplicas  int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the idempotency bucket"`
+	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
 	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
 	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
@@ -64,6 +65,9 @@ func (c cfg) Validate() error {
 	}
 	if c.Partitions < 1 || c.Partitions > 1024 {
 		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
+	}
+	if c.UserRate < 0 {
+		return fmt.Errorf("ALLOT_INGEST_USER_RATE must not be negative, got %g", c.UserRate)
 	}
 	if c.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", c.RateLimit)
@@ -108,6 +112,7 @@ func run(ctx context.Context) int {
 			PublishTimeout: c.PublishTimeout,
 			StreamReplicas: c.StreamReplicas,
 			RateLimit:      c.RateLimit,
+			UserRate:       c.UserRate,
 			DisableShed:    !c.Shed,
 			Partitions:     c.Partitions,
 			MaxInFlight:    c.MaxInFlight,

@@ -32,6 +32,7 @@ type cfg struct {
 	NATSSync    time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
 	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator metrics address"`
 	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500" desc:"most requests per allocator transaction"`
+	UserRate    float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
 	Partitions  int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
 	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 }
@@ -120,7 +121,7 @@ func run(ctx context.Context) int {
 			}})
 		case "ingest":
 			parts = append(parts, part{name, func(ctx context.Context) error {
-				return ingest.Run(ctx, ingest.RunConfig{HTTPAddr: c.HTTPAddr, Options: ingest.Options{Partitions: c.Partitions}}, db, nc, plog)
+				return ingest.Run(ctx, ingest.RunConfig{HTTPAddr: c.HTTPAddr, Options: ingest.Options{Partitions: c.Partitions, UserRate: c.UserRate}}, db, nc, plog)
 			}})
 		}
 	}

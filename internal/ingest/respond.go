@@ -11,12 +11,13 @@ import (
 
 // Sentences of the answers that are not about one input.
 const (
-	msgBrokerDown   = "The message broker is unavailable, so nothing was stored; retry later."
-	msgDatabaseDown = "The database is unavailable; retry later."
-	msgNoRoute      = "No route matches this path."
-	msgInternal     = "An internal error occurred; it was logged."
-	msgOverloaded   = "Too many requests are in flight; nothing was stored, retry after the time in the Retry-After header."
-	msgRateLimited  = "Too many requests; retry after the time in the Retry-After header."
+	msgBrokerDown      = "The message broker is unavailable, so nothing was stored; retry later."
+	msgDatabaseDown    = "The database is unavailable; retry later."
+	msgNoRoute         = "No route matches this path."
+	msgInternal        = "An internal error occurred; it was logged."
+	msgOverloaded      = "Too many requests are in flight; nothing was stored, retry after the time in the Retry-After header."
+	msgUserRateLimited = "Too many writes for this user; retry after the time in the Retry-After header."
+	msgRateLimited     = "Too many requests; retry after the time in the Retry-After header."
 )
 
 // writeJSON answers status with v encoded as JSON.

@@ -6,6 +6,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -70,6 +71,11 @@ type Options struct {
 	RateLimit float64
 	// RateBurst is the burst of RateLimit; default max(1, RateLimit/10).
 	RateBurst int
+	// UserRate, when positive, caps each user's writes per second
+	// (ALLOT_INGEST_USER_RATE); excess writes answer 429 with Retry-After.
+	UserRate float64
+	// UserBurst is the burst of UserRate; default max(1, 2*UserRate).
+	UserBurst int
 	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
 	// stream; 0 keeps what an existing stream has.
 	Partitions int
@@ -149,6 +155,7 @@ type Service struct {
 	flight  chan struct{} // one token per publish in flight
 	waiters *waiters
 	limiter *rate.Limiter // nil when RateLimit is off
+	users   *userLimiter  // nil when UserRate is off
 	metrics *metrics
 	handler http.Handler
 
@@ -208,6 +215,9 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.RateLimit > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(opts.RateLimit), opts.RateBurst)
+	}
+	if opts.UserRate > 0 {
+		s.users = newUserLimiter(opts.UserRate, cmp.Or(opts.UserBurst, max(1, int(2*opts.UserRate))))
 	}
 	s.handler = s.routes(gatherer)
 	return s, nil

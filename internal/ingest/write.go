@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -65,6 +66,13 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		w.Header()["Retry-After"] = []string{"1"}
 		writeError(w, http.StatusTooManyRequests, msgRateLimited)
 		return
+	}
+	if s.users != nil && op != wire.OpOpen {
+		if ok, wait := s.users.allow(user, time.Now()); !ok {
+			w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}
+			writeError(w, http.StatusTooManyRequests, msgUserRateLimited)
+			return
+		}
 	}
 	// A keyed claim always goes through the stream, so the key stays bound
 	// to one stored request.
