@@ -36,5 +36,5 @@ bench: build ## one run, side by side: allocator drain vs the seed designs, and 
 	./$(BIN)/bench -bin $(BIN)
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
 
-test-faults: build ## the fault-injection suite: real processes killed and restarted mid-burst
-	$(GO) test -count=1 -v -run . ./internal/faults/
+test-faults: ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
+	$(GO) test -count=1 -v -timeout 10m ./internal/faults/

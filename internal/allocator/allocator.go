@@ -195,6 +195,7 @@ func (a *Allocator) launch(ctx context.Context) error {
 		defer a.wg.Done()
 		a.relay.run(runCtx)
 	}()
+	go a.watch(runCtx, 2*time.Second)
 	return nil
 }
 

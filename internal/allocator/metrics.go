@@ -1,6 +1,13 @@
 package allocator
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/store"
+)
 
 type metrics struct {
 	decisions       *prometheus.CounterVec
@@ -13,6 +20,8 @@ type metrics struct {
 	cacheLoads      prometheus.Counter
 	eventsPublished prometheus.Counter
 	acceptToApply   prometheus.Histogram
+	pending         prometheus.Gauge
+	backlog         prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -50,8 +59,34 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}),
+		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allot_allocator_consumer_pending_messages", Help: "Requests stored on this partition and not yet acknowledged (the allocator's lag).",
+		}),
+		backlog: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allot_allocator_outbox_backlog_requests", Help: "Applied requests whose events are not yet relayed to ALLOT_EVENTS.",
+		}),
 	}
-	reg.MustRegister(m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled,
+	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled,
 		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply)
 	return m
+}
+
+// watch refreshes the gauges that need a question to the broker or the
+// database, every period until ctx ends.
+func (a *Allocator) watch(ctx context.Context, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if info, err := a.cons.Info(ctx); err == nil {
+			a.m.pending.Set(float64(info.NumPending + uint64(info.NumAckPending)))
+		}
+		if n, err := store.OutboxBacklog(ctx, a.db, a.cfg.Partition); err == nil {
+			a.m.backlog.Set(float64(n))
+		}
+	}
 }

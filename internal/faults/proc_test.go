@@ -55,7 +55,7 @@ func newProc(t *testing.T, name, binary string, env []string, args ...string) *p
 				<-r.done
 			}
 		}
-		if t.Failed() {
+		if t.Failed() || os.Getenv("ALLOT_FAULTS_LOGS") == "1" {
 			for _, r := range runs {
 				t.Logf("----- %s#%d (pid %d, %s) output, last %d bytes -----\n%s", p.name, r.n, r.cmd.Process.Pid,
 					r.exitText(), r.output.cap, r.output.String())

@@ -1,0 +1,140 @@
+// Command natsd runs allot's embedded JetStream server (bus.RunServer) as a
+// process of its own: file storage under a store directory, a configurable
+// fsync interval. The fault-injection suite kills and restarts it on the same
+// store directory; it also serves local clusters of separate allocator and
+// ingest processes.
+//
+//	natsd [-host H] [-port P] [-store DIR] [-sync DURATION]
+//
+// Flags override the ALLOT_EMBEDDED_NATS_* variables. It prints its client
+// URL as the one line of stdout once it accepts connections, logs to stderr,
+// and shuts down cleanly (exit 0) on SIGTERM or SIGINT. Exit 2 means invalid
+// configuration or a server that could not start.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
+)
+
+const binary = "natsd"
+
+// cfg is natsd's configuration: ALLOT_ variables, then flags.
+type cfg struct {
+	Host  string        `envconfig:"EMBEDDED_NATS_HOST" default:"127.0.0.1" desc:"listen host"`
+	Port  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"client port; -1 or 0 picks a free one"`
+	Store string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"JetStream store directory"`
+	Sync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the file store; 0 = always (every write on disk before its ack)"`
+}
+
+// Validate reports the first invalid value as one sentence.
+func (c *cfg) Validate() error {
+	if c.Host == "" {
+		return errors.New("the host (-host, ALLOT_EMBEDDED_NATS_HOST) must not be empty")
+	}
+	if c.Port < -1 || c.Port > 65535 {
+		return fmt.Errorf("the port (-port, ALLOT_EMBEDDED_NATS_PORT) must be -1, 0 (a free port) or 1..65535, got %d", c.Port)
+	}
+	if c.Store == "" {
+		return errors.New("the store directory (-store, ALLOT_EMBEDDED_NATS_STORE) must not be empty")
+	}
+	if c.Sync < 0 {
+		return fmt.Errorf("the sync interval (-sync, ALLOT_EMBEDDED_NATS_SYNC) must not be negative, got %s", c.Sync)
+	}
+	return nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// load reads the environment, then the flags, which override it.
+func load(args []string, stderr io.Writer) (cfg, error) {
+	var c cfg
+	// Not config.Load: it validates, and flags may still override a value.
+	if err := envconfig.Process(config.Prefix, &c); err != nil {
+		return c, fmt.Errorf("read configuration: %w", err)
+	}
+	fs := flag.NewFlagSet(binary, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.Host, "host", c.Host, "listen host (ALLOT_EMBEDDED_NATS_HOST)")
+	fs.IntVar(&c.Port, "port", c.Port, "client port, -1 or 0 for a free one (ALLOT_EMBEDDED_NATS_PORT)")
+	fs.StringVar(&c.Store, "store", c.Store, "JetStream store directory (ALLOT_EMBEDDED_NATS_STORE)")
+	fs.DurationVar(&c.Sync, "sync", c.Sync, "fsync interval, 0 = always (ALLOT_EMBEDDED_NATS_SYNC)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	return c, c.Validate()
+}
+
+// run returns the exit code: 0 after a clean shutdown, 2 when the
+// configuration is invalid or the server does not start.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	c, err := load(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	config.Print(stderr, binary, &c)
+	dir, err := filepath.Abs(c.Store)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: store directory %q: %v\n", binary, c.Store, err)
+		return 2
+	}
+	port := c.Port
+	if port == 0 {
+		port = -1 // the server reads 0 as its default port, 4222
+	}
+	if port > 0 {
+		// The embedded server only reports a taken port by not becoming
+		// ready within 10s; a trial listen says so at once.
+		ln, err := net.Listen("tcp", net.JoinHostPort(c.Host, fmt.Sprint(port)))
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v — pick another port with -port\n", binary, err)
+			return 2
+		}
+		ln.Close()
+	}
+	srv, err := bus.RunServer(bus.ServerConfig{Host: c.Host, Port: port, StoreDir: dir, SyncInterval: c.Sync})
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v — is %s free? pick another port with -port\n", binary, err, net.JoinHostPort(c.Host, fmt.Sprint(c.Port)))
+		return 2
+	}
+	sync := "always"
+	if c.Sync > 0 {
+		sync = c.Sync.String()
+	}
+	fmt.Fprintf(stderr, "%s: JetStream running at %s (store %s, sync %s)\n", binary, srv.ClientURL(), dir, sync)
+	// The one line of stdout: scripts and the fault suite read the URL here.
+	fmt.Fprintln(stdout, srv.ClientURL())
+
+	<-ctx.Done()
+	fmt.Fprintf(stderr, "%s: shutting down\n", binary)
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	fmt.Fprintf(stderr, "%s: stopped\n", binary)
+	return 0
+}

@@ -1,0 +1,408 @@
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// settleTimeout bounds the recovery after a burst: the allocator applies
+// everything stored and the relay publishes every event.
+const settleTimeout = 60 * time.Second
+
+// settle waits until every message of the request stream has a result or
+// a rejected_message row (the traffic never stores a request twice, so
+// there is no repeat to skip), and every partition's outbox relay cursor
+// covers its results. It holds for any number of partitions.
+func (s *stack) settle() {
+	s.t.Helper()
+	ctx := context.Background()
+	err := poll(settleTimeout, "allocators and relays caught up with the stream", func() (bool, error) {
+		st, err := s.js.Stream(ctx, wire.RequestStream)
+		if err != nil {
+			return false, err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return false, err
+		}
+		var handled, behind uint64
+		err = s.db.QueryRowContext(ctx, `SELECT
+			(SELECT COUNT(*) FROM processed_request) + (SELECT COUNT(*) FROM rejected_message),
+			(SELECT COUNT(*) FROM (SELECT partition_id, MAX(seq) AS last FROM processed_request GROUP BY partition_id) p
+				LEFT JOIN event_relay r ON r.partition_id = p.partition_id
+				WHERE r.last_seq IS NULL OR r.last_seq < p.last)`).Scan(&handled, &behind)
+		if err != nil {
+			return false, err
+		}
+		if handled < info.State.Msgs || behind > 0 {
+			return false, fmt.Errorf("%d of %d stored requests have a result or a rejection; %d relay cursors behind",
+				handled, info.State.Msgs, behind)
+		}
+		return true, nil
+	})
+	if err != nil {
+		s.t.Error(err)
+	}
+}
+
+// summary is what one scenario found; line() is the printed form.
+type summary struct {
+	n    int
+	name string
+	tally
+	applied, duplicated, lost, extra int
+	// mismatched counts 200 answers whose outcome or seq differ from the
+	// recorded result.
+	mismatched int
+	events     int // distinct events on ALLOT_EVENTS
+	eventsRaw  int // messages on ALLOT_EVENTS
+	divergence int // audit divergences
+	rejected   int // rejected_message rows
+	notes      []string
+	took       time.Duration
+}
+
+func (m summary) line() string {
+	l := fmt.Sprintf("scenario %d %s: sent=%d accepted=%d applied=%d duplicated=%d lost=%d shed=%d rejected503=%d rejected429=%d"+
+		" | done200=%d extra=%d mismatched=%d unexpected=%d errors=%d events=%d events_raw=%d rejected_msgs=%d audit_divergences=%d took=%s",
+		m.n, m.name, m.sent, m.accepted, m.applied, m.duplicated, m.lost, m.shed, m.r503, m.r429,
+		m.done, m.extra, m.mismatched, m.unexpected, m.errs, m.events, m.eventsRaw, m.rejected, m.divergence,
+		m.took.Round(100*time.Millisecond))
+	if len(m.notes) > 0 {
+		l += " " + strings.Join(m.notes, " ")
+	}
+	return l
+}
+
+// resultRow is the part of a processed_request row the checks need.
+type resultRow struct {
+	requestID  string
+	seq        uint64
+	activityID int64
+	outcome    string
+	events     string
+}
+
+// verify settles the system, then runs every check of the suite over the
+// burst's answers (and the setup's) and returns the summary. wantRejected is
+// the number of poison messages published straight to the stream.
+func (s *stack) verify(n int, name string, answers []answer, wantRejected int, start time.Time) summary {
+	s.t.Helper()
+	s.settle()
+	ctx := context.Background()
+	all := append(slices.Clone(s.setup), answers...)
+	sum := summary{n: n, name: name, tally: count(answers)}
+	sum.tally.sent += len(s.setup)
+	sum.tally.accepted += len(s.setup)
+	sum.tally.done += len(s.setup)
+	t := s.t
+
+	// Every accepted request has exactly one result; nothing else has one.
+	rows := s.results(ctx)
+	byID := make(map[string]resultRow, len(rows))
+	for _, r := range rows {
+		if _, dup := byID[r.requestID]; dup {
+			sum.duplicated++
+			continue
+		}
+		byID[r.requestID] = r
+	}
+	accepted := make(map[string]bool, len(all))
+	var lostIDs []string
+	for _, a := range all {
+		if !a.accepted() {
+			continue
+		}
+		if accepted[a.id] {
+			t.Errorf("request_id %s was answered twice", a.id)
+			continue
+		}
+		accepted[a.id] = true
+		r, ok := byID[a.id]
+		if !ok {
+			sum.lost++
+			lostIDs = append(lostIDs, a.id)
+			continue
+		}
+		sum.applied++
+		if a.code == 200 && (r.outcome != a.outcome || r.seq != a.seq) {
+			sum.mismatched++
+			t.Errorf("request %s: answered %s at seq %d, recorded %s at seq %d", a.id, a.outcome, a.seq, r.outcome, r.seq)
+		}
+	}
+	var extraIDs []string
+	for id := range byID {
+		if !accepted[id] {
+			sum.extra++
+			extraIDs = append(extraIDs, id)
+		}
+	}
+	if sum.lost > 0 {
+		t.Errorf("%d accepted requests have no result (lost), e.g. %v; %s", sum.lost, first(lostIDs, 5), s.rejectedSample(ctx))
+	}
+	if sum.duplicated > 0 {
+		t.Errorf("%d requests have more than one result", sum.duplicated)
+	}
+	if sum.extra > 0 {
+		var ds []string
+		for _, id := range first(extraIDs, 5) {
+			ds = append(ds, s.describe(ctx, byID[id]))
+		}
+		t.Errorf("%d results belong to no accepted request (stored although answered 503/429, or never sent): %s",
+			sum.extra, strings.Join(ds, "; "))
+	}
+	if sum.errs > 0 || sum.unexpected > 0 {
+		t.Errorf("%d transport errors and %d unexpected answers; first: %s", sum.errs, sum.unexpected, sum.firstUnexpected)
+	}
+
+	// The contract's invariants, in SQL.
+	s.db.CheckInvariants(t)
+	sum.rejected = int(s.db.Count(t, "SELECT COUNT(*) FROM rejected_message"))
+	if sum.rejected != wantRejected {
+		t.Errorf("rejected_message holds %d rows, want %d; %s", sum.rejected, wantRejected, s.rejectedSample(ctx))
+	}
+
+	// Every committed change produced exactly one event.
+	sum.events, sum.eventsRaw = s.checkEvents(ctx, rows)
+
+	// The audit replays the stream and agrees with MySQL.
+	rep, err := audit.Run(ctx, s.db.DB, s.js, audit.Options{})
+	if err != nil {
+		t.Errorf("audit: %v", err)
+	} else {
+		sum.divergence = len(rep.Divergences)
+		for i, d := range rep.Divergences {
+			if i == 10 {
+				t.Errorf("… %d more divergences", len(rep.Divergences)-i)
+				break
+			}
+			t.Errorf("audit divergence: %+v", d)
+		}
+		if rep.Pending != 0 {
+			t.Errorf("audit: %d requests pending after settling", rep.Pending)
+		}
+		if rep.Malformed != wantRejected {
+			t.Errorf("audit: %d malformed messages, want %d", rep.Malformed, wantRejected)
+		}
+	}
+	sum.took = time.Since(start)
+	return sum
+}
+
+// results reads every processed_request row.
+func (s *stack) results(ctx context.Context) []resultRow {
+	s.t.Helper()
+	q, err := s.db.QueryContext(ctx, "SELECT request_id, seq, activity_id, outcome, COALESCE(events, '') FROM processed_request ORDER BY seq")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer q.Close()
+	var rows []resultRow
+	for q.Next() {
+		var r resultRow
+		if err := q.Scan(&r.requestID, &r.seq, &r.activityID, &r.outcome, &r.events); err != nil {
+			s.t.Fatal(err)
+		}
+		rows = append(rows, r)
+	}
+	if err := q.Err(); err != nil {
+		s.t.Fatal(err)
+	}
+	return rows
+}
+
+// describe tells where a result's request came from: its stream message.
+func (s *stack) describe(ctx context.Context, r resultRow) string {
+	st, err := s.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		return r.requestID + ": " + err.Error()
+	}
+	m, err := st.GetMsg(ctx, r.seq)
+	if err != nil {
+		return r.requestID + ": " + err.Error()
+	}
+	return fmt.Sprintf("%s at seq %d stored %s: %s", r.requestID, r.seq, m.Time.UTC().Format("15:04:05.000000"), m.Data)
+}
+
+// rejectedSample describes a few rejected_message rows, for error messages.
+func (s *stack) rejectedSample(ctx context.Context) string {
+	q, err := s.db.QueryContext(ctx, "SELECT seq, subject, reason FROM rejected_message ORDER BY seq LIMIT 5")
+	if err != nil {
+		return "rejected_message unreadable: " + err.Error()
+	}
+	defer q.Close()
+	var out []string
+	for q.Next() {
+		var (
+			seq             uint64
+			subject, reason string
+		)
+		if q.Scan(&seq, &subject, &reason) == nil {
+			out = append(out, fmt.Sprintf("seq %d on %s: %s", seq, subject, reason))
+		}
+	}
+	if len(out) == 0 {
+		return "rejected_message is empty"
+	}
+	return "rejected_message: " + strings.Join(out, "; ")
+}
+
+// checkEvents reads the whole event stream and compares it, deduplicated
+// by event_id, with the events the results list: none missing, none extra,
+// none published twice with different content. It returns the number of
+// distinct events and of messages.
+func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, raw int) {
+	s.t.Helper()
+	t := s.t
+	want := make(map[string]wire.Event)
+	wantKinds := map[string]int{}
+	for _, r := range rows {
+		evs, err := allocation.DecodeEvents(r.events)
+		if err != nil {
+			t.Errorf("request %s: %v", r.requestID, err)
+			continue
+		}
+		for i, e := range evs {
+			id := wire.EventID(r.requestID, i)
+			want[id] = wire.Event{EventID: id, Kind: e.Kind, ActivityID: r.activityID, UserID: e.UserID, RequestID: r.requestID, Seq: r.seq}
+			wantKinds[e.Kind]++
+		}
+	}
+	got, raw, err := s.readEvents(ctx)
+	if err != nil {
+		t.Errorf("read %s: %v", wire.EventStream, err)
+		return 0, 0
+	}
+	seen := make(map[string]wire.Event, len(got))
+	gotKinds := map[string]int{}
+	var missing, extra, differ int
+	for _, e := range got {
+		if prev, ok := seen[e.EventID]; ok {
+			if !sameEvent(prev, e) {
+				differ++
+				if differ <= 5 {
+					t.Errorf("event %s published twice with different content: %+v and %+v", e.EventID, prev, e)
+				}
+			}
+			continue
+		}
+		seen[e.EventID] = e
+		gotKinds[e.Kind]++
+		w, ok := want[e.EventID]
+		if !ok {
+			extra++
+			if extra <= 5 {
+				t.Errorf("event %+v matches no recorded result", e)
+			}
+			continue
+		}
+		if w.Kind != e.Kind || w.ActivityID != e.ActivityID || w.UserID != e.UserID || w.RequestID != e.RequestID || w.Seq != e.Seq {
+			differ++
+			if differ <= 5 {
+				t.Errorf("event %s is %+v, the result says %+v", e.EventID, e, w)
+			}
+		}
+	}
+	for id, w := range want {
+		if _, ok := seen[id]; !ok {
+			missing++
+			if missing <= 5 {
+				t.Errorf("event %+v missing from %s", w, wire.EventStream)
+			}
+		}
+	}
+	if missing+extra+differ > 0 {
+		t.Errorf("events: %d missing, %d extra, %d differing; per kind recorded %v, published %v",
+			missing, extra, differ, kinds(wantKinds), kinds(gotKinds))
+	}
+	return len(seen), raw
+}
+
+func sameEvent(a, b wire.Event) bool {
+	return a.EventID == b.EventID && a.Kind == b.Kind && a.ActivityID == b.ActivityID && a.UserID == b.UserID &&
+		a.RequestID == b.RequestID && a.Seq == b.Seq && a.At.Equal(b.At)
+}
+
+func kinds(m map[string]int) string {
+	ks := make([]string, 0, len(m))
+	for k, n := range m {
+		ks = append(ks, fmt.Sprintf("%s=%d", k, n))
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, ",")
+}
+
+// readEvents reads ALLOT_EVENTS from its first to its last message.
+func (s *stack) readEvents(ctx context.Context) ([]wire.Event, int, error) {
+	st, err := s.js.Stream(ctx, wire.EventStream)
+	if err != nil {
+		return nil, 0, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	last := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil, 0, nil
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []wire.Event
+	raw := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return nil, 0, err
+		}
+		for m := range batch.Messages() {
+			raw++
+			var e wire.Event
+			if err := json.Unmarshal(m.Data(), &e); err != nil {
+				return nil, 0, fmt.Errorf("event on %s is not JSON: %w", m.Subject(), err)
+			}
+			if want := wire.EventSubject(e.ActivityID, e.Kind); m.Subject() != want {
+				return nil, 0, fmt.Errorf("event %s on %s, want %s", e.EventID, m.Subject(), want)
+			}
+			if id := m.Headers().Get(jetstream.MsgIDHeader); id != e.EventID {
+				return nil, 0, fmt.Errorf("event %s carries Nats-Msg-Id %q", e.EventID, id)
+			}
+			out = append(out, e)
+			md, err := m.Metadata()
+			if err != nil {
+				return nil, 0, err
+			}
+			if md.Sequence.Stream >= last {
+				return out, raw, nil
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) {
+			return nil, 0, err
+		}
+	}
+	return nil, 0, fmt.Errorf("read %d of %d messages within 30s", raw, info.State.Msgs)
+}
+
+func first(ids []string, n int) []string { return ids[:min(n, len(ids))] }
+
+// report logs the summary line and prints it to stdout, the stable form
+// scripts read.
+func (s *stack) report(m summary) {
+	s.t.Log(m.line())
+	fmt.Println(m.line())
+}
