@@ -247,3 +247,106 @@ func checkEvents(t *testing.T, e *env) {
 		t.Fatalf("events on the stream (%d) differ from the committed changes (%d)", len(got), total)
 	}
 }
+
+// TestEventsMatchResultsByKind: after a mixed burst, the events on
+// ALLOT_EVENTS, counted by kind, are exactly what the recorded outcomes
+// imply: one per changed signup, none missing, none doubled.
+func TestEventsMatchResultsByKind(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reqs := mixedBurst(2500, 4, 10, 50)
+	var last uint64
+	for _, r := range reqs {
+		last = e.publish(r, "")
+	}
+	e.start(Config{}, Hooks{})
+	e.waitFence(last)
+
+	want := map[string]int{}
+	capacity := map[int64]int64{}
+	rows, err := e.db.Query("SELECT activity_id, outcome, promoted_user_ids, capacity FROM processed_request ORDER BY seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var (
+			act      int64
+			outcome  string
+			promoted *string
+			cap      *int64
+		)
+		if err := rows.Scan(&act, &outcome, &promoted, &cap); err != nil {
+			t.Fatal(err)
+		}
+		switch outcome {
+		case wire.OutcomeOpened:
+			want[wire.EventOpened]++
+		case wire.OutcomeResized:
+			if *cap != capacity[act] {
+				want[wire.EventResized]++
+			}
+		case wire.OutcomeConfirmed:
+			want[wire.EventConfirmed]++
+		case wire.OutcomeWaiting:
+			want[wire.EventWaitlisted]++
+		case wire.OutcomeGranted:
+			want[wire.EventGranted]++
+		case wire.OutcomeCancelled:
+			want[wire.EventCancelled]++
+		}
+		if promoted != nil {
+			var ids []int64
+			if err := json.Unmarshal([]byte(*promoted), &ids); err != nil {
+				t.Fatal(err)
+			}
+			want[wire.EventPromoted] += len(ids)
+		}
+		if cap != nil {
+			capacity[act] = *cap
+		}
+	}
+	rows.Close()
+
+	got := map[string]int{}
+	ids := map[string]bool{}
+	c, err := e.js.OrderedConsumer(context.Background(), wire.EventStream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		batch, err := c.Fetch(1000, jetstream.FetchMaxWait(500*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			var ev wire.Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			if ids[ev.EventID] {
+				t.Fatalf("event %s delivered twice", ev.EventID)
+			}
+			ids[ev.EventID] = true
+			got[ev.Kind]++
+		}
+		soldOut := got[wire.EventSoldOut]
+		delete(got, wire.EventSoldOut)
+		if fmt.Sprint(got) == fmt.Sprint(want) {
+			if soldOut == 0 {
+				t.Fatal("no sold_out event in a burst that fills activities")
+			}
+			for _, k := range []string{wire.EventOpened, wire.EventConfirmed, wire.EventWaitlisted, wire.EventGranted, wire.EventCancelled, wire.EventPromoted, wire.EventResized} {
+				if want[k] == 0 {
+					t.Fatalf("the burst produced no %s event; make it richer", k)
+				}
+			}
+			return
+		}
+		got[wire.EventSoldOut] = soldOut
+		if time.Now().After(deadline) {
+			delete(got, wire.EventSoldOut)
+			t.Fatalf("events by kind %v, want %v (from the results)", got, want)
+		}
+	}
+}
