@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bus"
@@ -20,11 +19,7 @@ const binary = "allocator"
 
 type cfg struct {
 	config.Common
-	Partitions  int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
-	PinnedTTL   time.Duration `envconfig:"PINNED_TTL" default:"5s" desc:"failover time: how long a partition stays pinned to an allocator that stopped pulling"`
-	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500"`
-	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms"`
-	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091"`
+	allocator.Env
 }
 
 func (c *cfg) Validate() error {
@@ -34,19 +29,7 @@ func (c *cfg) Validate() error {
 	if c.NATSURL == "" {
 		return fmt.Errorf("ALLOT_NATS_URL is empty: set it to your NATS server, or use `make run`, which embeds one")
 	}
-	if c.BatchSize < 1 || c.BatchSize > 10_000 {
-		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", c.BatchSize)
-	}
-	if c.BatchWait < 0 || c.BatchWait > time.Second {
-		return fmt.Errorf("ALLOT_BATCH_WAIT must be between 0 and 1s, got %s", c.BatchWait)
-	}
-	if c.Partitions < 1 || c.Partitions > 1024 {
-		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
-	}
-	if c.PinnedTTL < time.Second {
-		return fmt.Errorf("ALLOT_PINNED_TTL must be at least 1s, got %s", c.PinnedTTL)
-	}
-	return nil
+	return c.Env.Validate()
 }
 
 func main() {
@@ -75,11 +58,7 @@ func run(ctx context.Context) int {
 		return 2
 	}
 	defer nc.Drain() //nolint:errcheck
-	err = allocator.Run(ctx, allocator.RunConfig{
-		Config: allocator.Config{Partitions: c.Partitions, PinnedTTL: c.PinnedTTL,
-			BatchSize: c.BatchSize, BatchWait: c.BatchWait},
-		MetricsAddr: c.MetricsAddr,
-	}, db, nc, log)
+	err = allocator.Run(ctx, c.RunConfig(), db, nc, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		return 1

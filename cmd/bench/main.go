@@ -339,4 +339,3 @@ func e2e(ctx context.Context, o opts) error {
 		reports[0].ToLastResult.Seconds()/reports[1].ToLastResult.Seconds())
 	return nil
 }
-

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -28,16 +27,7 @@ const binary = "ingest"
 // cfg is ingest's configuration, read from ALLOT_ variables.
 type cfg struct {
 	config.Common
-	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"HTTP listen address"`
-	IDSecret        string        `envconfig:"ID_SECRET" desc:"key of the request-id checksum; the same on every ingest instance; empty = built-in default"`
-	PublishTimeout  time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
-	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
-	StreamReplicas  int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the idempotency bucket"`
-	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
-	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
-	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
-	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
-	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+	ingest.Env
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -48,31 +38,7 @@ func (c cfg) Validate() error {
 	if c.NATSURL == "" {
 		return errors.New("ALLOT_NATS_URL is empty: set it to a NATS server with JetStream (e.g. nats://127.0.0.1:4222), or use `make run`, which starts an embedded one")
 	}
-	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-		return fmt.Errorf("ALLOT_HTTP_ADDR must be host:port or :port, got %q", c.HTTPAddr)
-	}
-	if c.PublishTimeout <= 0 || c.PublishTimeout > time.Minute {
-		return fmt.Errorf("ALLOT_INGEST_PUBLISH_TIMEOUT must be between 0 and 1m, got %s", c.PublishTimeout)
-	}
-	if c.ShutdownTimeout <= 0 {
-		return fmt.Errorf("ALLOT_INGEST_SHUTDOWN_TIMEOUT must be positive, got %s", c.ShutdownTimeout)
-	}
-	if c.StreamReplicas < 1 || c.StreamReplicas > 5 {
-		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", c.StreamReplicas)
-	}
-	if c.MaxInFlight < 1 || c.MaxInFlight > 4000 {
-		return fmt.Errorf("ALLOT_INGEST_MAX_IN_FLIGHT must be between 1 and 4000, got %d", c.MaxInFlight)
-	}
-	if c.Partitions < 1 || c.Partitions > 1024 {
-		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
-	}
-	if c.UserRate < 0 {
-		return fmt.Errorf("ALLOT_INGEST_USER_RATE must not be negative, got %g", c.UserRate)
-	}
-	if c.RateLimit < 0 {
-		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", c.RateLimit)
-	}
-	return nil
+	return c.Env.Validate()
 }
 
 func main() {
@@ -105,20 +71,7 @@ func run(ctx context.Context) int {
 	}
 	defer drain(nc, log)
 
-	err = ingest.Run(ctx, ingest.RunConfig{
-		HTTPAddr: c.HTTPAddr,
-		Options: ingest.Options{
-			IDSecret:       c.IDSecret,
-			PublishTimeout: c.PublishTimeout,
-			StreamReplicas: c.StreamReplicas,
-			RateLimit:      c.RateLimit,
-			UserRate:       c.UserRate,
-			DisableShed:    !c.Shed,
-			Partitions:     c.Partitions,
-			MaxInFlight:    c.MaxInFlight,
-		},
-		ShutdownTimeout: c.ShutdownTimeout,
-	}, db, nc, log)
+	err = ingest.Run(ctx, c.RunConfig(), db, nc, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, bus.ErrUnavailable) {

@@ -24,17 +24,21 @@ import (
 
 const binary = "stack"
 
+// IngestEnv and AllocatorEnv are the settings of the two parts; named
+// apart so both can be embedded (envconfig reads embedded structs' fields
+// as the binary's own). ALLOT_PARTITIONS fills both alike.
+type (
+	IngestEnv    = ingest.Env
+	AllocatorEnv = allocator.Env
+)
+
 type cfg struct {
 	config.Common
-	HTTPAddr    string        `envconfig:"HTTP_ADDR" default:":8080" desc:"ingest listen address"`
-	NATSPort    int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"port of the embedded NATS server (the machine's own NATS holds 4222)"`
-	NATSStore   string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"store directory of the embedded NATS server"`
-	NATSSync    time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
-	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator metrics address"`
-	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500" desc:"most requests per allocator transaction"`
-	UserRate    float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
-	Partitions  int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
-	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
+	IngestEnv
+	AllocatorEnv
+	NATSPort  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"port of the embedded NATS server (the machine's own NATS holds 4222)"`
+	NATSStore string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"store directory of the embedded NATS server"`
+	NATSSync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
 }
 
 func (c *cfg) Validate() error {
@@ -44,13 +48,10 @@ func (c *cfg) Validate() error {
 	if c.NATSPort < 1 || c.NATSPort > 65535 {
 		return fmt.Errorf("ALLOT_EMBEDDED_NATS_PORT must be a port number, got %d", c.NATSPort)
 	}
-	if c.Partitions < 1 || c.Partitions > 1024 {
-		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", c.Partitions)
+	if err := c.IngestEnv.Validate(); err != nil {
+		return err
 	}
-	if c.BatchSize < 1 || c.BatchSize > 10_000 {
-		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", c.BatchSize)
-	}
-	return nil
+	return c.AllocatorEnv.Validate()
 }
 
 func main() {
@@ -114,14 +115,11 @@ func run(ctx context.Context) int {
 		switch name {
 		case "allocator":
 			parts = append(parts, part{name, func(ctx context.Context) error {
-				return allocator.Run(ctx, allocator.RunConfig{
-					Config:      allocator.Config{Partitions: c.Partitions, BatchSize: c.BatchSize, BatchWait: c.BatchWait},
-					MetricsAddr: c.MetricsAddr,
-				}, db, nc, plog)
+				return allocator.Run(ctx, c.AllocatorEnv.RunConfig(), db, nc, plog)
 			}})
 		case "ingest":
 			parts = append(parts, part{name, func(ctx context.Context) error {
-				return ingest.Run(ctx, ingest.RunConfig{HTTPAddr: c.HTTPAddr, Options: ingest.Options{Partitions: c.Partitions, UserRate: c.UserRate}}, db, nc, plog)
+				return ingest.Run(ctx, c.IngestEnv.RunConfig(), db, nc, plog)
 			}})
 		}
 	}

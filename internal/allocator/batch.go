@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -53,7 +54,7 @@ func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
 		items = append(items, item{seq: md.Sequence.Stream, subject: m.Subject(), data: m.Data(), msg: m,
 			dseq: md.Sequence.Consumer, delivered: md.NumDelivered})
 	}
-	slices.SortFunc(items, func(x, y item) int { return cmpSeq(x.seq, y.seq) })
+	slices.SortFunc(items, func(x, y item) int { return cmp.Compare(x.seq, y.seq) })
 	items = slices.CompactFunc(items, func(x, y item) bool { return x.seq == y.seq })
 
 	for {
@@ -88,16 +89,6 @@ func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
 		// A gap was filled first; apply what was delivered next.
 		items = rest
 	}
-}
-
-func cmpSeq(x, y uint64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
 }
 
 // isolate applies items one transaction each; one that the database still
@@ -403,9 +394,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	// A stable order keeps lock acquisition deterministic.
 	slices.SortFunc(signupRows, func(x, y store.SignupRow) int {
 		if x.ActivityID != y.ActivityID {
-			return cmpSeq(uint64(x.ActivityID), uint64(y.ActivityID))
+			return cmp.Compare(x.ActivityID, y.ActivityID)
 		}
-		return cmpSeq(uint64(x.UserID), uint64(y.UserID))
+		return cmp.Compare(x.UserID, y.UserID)
 	})
 	if err := store.UpsertActivities(ctx, tx, actRows); err != nil {
 		return out, err

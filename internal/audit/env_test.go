@@ -66,22 +66,10 @@ func openReq(activity, capacity int64) wire.Request {
 	return r
 }
 
-// publish stores r with Nats-Msg-Id msgID (request_id when empty) and
-// returns its stream sequence.
+// publish stores r with Nats-Msg-Id msgID (request_id when empty).
 func (e *env) publish(r wire.Request, msgID string) uint64 {
 	e.t.Helper()
-	b, err := json.Marshal(r)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if msgID == "" {
-		msgID = r.RequestID
-	}
-	ack, err := e.js.Publish(context.Background(), wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(msgID))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ack.Sequence
+	return natstest.PublishRequest(e.t, e.js, r, msgID)
 }
 
 func (e *env) publishRaw(subject, data string) uint64 {

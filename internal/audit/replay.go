@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -426,9 +427,9 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	slices.SortFunc(missing, func(x, y signupKey) int {
 		if x.activity != y.activity {
-			return cmpInt(x.activity, y.activity)
+			return cmp.Compare(x.activity, y.activity)
 		}
-		return cmpInt(x.user, y.user)
+		return cmp.Compare(x.user, y.user)
 	})
 	for _, k := range missing {
 		t := a.signups[k]
@@ -455,16 +456,6 @@ func (a *auditor) report() Report {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
-func cmpInt(x, y int64) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
-}
 
 func sameInt(want *int64, got sql.NullInt64) bool {
 	if want == nil {

@@ -83,21 +83,22 @@ func MaskDSN(dsn string) string {
 // secrets masked, so an operator sees what the process really runs with.
 func Print(w io.Writer, binary string, spec any) {
 	fmt.Fprintf(w, "%s: effective configuration\n", binary)
-	printStruct(w, reflect.Indirect(reflect.ValueOf(spec)))
+	printStruct(w, reflect.Indirect(reflect.ValueOf(spec)), map[string]bool{})
 }
 
-func printStruct(w io.Writer, v reflect.Value) {
+func printStruct(w io.Writer, v reflect.Value, seen map[string]bool) {
 	t := v.Type()
 	for i := 0; i < t.NumField(); i++ {
 		f, fv := t.Field(i), v.Field(i)
 		if f.Anonymous && fv.Kind() == reflect.Struct {
-			printStruct(w, fv)
+			printStruct(w, fv, seen)
 			continue
 		}
 		name := f.Tag.Get("envconfig")
-		if name == "" {
+		if name == "" || seen[name] {
 			continue
 		}
+		seen[name] = true
 		val := fmt.Sprint(fv.Interface())
 		switch {
 		case name == "MYSQL_DSN":

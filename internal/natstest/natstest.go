@@ -4,6 +4,7 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // Server is one test's JetStream server.
@@ -86,4 +88,23 @@ func StreamMsgs(t testing.TB, js jetstream.JetStream, stream string) uint64 {
 		t.Fatalf("natstest: stream info %s: %v", stream, err)
 	}
 	return info.State.Msgs
+}
+
+// PublishRequest stores r on its subject with Nats-Msg-Id = msgID
+// (r.RequestID when empty), as ingest would, and returns its stream
+// sequence.
+func PublishRequest(t testing.TB, js jetstream.JetStream, r wire.Request, msgID string) uint64 {
+	t.Helper()
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msgID == "" {
+		msgID = r.RequestID
+	}
+	ack, err := js.Publish(context.Background(), wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(msgID))
+	if err != nil {
+		t.Fatalf("natstest: publish %s: %v", r.RequestID, err)
+	}
+	return ack.Sequence
 }

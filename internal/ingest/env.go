@@ -1,0 +1,70 @@
+package ingest
+
+import (
+	"fmt"
+	"net"
+	"time"
+)
+
+// Env is ingest's part of a binary's configuration, read from ALLOT_
+// variables (embed it in the binary's envconfig struct). cmd/ingest and
+// the `make run` launcher share it, so the two cannot drift apart.
+type Env struct {
+	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"HTTP listen address"`
+	IDSecret        string        `envconfig:"ID_SECRET" desc:"key of the request-id checksum; the same on every ingest instance; empty = built-in default"`
+	PublishTimeout  time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
+	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
+	StreamReplicas  int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets"`
+	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
+	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
+	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
+	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
+	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+}
+
+// Validate reports the first invalid value as one sentence.
+func (e Env) Validate() error {
+	if _, _, err := net.SplitHostPort(e.HTTPAddr); err != nil {
+		return fmt.Errorf("ALLOT_HTTP_ADDR must be host:port or :port, got %q", e.HTTPAddr)
+	}
+	if e.PublishTimeout <= 0 || e.PublishTimeout > time.Minute {
+		return fmt.Errorf("ALLOT_INGEST_PUBLISH_TIMEOUT must be between 0 and 1m, got %s", e.PublishTimeout)
+	}
+	if e.ShutdownTimeout <= 0 {
+		return fmt.Errorf("ALLOT_INGEST_SHUTDOWN_TIMEOUT must be positive, got %s", e.ShutdownTimeout)
+	}
+	if e.StreamReplicas < 1 || e.StreamReplicas > 5 {
+		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", e.StreamReplicas)
+	}
+	if e.MaxInFlight < 1 || e.MaxInFlight > 4000 {
+		return fmt.Errorf("ALLOT_INGEST_MAX_IN_FLIGHT must be between 1 and 4000, got %d", e.MaxInFlight)
+	}
+	if e.Partitions < 1 || e.Partitions > 1024 {
+		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", e.Partitions)
+	}
+	if e.UserRate < 0 {
+		return fmt.Errorf("ALLOT_INGEST_USER_RATE must not be negative, got %g", e.UserRate)
+	}
+	if e.RateLimit < 0 {
+		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", e.RateLimit)
+	}
+	return nil
+}
+
+// RunConfig turns the settings into what Run takes.
+func (e Env) RunConfig() RunConfig {
+	return RunConfig{
+		HTTPAddr: e.HTTPAddr,
+		Options: Options{
+			IDSecret:       e.IDSecret,
+			PublishTimeout: e.PublishTimeout,
+			StreamReplicas: e.StreamReplicas,
+			RateLimit:      e.RateLimit,
+			UserRate:       e.UserRate,
+			DisableShed:    !e.Shed,
+			Partitions:     e.Partitions,
+			MaxInFlight:    e.MaxInFlight,
+		},
+		ShutdownTimeout: e.ShutdownTimeout,
+	}
+}
