@@ -446,3 +446,39 @@ func TestHoleInsideABatchIsFilled(t *testing.T) {
 	}
 	e.db.CheckInvariants(t)
 }
+
+// TestOneBadRequestDoesNotSinkItsBatch: a request the database refuses for
+// its data (here a trigger turns user 666's signup into a CHECK violation)
+// is isolated and rejected; the rest of its batch is applied as usual.
+func TestOneBadRequestDoesNotSinkItsBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if _, err := e.db.Exec(`CREATE TRIGGER poison_signup BEFORE INSERT ON activity_signup FOR EACH ROW
+		BEGIN IF NEW.user_id = 666 THEN SET NEW.status = 'BOGUS'; END IF; END`); err != nil {
+		t.Fatal(err)
+	}
+	e.publish(open(1, 2), "")
+	good1, bad, good2, good3 := req(wire.OpJoin, 1, 1), req(wire.OpJoin, 1, 666), req(wire.OpJoin, 1, 2), req(wire.OpJoin, 1, 3)
+	var badSeq, last uint64
+	for _, r := range []wire.Request{good1, bad, good2, good3} {
+		seq := e.publish(r, "")
+		if r.UserID == 666 {
+			badSeq = seq
+		}
+		last = seq
+	}
+	e.start(Config{BatchWait: 50 * time.Millisecond}, Hooks{})
+	e.waitFence(last)
+	for r, want := range map[wire.Request]string{good1: wire.OutcomeConfirmed, good2: wire.OutcomeConfirmed, good3: wire.OutcomeWaiting} {
+		if got := e.result(r.RequestID).Outcome; got != want {
+			t.Errorf("user %d: %s, want %s", r.UserID, got, want)
+		}
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message WHERE seq = ?", badSeq); n != 1 {
+		t.Fatalf("the refused request is not recorded as rejected")
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE request_id = ?", bad.RequestID); n != 0 {
+		t.Fatalf("the refused request has a result")
+	}
+	e.db.CheckInvariants(t)
+}
