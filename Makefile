@@ -6,7 +6,7 @@ PKGS  := ./...
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-faults lint bench clean
+.PHONY: help build run test test-short test-faults lint bench demo clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -38,3 +38,6 @@ bench: build ## one run, side by side: allocator drain vs the seed designs, and 
 
 test-faults: ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
 	$(GO) test -count=1 -v -timeout 10m ./internal/faults/
+
+demo: build ## start the stack, open an activity, fire a loadgen burst, print the operator page's URL
+	./scripts/demo.sh
