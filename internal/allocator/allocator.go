@@ -31,6 +31,9 @@ type Config struct {
 	// Partition is the request-stream partition this allocator applies,
 	// one of Partitions (default 1).
 	Partition, Partitions int
+	// Replicas is ALLOT_STREAM_REPLICAS for the streams and buckets the
+	// allocator ensures; 0 keeps what they have.
+	Replicas int
 	// PinnedTTL is how long the server waits for a pinned allocator that
 	// stopped pulling before it hands the partition to another (default 5s).
 	PinnedTTL time.Duration
@@ -151,7 +154,7 @@ func (a *Allocator) Start(ctx context.Context) error {
 
 // prepare ensures everything the apply loop needs.
 func (a *Allocator) prepare(ctx context.Context) error {
-	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas}); err != nil {
 		return err
 	}
 	st, err := a.js.Stream(ctx, wire.RequestStream)
@@ -169,7 +172,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if err := store.EnsurePartition(ctx, a.db, a.cfg.Partition); err != nil {
 		return err
 	}
-	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{}); err != nil {
+	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{Replicas: a.cfg.Replicas}); err != nil {
 		return err
 	}
 	if err := a.repairViews(ctx); err != nil {

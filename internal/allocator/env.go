@@ -14,6 +14,7 @@ type Env struct {
 	BatchSize   int           `envconfig:"BATCH_SIZE" default:"500" desc:"most requests per allocator transaction"`
 	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
+	Replicas    int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets"`
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -23,6 +24,9 @@ func (e Env) Validate() error {
 	}
 	if e.PinnedTTL < time.Second {
 		return fmt.Errorf("ALLOT_PINNED_TTL must be at least 1s, got %s", e.PinnedTTL)
+	}
+	if e.Replicas < 1 || e.Replicas > 5 {
+		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", e.Replicas)
 	}
 	if e.BatchSize < 1 || e.BatchSize > 10_000 {
 		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", e.BatchSize)
@@ -36,7 +40,8 @@ func (e Env) Validate() error {
 // RunConfig turns the settings into what Run takes.
 func (e Env) RunConfig() RunConfig {
 	return RunConfig{
-		Config:      Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait},
+		Config: Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait,
+			Replicas: e.Replicas},
 		MetricsAddr: e.MetricsAddr,
 	}
 }

@@ -44,7 +44,9 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 
 // StreamConfig tunes the streams allot creates.
 type StreamConfig struct {
-	// Replicas is the stream replication factor (3 on a cluster).
+	// Replicas is the stream replication factor (ALLOT_STREAM_REPLICAS, 3 on
+	// a cluster); 0 keeps what an existing stream has (1 for a new one), so
+	// a binary that does not own the setting never scales a stream down.
 	Replicas int
 	// Partitions splits the request stream into this many partitions
 	// (ALLOT_PARTITIONS). It is fixed when the stream is created: 0 takes
@@ -154,21 +156,37 @@ func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
 // EnsureStreams creates or updates both streams. It refuses to change the
 // number of partitions of an existing request stream.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
+	rc := c
 	if st, err := js.Stream(ctx, wire.RequestStream); err == nil {
-		have := partitionsOf(st.CachedInfo().Config)
-		if c.Partitions == 0 {
-			c.Partitions = have
+		have := st.CachedInfo().Config
+		if rc.Partitions == 0 {
+			rc.Partitions = partitionsOf(have)
 		}
-		if have != c.Partitions {
-			return fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, have, c.Partitions)
+		if partitionsOf(have) != rc.Partitions {
+			return fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, partitionsOf(have), rc.Partitions)
+		}
+		if rc.Replicas == 0 {
+			rc.Replicas = have.Replicas
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}
-	for _, cfg := range []jetstream.StreamConfig{RequestStreamConfig(c), EventStreamConfig(c)} {
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, cfg.Name, err)
+	if _, err := js.CreateOrUpdateStream(ctx, RequestStreamConfig(rc)); err != nil {
+		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.RequestStream, err)
+	}
+	return EnsureEventStream(ctx, js, c)
+}
+
+// EnsureEventStream creates or updates ALLOT_EVENTS alone: what a consumer
+// of events (the notifier) needs, without a say over the request stream.
+func EnsureEventStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
+	if c.Replicas == 0 {
+		if st, err := js.Stream(ctx, wire.EventStream); err == nil {
+			c.Replicas = st.CachedInfo().Config.Replicas
 		}
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, EventStreamConfig(c)); err != nil {
+		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.EventStream, err)
 	}
 	return nil
 }
@@ -226,6 +244,13 @@ func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, cc Con
 // EnsureViewBucket creates or opens the KV bucket of full-activity views.
 // It keeps one revision per key: only the latest view matters.
 func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstream.KeyValue, error) {
+	if c.Replicas == 0 {
+		if kv, err := js.KeyValue(ctx, wire.ViewBucket); err == nil {
+			if st, err := kv.Status(ctx); err == nil {
+				c.Replicas = st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas
+			}
+		}
+	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      wire.ViewBucket,
 		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",

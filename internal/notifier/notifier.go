@@ -202,7 +202,7 @@ func (n *Notifier) Start(ctx context.Context) error {
 	}
 	setupCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := bus.EnsureStreams(setupCtx, n.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureEventStream(setupCtx, n.js, bus.StreamConfig{}); err != nil {
 		return err
 	}
 	if _, err := n.js.CreateOrUpdateStream(setupCtx, DLQStreamConfig()); err != nil {

@@ -1,0 +1,1190 @@
+package deploy
+
+// The deployment files cannot be run here (no container engine, no
+// cluster), so this test checks what can be checked against the code:
+//
+//   - every ALLOT_ variable a compose service or a Kubernetes container gets
+//     is read by the binary it runs (envconfig tags of cmd/<binary>'s cfg
+//     struct, embedded structs such as internal/config.Common followed, plus
+//     os.Getenv("ALLOT_…") literals), and its value parses as the field's type;
+//   - every command runs /usr/local/bin/<binary> with <binary> a directory
+//     under cmd/ that deploy/Dockerfile builds, with flags the binary defines;
+//   - health checks and readiness probes hit /readyz (/healthz for the
+//     notifier) on the port of the address the binary listens on;
+//   - ingest and allocator run ≥ 2 replicas, ALLOT_PARTITIONS agrees,
+//     graceful-termination budgets exceed the binaries' shutdown times, and
+//     NATS runs JetStream with sync_interval always.
+//
+// The binaries' variables are read from the Go source with go/parser, never
+// listed here, so a renamed variable fails the test. TestChecksCatchBreakage
+// shows each check failing on a deliberately broken copy of the files.
+
+import (
+	"encoding/base64"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"net"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// ---------------------------------------------------------------------------
+// What the code says: binaries, their ALLOT_ variables and flags.
+
+// envVar is one ALLOT_ variable a binary reads.
+type envVar struct {
+	goType     string // "int", "bool", "float64", "string", "time.Duration", …
+	def        string
+	hasDefault bool
+}
+
+type binary struct {
+	name  string
+	env   map[string]envVar // full name, ALLOT_…
+	flags map[string]bool
+	err   error // the source could not be read; reported where the binary is used
+}
+
+type world struct {
+	root  string
+	bins  map[string]*binary // every directory under cmd/
+	built map[string]bool    // what deploy/Dockerfile builds, by binary name
+}
+
+const binDir = "/usr/local/bin/"
+
+func loadWorld(t *testing.T) *world {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	module, err := modulePath(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{root: root, bins: map[string]*binary{}}
+	dirs, err := os.ReadDir(filepath.Join(root, "cmd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		// A binary whose config this test cannot read fails only where a
+		// deployment file uses it: other cmd/ directories are not its business.
+		b, err := loadBinary(root, module, d.Name())
+		if err != nil {
+			b = &binary{name: d.Name(), err: err}
+		}
+		w.bins[d.Name()] = b
+	}
+	df, err := os.ReadFile(filepath.Join(root, "deploy", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.built = map[string]bool{}
+	for _, m := range regexp.MustCompile(`\./(cmd|deploy)/([a-z0-9_-]+)`).FindAllStringSubmatch(string(df), -1) {
+		w.built[m[2]] = true
+	}
+	return w
+}
+
+func modulePath(root string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return f[1], nil
+		}
+	}
+	return "", fmt.Errorf("no module line in go.mod")
+}
+
+// parsePkg parses the non-test Go files of a directory.
+func parsePkg(dir string) ([]*ast.File, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var files []*ast.File
+	fset := token.NewFileSet()
+	for _, e := range ents {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, f)
+	}
+	return files, nil
+}
+
+// findType finds the declaration of type name in files.
+func findType(files []*ast.File, name string) (*ast.TypeSpec, *ast.File) {
+	for _, f := range files {
+		for _, decl := range f.Decls {
+			gd, ok := decl.(*ast.GenDecl)
+			if !ok || gd.Tok != token.TYPE {
+				continue
+			}
+			for _, spec := range gd.Specs {
+				if ts := spec.(*ast.TypeSpec); ts.Name.Name == name {
+					return ts, f
+				}
+			}
+		}
+	}
+	return nil, nil
+}
+
+// resolveStruct follows a type expression written in file f of the package
+// made of files (a local name, pkg.Name of the module, an alias or a named
+// type) to the struct it denotes, with the file and package declaring it.
+func resolveStruct(e ast.Expr, f *ast.File, files []*ast.File, root, module string) (*ast.StructType, *ast.File, []*ast.File, error) {
+	for range 10 { // aliases of aliases, bounded
+		switch t := e.(type) {
+		case *ast.StarExpr:
+			e = t.X
+			continue
+		case *ast.StructType:
+			return t, f, files, nil
+		case *ast.Ident:
+			ts, tf := findType(files, t.Name)
+			if ts == nil {
+				return nil, nil, nil, fmt.Errorf("type %s: not declared in this package", t.Name)
+			}
+			e, f = ts.Type, tf
+			continue
+		case *ast.SelectorExpr:
+			pkg := importPath(f, t.X.(*ast.Ident).Name)
+			if !strings.HasPrefix(pkg, module+"/") {
+				return nil, nil, nil, fmt.Errorf("type from %q: outside the module, cannot follow", pkg)
+			}
+			pfiles, err := parsePkg(filepath.Join(root, strings.TrimPrefix(pkg, module+"/")))
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			ts, tf := findType(pfiles, t.Sel.Name)
+			if ts == nil {
+				return nil, nil, nil, fmt.Errorf("type %s.%s: not declared", pkg, t.Sel.Name)
+			}
+			e, f, files = ts.Type, tf, pfiles
+			continue
+		default:
+			return nil, nil, nil, fmt.Errorf("embedded field of unsupported type %T", t)
+		}
+	}
+	return nil, nil, nil, fmt.Errorf("type chain too long")
+}
+
+func loadBinary(root, module, name string) (*binary, error) {
+	dir := filepath.Join(root, "cmd", name)
+	files, err := parsePkg(dir)
+	if err != nil {
+		return nil, err
+	}
+	b := &binary{name: name, env: map[string]envVar{}, flags: map[string]bool{"h": true, "help": true}}
+	if ts, f := findType(files, "cfg"); ts != nil {
+		st, sf, sfiles, err := resolveStruct(ts.Type, f, files, root, module)
+		if err != nil {
+			return nil, err
+		}
+		if err := collectEnv(b.env, st, sf, sfiles, root, module); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			// os.Getenv("ALLOT_…") and os.LookupEnv("ALLOT_…").
+			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "os" && (sel.Sel.Name == "Getenv" || sel.Sel.Name == "LookupEnv") {
+				if s, ok := strLit(call.Args, 0); ok && strings.HasPrefix(s, "ALLOT_") {
+					b.env[s] = envVar{goType: "string"}
+				}
+			}
+			// Flags: fs.StringVar(&v, "name", …), fs.String("name", …), fs.Var(v, "name", …).
+			idx := -1
+			switch sel.Sel.Name {
+			case "String", "Int", "Int64", "Uint", "Uint64", "Bool", "Float64", "Duration", "Func", "BoolFunc":
+				idx = 0
+			case "StringVar", "IntVar", "Int64Var", "UintVar", "Uint64Var", "BoolVar", "Float64Var", "DurationVar", "Var", "TextVar":
+				idx = 1
+			}
+			if s, ok := strLit(call.Args, idx); ok && idx >= 0 {
+				b.flags[s] = true
+			}
+			return true
+		})
+	}
+	return b, nil
+}
+
+func strLit(args []ast.Expr, i int) (string, bool) {
+	if i < 0 || i >= len(args) {
+		return "", false
+	}
+	lit, ok := args[i].(*ast.BasicLit)
+	if !ok || lit.Kind != token.STRING {
+		return "", false
+	}
+	s, err := strconv.Unquote(lit.Value)
+	return s, err == nil
+}
+
+// collectEnv adds the envconfig variables of st (declared in file f of the
+// package made of files), following embedded structs into other packages of
+// the module.
+func collectEnv(env map[string]envVar, st *ast.StructType, f *ast.File, files []*ast.File, root, module string) error {
+	for _, field := range st.Fields.List {
+		tag := reflect.StructTag("")
+		if field.Tag != nil {
+			s, err := strconv.Unquote(field.Tag.Value)
+			if err != nil {
+				return err
+			}
+			tag = reflect.StructTag(s)
+		}
+		if tag.Get("ignored") == "true" {
+			continue
+		}
+		if len(field.Names) == 0 { // embedded: envconfig flattens it
+			est, ef, efiles, err := resolveStruct(field.Type, f, files, root, module)
+			if err != nil {
+				return err
+			}
+			if err := collectEnv(env, est, ef, efiles, root, module); err != nil {
+				return err
+			}
+			continue
+		}
+		if _, nested := field.Type.(*ast.StructType); nested {
+			return fmt.Errorf("nested struct fields are not supported by this test")
+		}
+		for _, n := range field.Names {
+			if !n.IsExported() {
+				continue // envconfig skips unexported fields
+			}
+			key := tag.Get("envconfig")
+			if key == "" {
+				key = strings.ToUpper(n.Name)
+			}
+			def, hasDef := tag.Lookup("default")
+			env["ALLOT_"+key] = envVar{goType: typeName(field.Type, files), def: def, hasDefault: hasDef}
+		}
+	}
+	return nil
+}
+
+// typeName renders a field type; named string types of the package (such
+// as the notifier's secretURL) resolve to their underlying basic type.
+func typeName(e ast.Expr, files []*ast.File) string {
+	switch e := e.(type) {
+	case *ast.Ident:
+		for _, f := range files {
+			for _, decl := range f.Decls {
+				if gd, ok := decl.(*ast.GenDecl); ok && gd.Tok == token.TYPE {
+					for _, spec := range gd.Specs {
+						if ts := spec.(*ast.TypeSpec); ts.Name.Name == e.Name {
+							return typeName(ts.Type, nil)
+						}
+					}
+				}
+			}
+		}
+		return e.Name
+	case *ast.SelectorExpr:
+		return fmt.Sprintf("%s.%s", e.X.(*ast.Ident).Name, e.Sel.Name)
+	}
+	return fmt.Sprintf("%T", e)
+}
+
+func importPath(f *ast.File, name string) string {
+	for _, imp := range f.Imports {
+		p, _ := strconv.Unquote(imp.Path.Value)
+		if (imp.Name != nil && imp.Name.Name == name) || (imp.Name == nil && path.Base(p) == name) {
+			return p
+		}
+	}
+	return ""
+}
+
+// validValue reports whether value parses as envconfig would parse it.
+func validValue(goType, value string) error {
+	var err error
+	switch goType {
+	case "int", "int64", "uint", "uint64":
+		_, err = strconv.ParseInt(value, 10, 64)
+	case "float64":
+		_, err = strconv.ParseFloat(value, 64)
+	case "bool":
+		_, err = strconv.ParseBool(value)
+	case "time.Duration":
+		_, err = time.ParseDuration(value)
+	}
+	return err
+}
+
+// ---------------------------------------------------------------------------
+// Shared checks of one process: its command and its environment.
+
+// process is one container: its command and effective ALLOT_ environment.
+type process struct {
+	where string // "compose service ingest", "Deployment allocator"
+	cmd   []string
+	env   map[string]string // as given (only ALLOT_ variables)
+}
+
+// checkCommand returns the binary the process runs, or "" with problems.
+func (w *world) checkCommand(p process, problems *[]string) *binary {
+	if len(p.cmd) == 0 {
+		*problems = append(*problems, p.where+": no command: the image has no ENTRYPOINT, name the binary")
+		return nil
+	}
+	if !strings.HasPrefix(p.cmd[0], binDir) {
+		*problems = append(*problems, fmt.Sprintf("%s: command %q is not under %s", p.where, p.cmd[0], binDir))
+		return nil
+	}
+	name := strings.TrimPrefix(p.cmd[0], binDir)
+	b := w.bins[name]
+	if b == nil {
+		*problems = append(*problems, fmt.Sprintf("%s: runs %q, but there is no cmd/%s", p.where, name, name))
+		return nil
+	}
+	if b.err != nil {
+		*problems = append(*problems, fmt.Sprintf("%s: cannot read the configuration of cmd/%s: %v", p.where, name, b.err))
+		return nil
+	}
+	if !w.built[name] {
+		*problems = append(*problems, fmt.Sprintf("%s: runs %q, which deploy/Dockerfile does not build", p.where, name))
+	}
+	for _, arg := range p.cmd[1:] {
+		if !strings.HasPrefix(arg, "-") || arg == "-" {
+			continue
+		}
+		flag, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+		if !b.flags[flag] {
+			*problems = append(*problems, fmt.Sprintf("%s: %s has no flag -%s", p.where, name, flag))
+		}
+	}
+	return b
+}
+
+func (w *world) checkEnv(p process, b *binary, problems *[]string) {
+	for _, k := range sortedKeys(p.env) {
+		v, ok := b.env[k]
+		if !ok {
+			*problems = append(*problems, fmt.Sprintf("%s: %s is not read by %s (no such envconfig tag in cmd/%s)", p.where, k, b.name, b.name))
+			continue
+		}
+		if err := validValue(v.goType, p.env[k]); err != nil {
+			*problems = append(*problems, fmt.Sprintf("%s: %s=%q is not a valid %s", p.where, k, p.env[k], v.goType))
+		}
+	}
+}
+
+// effective is the value the binary runs with: given, else the default.
+func effective(p process, b *binary, key string) (string, bool) {
+	if v, ok := p.env[key]; ok {
+		return v, true
+	}
+	v, ok := b.env[key]
+	if !ok || !v.hasDefault {
+		return "", false
+	}
+	return v.def, true
+}
+
+// healthEndpoint is where each long-running binary answers probes: the
+// variable holding its listen address and the path of its readiness check.
+var healthEndpoint = map[string]struct{ addrVar, path string }{
+	"ingest":    {"ALLOT_HTTP_ADDR", "/readyz"},
+	"allocator": {"ALLOT_METRICS_ADDR", "/readyz"},
+	"notifier":  {"ALLOT_NOTIFY_METRICS_ADDR", "/healthz"},
+}
+
+// listenPort is the port of the binary's probe address.
+func listenPort(p process, b *binary) (string, error) {
+	he, ok := healthEndpoint[b.name]
+	if !ok {
+		return "", fmt.Errorf("%s serves no health endpoint", b.name)
+	}
+	addr, ok := effective(p, b, he.addrVar)
+	if !ok || addr == "" {
+		return "", fmt.Errorf("%s is empty: %s serves no health endpoint", he.addrVar, b.name)
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("%s=%q: %v", he.addrVar, addr, err)
+	}
+	return port, nil
+}
+
+func allotEnv(m map[string]any) map[string]string {
+	env := map[string]string{}
+	for k, v := range m {
+		if strings.HasPrefix(k, "ALLOT_") {
+			s, _ := v.(string)
+			env[k] = s
+		}
+	}
+	return env
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// ---------------------------------------------------------------------------
+// compose.yaml
+
+func (w *world) checkCompose(doc any) []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	services := digMap(doc, "services")
+	if len(services) == 0 {
+		return []string{"compose: no services"}
+	}
+	// The allot image: the tag of the services built from deploy/Dockerfile.
+	allotImages := map[string]bool{}
+	for _, name := range sortedKeys(services) {
+		if df := digStr(services[name], "build", "dockerfile"); df != "" {
+			if df != "deploy/Dockerfile" || digStr(services[name], "build", "context") != ".." {
+				bad("compose service %s: build must be context .. with dockerfile deploy/Dockerfile", name)
+			}
+			allotImages[digStr(services[name], "image")] = true
+		}
+	}
+	if len(allotImages) != 1 {
+		bad("compose: want exactly one allot image tag built from deploy/Dockerfile, got %v", sortedKeys(allotImages))
+	}
+	running := map[string]int{} // long-running allot binaries → services
+	partitions := map[string]string{}
+	for _, name := range sortedKeys(services) {
+		svc := services[name]
+		where := "compose service " + name
+		image := digStr(svc, "image")
+		var envMap map[string]any
+		switch e := dig(svc, "environment").(type) {
+		case map[string]any:
+			envMap = e
+		case []any:
+			envMap = map[string]any{}
+			for _, kv := range strList(e) {
+				k, v, _ := strings.Cut(kv, "=")
+				envMap[k] = v
+			}
+		}
+		if dig(svc, "env_file") != nil {
+			bad("%s: env_file hides variables from this test; use environment", name)
+		}
+		env := allotEnv(envMap)
+		for _, dep := range sortedKeys(digMap(svc, "depends_on")) {
+			target, ok := services[dep]
+			cond := digStr(svc, "depends_on", dep, "condition")
+			switch {
+			case !ok:
+				bad("%s: depends on unknown service %s", where, dep)
+			case cond == "service_healthy" && digMap(target, "healthcheck") == nil:
+				bad("%s: waits for %s to be healthy, but %s has no healthcheck", where, dep, dep)
+			case cond != "service_healthy" && cond != "service_started" && cond != "service_completed_successfully":
+				bad("%s: depends_on %s: condition %q", where, dep, cond)
+			}
+		}
+		if !allotImages[image] {
+			if len(env) > 0 {
+				bad("%s: sets %v but does not run the allot image", where, sortedKeys(env))
+			}
+			continue
+		}
+		p := process{where: where, cmd: strList(dig(svc, "command")), env: env}
+		b := w.checkCommand(p, &problems)
+		if b == nil {
+			continue
+		}
+		w.checkEnv(p, b, &problems)
+		w.checkEndpoints(p, b, services, &problems)
+		if b.name == "ingest" || b.name == "allocator" {
+			partitions[name], _ = effective(p, b, "ALLOT_PARTITIONS")
+		}
+		if dig(svc, "profiles") != nil {
+			continue // a one-shot tool
+		}
+		running[b.name]++
+		he, probed := healthEndpoint[b.name]
+		test := strList(dig(svc, "healthcheck", "test"))
+		if !probed {
+			bad("%s: %s is not a long-running service; give it a profile", where, b.name)
+			continue
+		}
+		if len(test) != 3 || test[0] != "CMD" || !strings.HasPrefix(test[1], binDir) {
+			bad("%s: healthcheck must be [CMD, %sprobe, URL], got %q", where, binDir, test)
+			continue
+		}
+		if probe := strings.TrimPrefix(test[1], binDir); !w.built[probe] {
+			bad("%s: healthcheck runs %s, which deploy/Dockerfile does not build", where, probe)
+		}
+		u, err := url.Parse(test[2])
+		port, perr := listenPort(p, b)
+		switch {
+		case err != nil || (u.Hostname() != "127.0.0.1" && u.Hostname() != "localhost"):
+			bad("%s: healthcheck URL %q must be on 127.0.0.1", where, test[2])
+		case perr != nil:
+			bad("%s: %v", where, perr)
+		case u.Port() != port || u.Path != he.path:
+			bad("%s: healthcheck %s, but %s serves %s on port %s (%s)", where, test[2], b.name, he.path, port, he.addrVar)
+		}
+	}
+	for bin, want := range map[string]int{"ingest": 1, "allocator": 2, "notifier": 1} {
+		if running[bin] < want {
+			bad("compose: %d %s service(s), want at least %d", running[bin], bin, want)
+		}
+	}
+	checkSame("compose", "ALLOT_PARTITIONS", partitions, &problems)
+	return problems
+}
+
+// checkEndpoints checks that NATS and MySQL addresses name compose services.
+func (w *world) checkEndpoints(p process, b *binary, services map[string]any, problems *[]string) {
+	if v, ok := p.env["ALLOT_NATS_URL"]; ok {
+		u, err := url.Parse(v)
+		if err != nil || u.Scheme != "nats" || services[u.Hostname()] == nil {
+			*problems = append(*problems, fmt.Sprintf("%s: ALLOT_NATS_URL %q does not name a compose service", p.where, v))
+		}
+	} else if _, reads := b.env["ALLOT_NATS_URL"]; reads {
+		*problems = append(*problems, fmt.Sprintf("%s: ALLOT_NATS_URL is not set (empty means the embedded server of make run)", p.where))
+	}
+	if v, ok := p.env["ALLOT_MYSQL_DSN"]; ok {
+		m := regexp.MustCompile(`@tcp\(([^:)]+):\d+\)/`).FindStringSubmatch(v)
+		if m == nil || services[m[1]] == nil {
+			*problems = append(*problems, fmt.Sprintf("%s: ALLOT_MYSQL_DSN %q does not name a compose service", p.where, v))
+		}
+	}
+}
+
+func checkSame(where, key string, byName map[string]string, problems *[]string) {
+	seen := map[string][]string{}
+	for _, n := range sortedKeys(byName) {
+		seen[byName[n]] = append(seen[byName[n]], n)
+	}
+	if len(seen) > 1 {
+		*problems = append(*problems, fmt.Sprintf("%s: %s differs between services: %v (it is fixed when the request stream is created)", where, key, seen))
+	}
+}
+
+// checkNATS checks the NATS service of compose.yaml and its config file.
+func checkNATS(doc any, conf string) []string {
+	var problems []string
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	svc := dig(doc, "services", "nats")
+	if svc == nil {
+		return []string{"compose: no nats service"}
+	}
+	image := digStr(svc, "image")
+	m := regexp.MustCompile(`^nats:2\.(\d+)`).FindStringSubmatch(image)
+	if minor, _ := strconv.Atoi(valueOr(m, 1)); m == nil || minor < 11 {
+		bad("nats image %q: want nats:2.11 or later (pinned consumers)", image)
+	}
+	cmd := strList(dig(svc, "command"))
+	if !slices.Contains(cmd, "--jetstream") {
+		bad("nats command %q lacks --jetstream", cmd)
+	}
+	confPath := ""
+	if i := slices.Index(cmd, "--config"); i >= 0 && i+1 < len(cmd) {
+		confPath = cmd[i+1]
+	}
+	mounted := false
+	for _, v := range strList(dig(svc, "volumes")) {
+		if strings.HasPrefix(v, "./nats/nats.conf:"+confPath) && confPath != "" {
+			mounted = true
+		}
+	}
+	if !mounted {
+		bad("nats: ./nats/nats.conf is not mounted at the --config path %q", confPath)
+	}
+	if !regexp.MustCompile(`(?m)^\s*sync_interval:\s*always\s*$`).MatchString(conf) {
+		bad("nats.conf: no `sync_interval: always` in the jetstream block")
+	}
+	store := regexp.MustCompile(`(?m)^\s*store_dir:\s*(\S+)\s*$`).FindStringSubmatch(conf)
+	storeMounted := false
+	for _, v := range strList(dig(svc, "volumes")) {
+		if store != nil && strings.HasSuffix(v, ":"+store[1]) {
+			storeMounted = true
+		}
+	}
+	if !storeMounted {
+		bad("nats: the JetStream store_dir of nats.conf is not a volume")
+	}
+	return problems
+}
+
+func valueOr(m []string, i int) string {
+	if i < len(m) {
+		return m[i]
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------
+// Kubernetes manifests
+
+type k8sObjects struct {
+	byKind map[string]map[string]any // kind → name → object
+}
+
+func indexK8s(docs []any) (k8sObjects, []string) {
+	o := k8sObjects{byKind: map[string]map[string]any{}}
+	var problems []string
+	for _, d := range docs {
+		kind, name := digStr(d, "kind"), digStr(d, "metadata", "name")
+		if kind == "" || name == "" {
+			problems = append(problems, fmt.Sprintf("k8s: object without kind or metadata.name: %v", d))
+			continue
+		}
+		if o.byKind[kind] == nil {
+			o.byKind[kind] = map[string]any{}
+		}
+		if o.byKind[kind][name] != nil {
+			problems = append(problems, fmt.Sprintf("k8s: two %s named %s", kind, name))
+		}
+		o.byKind[kind][name] = d
+	}
+	return o, problems
+}
+
+// keys returns the data of a ConfigMap or Secret, nil when it is missing.
+func (o k8sObjects) keys(kind, name string) (map[string]string, error) {
+	obj := o.byKind[kind][name]
+	if obj == nil {
+		return nil, fmt.Errorf("no %s %s", kind, name)
+	}
+	out := map[string]string{}
+	for k, v := range digMap(obj, "data") {
+		s, _ := v.(string)
+		if kind == "Secret" {
+			b, err := base64.StdEncoding.DecodeString(s)
+			if err != nil {
+				return nil, fmt.Errorf("Secret %s: data.%s is not base64", name, k)
+			}
+			s = string(b)
+		}
+		out[k] = s
+	}
+	for k, v := range digMap(obj, "stringData") {
+		s, _ := v.(string)
+		out[k] = s
+	}
+	return out, nil
+}
+
+func (w *world) checkK8s(docs []any, natsValues any) []string {
+	o, problems := indexK8s(docs)
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	usedConfigMaps := map[string]bool{}
+	partitions := map[string]string{}
+	deployments := o.byKind["Deployment"]
+	seen := map[string]bool{}
+	for _, dname := range sortedKeys(deployments) {
+		d := deployments[dname]
+		containers := digList(d, "spec", "template", "spec", "containers")
+		if len(containers) != 1 {
+			bad("Deployment %s: want one container, got %d", dname, len(containers))
+			continue
+		}
+		c := containers[0]
+		p := process{where: "Deployment " + dname, cmd: strList(dig(c, "command")), env: map[string]string{}}
+		for _, ef := range digList(c, "envFrom") {
+			kind, ref := "ConfigMap", digStr(ef, "configMapRef", "name")
+			if ref == "" {
+				kind, ref = "Secret", digStr(ef, "secretRef", "name")
+			}
+			data, err := o.keys(kind, ref)
+			if err != nil {
+				bad("%s: envFrom: %v", p.where, err)
+				continue
+			}
+			if kind == "ConfigMap" {
+				usedConfigMaps[ref] = true
+			}
+			for k, v := range data {
+				if !strings.HasPrefix(k, "ALLOT_") {
+					bad("%s: %s %s holds %s: only ALLOT_ variables belong there", p.where, kind, ref, k)
+				}
+				p.env[k] = v
+			}
+		}
+		for _, e := range digList(c, "env") {
+			name := digStr(e, "name")
+			v := digStr(e, "value")
+			for kind, refKey := range map[string]string{"ConfigMap": "configMapKeyRef", "Secret": "secretKeyRef"} {
+				if ref := digMap(e, "valueFrom", refKey); ref != nil {
+					data, err := o.keys(kind, digStr(ref, "name"))
+					if err != nil {
+						bad("%s: env %s: %v", p.where, name, err)
+						continue
+					}
+					var ok bool
+					if v, ok = data[digStr(ref, "key")]; !ok {
+						bad("%s: env %s: %s %s has no key %s", p.where, name, kind, digStr(ref, "name"), digStr(ref, "key"))
+					}
+				}
+			}
+			if strings.HasPrefix(name, "ALLOT_") {
+				p.env[name] = v
+			}
+		}
+		b := w.checkCommand(p, &problems)
+		if b == nil {
+			continue
+		}
+		w.checkEnv(p, b, &problems)
+		seen[b.name] = true
+		if b.name != "ingest" && b.name != "allocator" {
+			continue
+		}
+		partitions[dname], _ = effective(p, b, "ALLOT_PARTITIONS")
+		if n, _ := strconv.Atoi(digStr(d, "spec", "replicas")); n < 2 {
+			bad("%s: replicas %q, want at least 2", p.where, digStr(d, "spec", "replicas"))
+		}
+		port, err := listenPort(p, b)
+		if err != nil {
+			bad("%s: %v", p.where, err)
+			continue
+		}
+		for probe, path := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
+			got := digStr(c, probe, "httpGet", "path")
+			gotPort := containerPort(c, digStr(c, probe, "httpGet", "port"))
+			if got != path || gotPort != port {
+				bad("%s: %s is %s on port %s, want %s on port %s (%s)", p.where, probe, got, gotPort, path, port, healthEndpoint[b.name].addrVar)
+			}
+		}
+		if digStr(c, "resources", "requests", "cpu") == "" || digStr(c, "resources", "requests", "memory") == "" || digStr(c, "resources", "limits", "memory") == "" {
+			bad("%s: resources need requests.cpu, requests.memory and limits.memory", p.where)
+		}
+		grace, _ := strconv.Atoi(digStr(d, "spec", "template", "spec", "terminationGracePeriodSeconds"))
+		need := 30 * time.Second // allocator: a batch, 5s metrics shutdown, NATS drain
+		if b.name == "ingest" {
+			v, _ := effective(p, b, "ALLOT_INGEST_SHUTDOWN_TIMEOUT")
+			shutdown, err := time.ParseDuration(v)
+			if err != nil {
+				bad("%s: ALLOT_INGEST_SHUTDOWN_TIMEOUT %q: %v", p.where, v, err)
+			}
+			sleep, _ := strconv.Atoi(digStr(c, "lifecycle", "preStop", "sleep", "seconds"))
+			need = shutdown + 5*time.Second /* NATS drain */ + time.Duration(sleep)*time.Second
+			replicas, _ := effective(p, b, "ALLOT_STREAM_REPLICAS")
+			if nodes := digStr(natsValues, "config", "cluster", "replicas"); replicas != nodes {
+				bad("%s: ALLOT_STREAM_REPLICAS=%s, but the NATS cluster of nats-values.yaml has %s nodes", p.where, replicas, nodes)
+			}
+		}
+		if time.Duration(grace)*time.Second <= need {
+			bad("%s: terminationGracePeriodSeconds %d, want more than %s", p.where, grace, need)
+		}
+	}
+	for _, bin := range []string{"ingest", "allocator"} {
+		if !seen[bin] {
+			bad("k8s: no Deployment runs %s", bin)
+		}
+	}
+	checkSame("k8s", "ALLOT_PARTITIONS", partitions, &problems)
+	for _, name := range sortedKeys(o.byKind["ConfigMap"]) {
+		if !usedConfigMaps[name] {
+			bad("ConfigMap %s: no Deployment loads it", name)
+		}
+	}
+	// The ingest Service reaches the pods' HTTP port.
+	svc := o.byKind["Service"]["ingest"]
+	ing := deployments["ingest"]
+	if svc == nil || ing == nil {
+		bad("k8s: want a Deployment and a Service named ingest")
+	} else {
+		labels := digMap(ing, "spec", "template", "metadata", "labels")
+		for k, v := range digMap(svc, "spec", "selector") {
+			if labels[k] != v {
+				bad("Service ingest: selector %s=%v does not match the ingest pods", k, v)
+			}
+		}
+		c := digList(ing, "spec", "template", "spec", "containers")
+		for _, sp := range digList(svc, "spec", "ports") {
+			if len(c) == 1 && containerPort(c[0], digStr(sp, "targetPort")) != containerPort(c[0], digStr(c[0], "readinessProbe", "httpGet", "port")) {
+				bad("Service ingest: targetPort %s is not the port ingest serves", digStr(sp, "targetPort"))
+			}
+		}
+	}
+	return problems
+}
+
+// containerPort resolves a probe or Service port (number or name).
+func containerPort(c any, port string) string {
+	if _, err := strconv.Atoi(port); err == nil {
+		return port
+	}
+	for _, p := range digList(c, "ports") {
+		if digStr(p, "name") == port {
+			return digStr(p, "containerPort")
+		}
+	}
+	return "?" + port
+}
+
+func checkNATSValues(v any) []string {
+	var problems []string
+	want := map[string]string{
+		"config.cluster.enabled":               "true",
+		"config.cluster.replicas":              "3",
+		"config.jetstream.enabled":             "true",
+		"config.jetstream.fileStore.enabled":   "true",
+		"config.jetstream.merge.sync_interval": "always",
+	}
+	for _, k := range sortedKeys(want) {
+		if got := digStr(v, strings.Split(k, ".")...); got != want[k] {
+			problems = append(problems, fmt.Sprintf("nats-values.yaml: %s is %q, want %q", k, got, want[k]))
+		}
+	}
+	return problems
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+
+func readFile(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// k8sManifests reads the manifests kustomization.yaml lists, concatenated.
+func k8sManifests(t *testing.T) string {
+	t.Helper()
+	kust, err := parseYAML(readFile(t, "k8s/kustomization.yaml"))
+	if err != nil {
+		t.Fatalf("k8s/kustomization.yaml: %v", err)
+	}
+	var all []string
+	for _, r := range strList(dig(kust, "resources")) {
+		all = append(all, readFile(t, filepath.Join("k8s", r)))
+	}
+	files, _ := filepath.Glob("k8s/*.yaml")
+	for _, f := range files {
+		base := filepath.Base(f)
+		if base != "kustomization.yaml" && base != "nats-values.yaml" && !slices.Contains(strList(dig(kust, "resources")), base) {
+			t.Errorf("%s is not listed in k8s/kustomization.yaml", f)
+		}
+	}
+	return strings.Join(all, "\n---\n")
+}
+
+func report(t *testing.T, problems []string) {
+	t.Helper()
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// TestConfigDiscovery guards the discovery itself: if it silently found
+// nothing (or everything), every later check would pass vacuously.
+func TestConfigDiscovery(t *testing.T) {
+	w := loadWorld(t)
+	for _, tc := range []struct {
+		bin, v string
+		want   bool
+	}{
+		{"ingest", "ALLOT_HTTP_ADDR", true},
+		{"ingest", "ALLOT_MYSQL_DSN", true}, // through the embedded config.Common
+		{"ingest", "ALLOT_PINNED_TTL", false},
+		{"allocator", "ALLOT_PINNED_TTL", true},
+		{"allocator", "ALLOT_HTTP_ADDR", false},
+		{"notifier", "ALLOT_NOTIFY_URL", true},
+		{"loadgen", "ALLOT_HTTP_ADDR", true}, // os.Getenv
+	} {
+		b := w.bins[tc.bin]
+		if b == nil || b.err != nil {
+			t.Fatalf("cmd/%s: missing or unreadable: %v", tc.bin, b)
+		}
+		if _, got := b.env[tc.v]; got != tc.want {
+			t.Errorf("%s reads %s: got %v, want %v", tc.bin, tc.v, got, tc.want)
+		}
+	}
+	if v := w.bins["allocator"].env["ALLOT_PINNED_TTL"]; v.goType != "time.Duration" || v.def == "" {
+		t.Errorf("ALLOT_PINNED_TTL: type %q default %q", v.goType, v.def)
+	}
+	if !w.bins["loadgen"].flags["url"] || w.bins["loadgen"].flags["no-such-flag"] {
+		t.Errorf("loadgen flags: %v", w.bins["loadgen"].flags)
+	}
+}
+
+func TestDockerfile(t *testing.T) {
+	w := loadWorld(t)
+	df := readFile(t, "Dockerfile")
+	for name := range w.built {
+		dir := filepath.Join(w.root, "cmd", name)
+		if name == "probe" {
+			dir = filepath.Join(w.root, "deploy", "probe")
+		}
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			t.Errorf("Dockerfile builds %s, but %s is not a directory", name, dir)
+		}
+	}
+	for _, name := range []string{"ingest", "allocator", "notifier", "audit", "loadgen"} {
+		if !w.built[name] {
+			t.Errorf("Dockerfile does not build %s", name)
+		}
+	}
+	lines := strings.Split(df, "\n")
+	var froms []string
+	var user string
+	for _, l := range lines {
+		f := strings.Fields(l)
+		if len(f) == 0 {
+			continue
+		}
+		switch strings.ToUpper(f[0]) {
+		case "FROM":
+			froms = append(froms, f[1])
+		case "USER":
+			user = f[1]
+		case "ENTRYPOINT":
+			t.Errorf("Dockerfile: ENTRYPOINT %q fixes the binary; compose and k8s choose it", l)
+		}
+	}
+	if len(froms) < 2 || !strings.HasPrefix(froms[0], "golang:1.26") {
+		t.Errorf("Dockerfile: want a golang:1.26 build stage and a runtime stage, got %v", froms)
+	}
+	if last := froms[len(froms)-1]; !strings.HasPrefix(last, "gcr.io/distroless/static") && last != "scratch" {
+		t.Errorf("Dockerfile: runtime stage %s is not distroless/static or scratch", last)
+	}
+	if user == "" || user == "root" || strings.HasPrefix(user, "0") {
+		t.Errorf("Dockerfile: USER %q, want a non-root user", user)
+	}
+	if !strings.Contains(df, "CGO_ENABLED=0") {
+		t.Error("Dockerfile: CGO_ENABLED=0 missing: the runtime image has no libc")
+	}
+}
+
+func TestCompose(t *testing.T) {
+	w := loadWorld(t)
+	doc, err := parseYAML(readFile(t, "compose.yaml"))
+	if err != nil {
+		t.Fatalf("compose.yaml: %v", err)
+	}
+	report(t, w.checkCompose(doc))
+	report(t, checkNATS(doc, readFile(t, "nats/nats.conf")))
+	if img := digStr(doc, "services", "mysql", "image"); !strings.HasPrefix(img, "mysql:8.4") {
+		t.Errorf("mysql image %q, want mysql:8.4", img)
+	}
+}
+
+func TestKubernetes(t *testing.T) {
+	w := loadWorld(t)
+	docs, err := parseYAMLDocs(k8sManifests(t))
+	if err != nil {
+		t.Fatalf("k8s manifests: %v", err)
+	}
+	values, err := parseYAML(readFile(t, "k8s/nats-values.yaml"))
+	if err != nil {
+		t.Fatalf("k8s/nats-values.yaml: %v", err)
+	}
+	report(t, w.checkK8s(docs, values))
+	report(t, checkNATSValues(values))
+}
+
+// TestChecksCatchBreakage breaks the real files one way at a time and
+// expects the checks to say so: the unbroken files pass (first row), each
+// broken copy fails with the problem it was broken for.
+func TestChecksCatchBreakage(t *testing.T) {
+	w := loadWorld(t)
+	compose := readFile(t, "compose.yaml")
+	natsConf := readFile(t, "nats/nats.conf")
+	manifests := k8sManifests(t)
+	values := readFile(t, "k8s/nats-values.yaml")
+
+	run := func(file, src string) ([]string, error) {
+		switch file {
+		case "compose":
+			doc, err := parseYAML(src)
+			if err != nil {
+				return nil, err
+			}
+			return append(w.checkCompose(doc), checkNATS(doc, natsConf)...), nil
+		case "nats.conf":
+			doc, err := parseYAML(compose)
+			if err != nil {
+				return nil, err
+			}
+			return checkNATS(doc, src), nil
+		case "k8s":
+			docs, err := parseYAMLDocs(src)
+			if err != nil {
+				return nil, err
+			}
+			v, err := parseYAML(values)
+			if err != nil {
+				return nil, err
+			}
+			return w.checkK8s(docs, v), nil
+		case "nats-values":
+			v, err := parseYAML(src)
+			if err != nil {
+				return nil, err
+			}
+			return checkNATSValues(v), nil
+		}
+		return nil, fmt.Errorf("unknown file %s", file)
+	}
+	sources := map[string]string{"compose": compose, "nats.conf": natsConf, "k8s": manifests, "nats-values": values}
+
+	for _, tc := range []struct {
+		name, file, old, new string
+		want                 string // a problem containing this; "" = no problem
+	}{
+		{"unbroken compose", "compose", "", "", ""},
+		{"unbroken k8s", "k8s", "", "", ""},
+		{"misspelled variable", "compose",
+			"ALLOT_PINNED_TTL: 5s", "ALLOT_PINNED_TTLL: 5s", "ALLOT_PINNED_TTLL is not read by allocator"},
+		{"variable of another binary", "compose",
+			"ALLOT_NOTIFY_URL: \"\"", "ALLOT_HTTP_ADDR: \":8080\"", "ALLOT_HTTP_ADDR is not read by notifier"},
+		{"value of the wrong type", "compose",
+			"ALLOT_PINNED_TTL: 5s", "ALLOT_PINNED_TTL: \"5\"", "is not a valid time.Duration"},
+		{"command names no cmd/", "compose",
+			"[\"/usr/local/bin/allocator\"]", "[\"/usr/local/bin/alocator\"]", "no cmd/alocator"},
+		{"command outside the image's bin", "compose",
+			"[\"/usr/local/bin/ingest\"]", "[\"ingest\"]", "is not under /usr/local/bin/"},
+		{"invented flag", "compose",
+			"\"-users\"", "\"-user\"", "loadgen has no flag -user"},
+		{"health check on the wrong port", "compose",
+			"http://127.0.0.1:8080/readyz", "http://127.0.0.1:9091/readyz", "ingest serves /readyz on port 8080"},
+		{"partitions disagree", "compose",
+			"ALLOT_PARTITIONS: \"4\"\n      ALLOT_HTTP_ADDR", "ALLOT_PARTITIONS: \"2\"\n      ALLOT_HTTP_ADDR", "ALLOT_PARTITIONS differs"},
+		{"waits on a service without healthcheck", "compose",
+			"    healthcheck:\n      test: [\"CMD\", \"wget\"", "    x-healthcheck:\n      test: [\"CMD\", \"wget\"", "nats has no healthcheck"},
+		{"lazy fsync", "nats.conf", "sync_interval: always", "sync_interval: 2m", "sync_interval: always"},
+		{"one allocator replica", "k8s", "replicas: 2", "replicas: 1", "want at least 2"},
+		{"readiness on /healthz", "k8s", "path: /readyz\n              port: metrics", "path: /healthz\n              port: metrics", "readinessProbe is /healthz"},
+		{"readiness on the wrong port", "k8s", "path: /readyz\n              port: metrics", "path: /readyz\n              port: 8080", "want /readyz on port 9091"},
+		{"misspelled ConfigMap key", "k8s", "ALLOT_BATCH_WAIT: 2ms", "ALLOT_BATCH_WAITT: 2ms", "ALLOT_BATCH_WAITT is not read by allocator"},
+		{"ingest-only key in the shared ConfigMap", "k8s", "ALLOT_LOG_LEVEL: info", "ALLOT_SHED: \"true\"\n  ALLOT_LOG_LEVEL: info", "ALLOT_SHED is not read by allocator"},
+		{"missing Secret", "k8s", "metadata:\n  name: allot-mysql\n", "metadata:\n  name: allot-mysql-old\n", "no Secret allot-mysql"},
+		{"grace period below shutdown", "k8s", // the first one is ingest's
+			"terminationGracePeriodSeconds: 40", "terminationGracePeriodSeconds: 20", "terminationGracePeriodSeconds 20, want more than 25s"},
+		{"R1 against a 3-node cluster", "k8s", "ALLOT_STREAM_REPLICAS: \"3\"", "ALLOT_STREAM_REPLICAS: \"1\"", "ALLOT_STREAM_REPLICAS=1"},
+		{"lazy fsync on the cluster", "nats-values", "sync_interval: always", "sync_interval: 2m", "sync_interval is \"2m\""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := sources[tc.file]
+			if tc.old != "" {
+				if !strings.Contains(src, tc.old) {
+					t.Fatalf("the %s files no longer contain %q: update this case", tc.file, tc.old)
+				}
+				src = strings.Replace(src, tc.old, tc.new, 1)
+			}
+			problems, err := run(tc.file, src)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			if tc.want == "" {
+				if len(problems) > 0 {
+					t.Fatalf("unbroken files have problems: %q", problems)
+				}
+				return
+			}
+			t.Logf("problems: %q", problems)
+			for _, p := range problems {
+				if strings.Contains(p, tc.want) {
+					return
+				}
+			}
+			t.Fatalf("no problem mentions %q; got %q", tc.want, problems)
+		})
+	}
+}
+
+// TestYAMLSubset pins the parser down: what it reads, and what it refuses
+// rather than misread.
+func TestYAMLSubset(t *testing.T) {
+	src := `# comment
+a: 1 # trailing
+b:
+  c: "x # not a comment"
+  d: ['p', "q r", s]
+list:
+- name: one
+  env:
+    - X=1
+- two
+e: {}
+f:
+g: 'it''s'
+`
+	v, err := parseYAML(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]string{"a": "1", "b.c": "x # not a comment", "g": "it's"} {
+		if got := digStr(v, strings.Split(path, ".")...); got != want {
+			t.Errorf("%s = %q, want %q", path, got, want)
+		}
+	}
+	if got := strList(dig(v, "b", "d")); !slices.Equal(got, []string{"p", "q r", "s"}) {
+		t.Errorf("b.d = %q", got)
+	}
+	l := digList(v, "list")
+	if len(l) != 2 || digStr(l[0], "name") != "one" || strList(dig(l[0], "env"))[0] != "X=1" || l[1] != "two" {
+		t.Errorf("list = %#v", l)
+	}
+	if digMap(v, "e") == nil || dig(v, "f") != nil {
+		t.Errorf("e = %#v, f = %#v", dig(v, "e"), dig(v, "f"))
+	}
+	docs, err := parseYAMLDocs("a: 1\n---\nb: 2\n")
+	if err != nil || len(docs) != 2 {
+		t.Errorf("two documents: %v, %v", docs, err)
+	}
+
+	for _, bad := range []struct{ name, src string }{
+		{"tab indentation", "a:\n\tb: 1\n"},
+		{"anchor", "a: &x 1\n"},
+		{"alias", "a: *x\n"},
+		{"block scalar", "a: |\n  text\n"},
+		{"flow mapping", "a: {b: 1}\n"},
+		{"duplicate key", "a: 1\na: 2\n"},
+		{"multi-line plain scalar", "a: one\n  two\n"},
+		{"bad indentation", "a:\n    b: 1\n  c: 2\n"},
+		{"unquoted colon-space", "a: b: c\n"},
+		{"unterminated quote", "a: \"b\n"},
+		{"nested flow", "a: [[1]]\n"},
+	} {
+		if _, err := parseYAMLDocs(bad.src); err == nil {
+			t.Errorf("%s: parsed %q without error", bad.name, bad.src)
+		}
+	}
+}
