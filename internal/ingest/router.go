@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/ingest/ui"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -78,6 +79,10 @@ const (
 	routeSignup
 	routeClaim
 	routeRequest
+	// The live operator page (package ui).
+	routePage
+	routeAsset
+	routeLive
 	numRoutes
 )
 
@@ -111,6 +116,29 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 		endpoint{method: http.MethodPost, h: s.writeHandler(wire.OpClaim)})
 	rt.routes[routeRequest] = newRoute("/v1/requests/{request_id}",
 		endpoint{method: http.MethodGet, h: s.handlePoll})
+	// The live operator page: / for browsers only, so that an API client
+	// still gets the contract's JSON 404 there.
+	rt.routes[routePage] = newRoute("/",
+		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, _, _ string) {
+			if !ui.AcceptsHTML(r) {
+				writeError(w, http.StatusNotFound, msgNoRoute)
+				return
+			}
+			s.ui.ServePage(w, r)
+		}})
+	rt.routes[routeAsset] = newRoute("/ui/{asset}",
+		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, name, _ string) {
+			s.ui.ServeAsset(w, r, name)
+		}})
+	rt.routes[routeLive] = newRoute("/v1/activities/{activity}/live",
+		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, a, _ string) {
+			activity, err := parseID(a, "activity")
+			if err != nil {
+				writeInputError(w, err)
+				return
+			}
+			s.ui.ServeLive(w, r, activity)
+		}})
 	return rt
 }
 
@@ -125,6 +153,11 @@ func match(path string) (routeID, string, string, bool) {
 		return routeReady, "", "", true
 	case "/metrics":
 		return routeMetrics, "", "", true
+	case "/":
+		return routePage, "", "", true
+	}
+	if name, ok := strings.CutPrefix(path, "/ui/"); ok && name != "" && strings.IndexByte(name, '/') < 0 {
+		return routeAsset, name, "", true
 	}
 	if rest, ok := strings.CutPrefix(path, "/v1/activities/"); ok {
 		a, rest, more := strings.Cut(rest, "/")
@@ -133,6 +166,9 @@ func match(path string) (routeID, string, string, bool) {
 		}
 		if !more {
 			return routeActivity, a, "", true
+		}
+		if rest == "live" {
+			return routeLive, a, "", true
 		}
 		kind, u, more := strings.Cut(rest, "/")
 		if !more || u == "" || strings.IndexByte(u, '/') >= 0 {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/ingest/ui"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -158,6 +159,7 @@ type Service struct {
 	users   *userLimiter  // nil when UserRate is off
 	metrics *metrics
 	handler http.Handler
+	ui      *ui.Server // the live operator page and its feed
 
 	mu       sync.Mutex
 	kv       jetstream.KeyValue // set by Start
@@ -218,6 +220,11 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.UserRate > 0 {
 		s.users = newUserLimiter(opts.UserRate, cmp.Or(opts.UserBurst, max(1, int(2*opts.UserRate))))
+	}
+	// Live streams end when waits do (endWaits), so that an open operator
+	// page never holds a graceful shutdown.
+	if s.ui, err = ui.New(ui.Config{DB: db, JS: js, Log: log, Done: s.quit, QueryTimeout: opts.QueryTimeout}); err != nil {
+		return nil, err
 	}
 	s.handler = s.routes(gatherer)
 	return s, nil

@@ -1,0 +1,174 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// State is the data of a "state" message: the activity's public state, as
+// GET /v1/activities/{activity} answers it, plus what an operator needs to
+// judge the allocator's progress.
+type State struct {
+	ActivityID int64 `json:"activity_id"`
+	// Opened is false while the activity was never opened; the counters
+	// are then zero.
+	Opened    bool  `json:"opened"`
+	Capacity  int64 `json:"capacity"`
+	Confirmed int64 `json:"confirmed"`
+	Waiting   int64 `json:"waiting"`
+	Remaining int64 `json:"remaining"`
+	// AppliedSeq is the request-stream sequence of the last request the
+	// allocator applied to the activity (activity.next_seq − 1); 0 if none.
+	AppliedSeq uint64 `json:"applied_seq"`
+	// StoredSeq is the request-stream sequence of the newest request stored
+	// for the activity (0 if none); null when the stream could not be read.
+	StoredSeq *uint64 `json:"stored_seq"`
+	// Lag is StoredSeq − AppliedSeq when positive, else 0: how many stream
+	// sequences (of every activity on the partition) the allocator still has
+	// to get through before it has applied everything stored for this
+	// activity. Null when unknown (stream unreadable, activity not opened).
+	Lag *uint64 `json:"lag"`
+	// At is when the reads behind this snapshot began.
+	At time.Time `json:"at"`
+	// Skipped counts the events this stream dropped because its client read
+	// slower than they came; the counters above stay exact regardless.
+	Skipped uint64 `json:"skipped"`
+}
+
+// snapshots shares state reads between the streams of one activity: a
+// hundred pages watching a launch cost a few reads per second, not hundreds.
+type snapshots struct {
+	mu sync.Mutex
+	m  map[int64]*snapEntry
+}
+
+type snapEntry struct {
+	refs int // guarded by snapshots.mu
+
+	mu      sync.Mutex // one read at a time per activity
+	ok      bool
+	started time.Time // when the reads of st began
+	st      State
+}
+
+func (c *snapshots) acquire(activity int64) *snapEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.m[activity]
+	if e == nil {
+		e = &snapEntry{}
+		c.m[activity] = e
+	}
+	e.refs++
+	return e
+}
+
+func (c *snapshots) release(activity int64, e *snapEntry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e.refs--; e.refs == 0 {
+		delete(c.m, activity)
+	}
+}
+
+// snapshot returns activity's state read no earlier than notBefore, and
+// when that read began: the shared one if it is recent enough, else a
+// fresh read.
+func (s *Server) snapshot(ctx context.Context, e *snapEntry, activity int64, notBefore time.Time) (State, time.Time, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ok && !e.started.Before(notBefore) {
+		return e.st, e.started, nil
+	}
+	start := time.Now()
+	st, err := s.readState(ctx, activity, start)
+	if err != nil {
+		return State{}, time.Time{}, err
+	}
+	e.st, e.started, e.ok = st, start, true
+	return st, start, nil
+}
+
+// readState reads the request stream first and MySQL second, so that the
+// lag can only be understated by requests stored in between, never
+// overstated by requests applied in between.
+func (s *Server) readState(ctx context.Context, activity int64, start time.Time) (State, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.QueryTimeout)
+	defer cancel()
+	st := State{ActivityID: activity, At: start.UTC()}
+	stored, storedErr := s.lastStored(ctx, activity)
+	if storedErr == nil {
+		st.StoredSeq = &stored
+	} else if ctx.Err() == nil {
+		s.cfg.Log.DebugContext(ctx, "live: read the last stored request",
+			slog.Int64("activity_id", activity), slog.Any("err", storedErr))
+	}
+	as, found, err := store.GetActivity(ctx, s.cfg.DB, activity)
+	if err != nil {
+		return st, err
+	}
+	if !found {
+		return st, nil // no lag: requests for it are never applied to a row
+	}
+	row, found, err := store.GetActivityRow(ctx, s.cfg.DB, activity)
+	if err != nil {
+		return st, err
+	}
+	st.Opened = true
+	st.Capacity, st.Confirmed, st.Waiting, st.Remaining = as.Capacity, as.Confirmed, as.Waiting, as.Remaining
+	if found && row.NextSeq > 0 {
+		st.AppliedSeq = row.NextSeq - 1
+	}
+	if st.StoredSeq != nil {
+		lag := uint64(0)
+		if stored > st.AppliedSeq {
+			lag = stored - st.AppliedSeq
+		}
+		st.Lag = &lag
+	}
+	return st, nil
+}
+
+// lastStored is the stream sequence of the newest request stored for
+// activity in ALLOT_REQUESTS, 0 if none: one direct get of the last message
+// on the activity's stored subject.
+func (s *Server) lastStored(ctx context.Context, activity int64) (uint64, error) {
+	stream, parts, err := s.requestStream(ctx)
+	if err != nil {
+		return 0, err
+	}
+	msg, err := stream.GetLastMsgForSubject(ctx, bus.StoredSubject(activity, parts))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last request of activity %d: %w", activity, err)
+	}
+	return msg.Sequence, nil
+}
+
+// requestStream looks ALLOT_REQUESTS up once: its partitions never change
+// under a running system (bus.ErrPartitionsChanged).
+func (s *Server) requestStream(ctx context.Context) (jetstream.Stream, int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reqStream != nil {
+		return s.reqStream, s.parts, nil
+	}
+	stream, err := s.cfg.JS.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		return nil, 0, fmt.Errorf("look up %s: %w", wire.RequestStream, err)
+	}
+	s.reqStream, s.parts = stream, max(bus.PartitionsOf(stream.CachedInfo().Config), 1)
+	return s.reqStream, s.parts, nil
+}
