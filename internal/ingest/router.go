@@ -16,7 +16,7 @@ import (
 // The router is hand-written rather than an http.ServeMux because the
 // contract wants JSON bodies on 404 and 405 and no redirects (ServeMux
 // answers those in text and redirects unclean paths), and because matching
-// seven fixed shapes by hand costs nothing on the hot path.
+// a handful of fixed shapes by hand costs nothing on the hot path.
 
 // endpoint is one method of one route.
 type endpoint struct {
