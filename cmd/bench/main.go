@@ -52,7 +52,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 20000, "requests per measurement")
 	flag.IntVar(&o.conc, "conc", 64, "MySQL connections (and callers) of the seed designs")
 	flag.IntVar(&o.httpConc, "http-conc", 256, "concurrent HTTP clients of the end-to-end burst")
-	flag.IntVar(&o.batch, "batch", 500, "allocator batch size")
+	flag.IntVar(&o.batch, "batch", 2000, "allocator batch size")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each drain and seed measurement; the median is reported")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
 	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts")

@@ -37,7 +37,7 @@ type Config struct {
 	// PinnedTTL is how long the server waits for a pinned allocator that
 	// stopped pulling before it hands the partition to another (default 5s).
 	PinnedTTL time.Duration
-	// BatchSize is the most requests applied in one transaction (default 500).
+	// BatchSize is the most requests applied in one transaction (default 2000).
 	BatchSize int
 	// BatchWait is how long a batch waits for more requests after its first
 	// one (default 2ms): a little latency buys much larger commits under load.
@@ -51,7 +51,7 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
-		c.BatchSize = 500
+		c.BatchSize = 2000
 	}
 	if c.BatchWait <= 0 {
 		c.BatchWait = 2 * time.Millisecond
