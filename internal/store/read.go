@@ -90,20 +90,16 @@ func SetPromotedUser(r *wire.Result) {
 // GetActivity reads the state of activity id.
 func GetActivity(ctx context.Context, q DBTX, id int64) (ActivityState, bool, error) {
 	var s ActivityState
+	// One statement, one snapshot: the counters and the waitlist agree.
 	err := q.QueryRowContext(ctx,
-		"SELECT id, capacity, confirmed_count FROM activity WHERE id = ?", id).
-		Scan(&s.ID, &s.Capacity, &s.Confirmed)
+		"SELECT a.id, a.capacity, a.confirmed_count, (SELECT COUNT(*) FROM activity_signup w "+
+			"WHERE w.activity_id = a.id AND w.status = 'WAITING') FROM activity a WHERE a.id = ?", id).
+		Scan(&s.ID, &s.Capacity, &s.Confirmed, &s.Waiting)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, false, nil
 	}
 	if err != nil {
 		return s, false, fmt.Errorf("get activity %d: %w", id, err)
-	}
-	err = q.QueryRowContext(ctx,
-		"SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'WAITING'", id).
-		Scan(&s.Waiting)
-	if err != nil {
-		return s, false, fmt.Errorf("count waiting %d: %w", id, err)
 	}
 	s.Remaining = s.Capacity - s.Confirmed
 	return s, true, nil
@@ -113,10 +109,13 @@ func GetActivity(ctx context.Context, q DBTX, id int64) (ActivityState, bool, er
 // position when it is WAITING. Found is false when the user never signed up.
 func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, bool, error) {
 	s := SignupState{ActivityID: activity, UserID: user}
-	var seq int64
+	var ahead int64
+	// One statement, one snapshot: the status and the position agree.
 	err := q.QueryRowContext(ctx,
-		"SELECT status, queue_seq FROM activity_signup WHERE activity_id = ? AND user_id = ?", activity, user).
-		Scan(&s.Status, &seq)
+		"SELECT s.status, (SELECT COUNT(*) FROM activity_signup w WHERE w.activity_id = s.activity_id "+
+			"AND w.status = 'WAITING' AND w.queue_seq < s.queue_seq) FROM activity_signup s "+
+			"WHERE s.activity_id = ? AND s.user_id = ?", activity, user).
+		Scan(&s.Status, &ahead)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, false, nil
 	}
@@ -124,13 +123,6 @@ func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, 
 		return s, false, fmt.Errorf("get signup %d/%d: %w", activity, user, err)
 	}
 	if s.Status == wire.StatusWaiting {
-		var ahead int64
-		err = q.QueryRowContext(ctx,
-			"SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'WAITING' AND queue_seq < ?",
-			activity, seq).Scan(&ahead)
-		if err != nil {
-			return s, false, fmt.Errorf("signup position %d/%d: %w", activity, user, err)
-		}
 		pos := ahead + 1
 		s.Position = &pos
 	}
