@@ -8,21 +8,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -42,35 +40,9 @@ func newStack(t *testing.T, acfg allocator.Config) *stack {
 
 func newStackOpts(t *testing.T, acfg allocator.Config, iopts ingest.Options) *stack {
 	t.Helper()
-	s := &stack{t: t, db: dbtest.New(t), ns: natstest.New(t)}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx := context.Background()
-
-	anc, _ := s.ns.Connect(t)
-	a, err := allocator.New(s.db.DB, anc, log, nil, acfg, allocator.Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Stop)
-
-	inc, ijs := s.ns.Connect(t)
-	s.js = ijs
-	svc, err := ingest.New(s.db.DB, inc, ijs, log, prometheus.NewRegistry(), iopts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
-	s.url = srv.URL
-	s.cl = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}
-	return s
+	st := stacktest.Start(t, acfg, iopts)
+	return &stack{t: t, db: st.DB, ns: st.NS, js: st.JS, url: st.URL,
+		cl: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}}
 }
 
 // call sends one request and decodes the JSON answer into a map.

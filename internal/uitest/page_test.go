@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,13 +15,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocator"
-	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
-	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -37,32 +33,8 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	db, ns := dbtest.New(t), natstest.New(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx := context.Background()
-
-	anc, _ := ns.Connect(t)
-	a, err := allocator.New(db.DB, anc, log, nil, allocator.Config{}, allocator.Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Stop)
-
-	inc, ijs := ns.Connect(t)
-	svc, err := ingest.New(db.DB, inc, ijs, log, prometheus.NewRegistry(), ingest.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
-	return &stack{t: t, js: ijs, url: srv.URL}
+	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	return &stack{t: t, js: st.JS, url: st.URL}
 }
 
 // activity reads GET /v1/activities/{a}, the numbers the page must show.
