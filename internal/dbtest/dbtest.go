@@ -28,13 +28,21 @@ type DB struct {
 	Name string
 }
 
-// New creates, migrates and returns a database for t.
+// New creates, migrates and returns a database for t on the server named
+// by ALLOT_TEST_MYSQL_DSN (DefaultDSN when unset).
 func New(t testing.TB) *DB {
 	t.Helper()
 	base := os.Getenv("ALLOT_TEST_MYSQL_DSN")
 	if base == "" {
 		base = DefaultDSN
 	}
+	return NewOn(t, base)
+}
+
+// NewOn creates, migrates and returns a database for t on the server of
+// base, a DSN whose database name is ignored.
+func NewOn(t testing.TB, base string) *DB {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(base)
 	if err != nil {
 		t.Fatalf("dbtest: parse ALLOT_TEST_MYSQL_DSN: %v", err)

@@ -496,3 +496,42 @@ func TestScenario8CrashBeforeRelay(t *testing.T) {
 		},
 	})
 }
+
+// TestScenario9RestartMariaDB: kill -9 the database server mid-burst and
+// start it again on the same data directory (crash recovery). Ingest keeps
+// accepting (it needs only JetStream to do so), the allocator retries until
+// the server is back and carries on; nothing committed is lost, nothing is
+// applied twice.
+func TestScenario9RestartMariaDB(t *testing.T) {
+	run(t, scenario{n: 9, name: "restart-mariadb", stack: stackConfig{privateMySQL: true},
+		fault: func(s *stack, b *burst, r *faultResult) error {
+			if !b.reached(0.3) {
+				return errors.New("the burst ended before the fault")
+			}
+			if err := s.mysqld.kill(); err != nil {
+				return err
+			}
+			down := time.Now()
+			time.Sleep(time.Second)
+			cfg, err := mysql.ParseDSN(s.db.DSN)
+			if err != nil {
+				return err
+			}
+			cfg.DBName = ""
+			if err := startAndWait(s.mysqld, cfg.FormatDSN()); err != nil {
+				return err
+			}
+			r.count.Add(1)
+			r.note("mariadb_down=%s", time.Since(down).Round(10*time.Millisecond))
+			return nil
+		},
+		check: func(t *testing.T, s *stack, m *summary, r *faultResult) {
+			if r.count.Load() != 1 {
+				t.Error("the database server was not restarted: the fault missed")
+			}
+			if s.allocs[0].current().n != 1 || !s.allocs[0].alive() {
+				t.Error("the allocator did not survive the database restart by itself")
+			}
+		},
+	})
+}

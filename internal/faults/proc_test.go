@@ -44,7 +44,11 @@ type incarnation struct {
 // incarnation still running is killed, and when t failed each one's output
 // is written to the test log.
 func newProc(t *testing.T, name, binary string, env []string, args ...string) *proc {
-	p := &proc{name: name, path: filepath.Join(suite.bin, binary), args: args, env: append(baseEnv(), env...)}
+	path := binary
+	if !filepath.IsAbs(binary) {
+		path = filepath.Join(suite.bin, binary)
+	}
+	p := &proc{name: name, path: path, args: args, env: append(baseEnv(), env...)}
 	t.Cleanup(func() {
 		p.mu.Lock()
 		runs := p.runs

@@ -31,6 +31,7 @@ type stack struct {
 	cfg stackConfig
 
 	natsd     *proc
+	mysqld    *proc // nil unless cfg.privateMySQL
 	natsURL   string
 	natsAddr  string
 	allocs    []*proc
@@ -59,6 +60,10 @@ type stackConfig struct {
 	ingestEnv []string
 	// clients sizes the HTTP client's connection pool.
 	clients int
+	// privateMySQL runs the stack on a MariaDB server of its own (in
+	// s.mysqld), which a fault may kill and restart without disturbing
+	// the other tests.
+	privateMySQL bool
 }
 
 func newStack(t *testing.T, cfg stackConfig) *stack {
@@ -67,7 +72,14 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	if cfg.allocators == 0 {
 		cfg.allocators = 1
 	}
-	s := &stack{t: t, cfg: cfg, db: dbtest.New(t), killedForGood: map[*proc]bool{}}
+	s := &stack{t: t, cfg: cfg, killedForGood: map[*proc]bool{}}
+	if cfg.privateMySQL {
+		var base string
+		s.mysqld, base = startMariaDB(t)
+		s.db = dbtest.NewOn(t, base)
+	} else {
+		s.db = dbtest.New(t)
+	}
 
 	natsPort := freePort(t)
 	s.natsAddr = fmt.Sprintf("127.0.0.1:%d", natsPort)
