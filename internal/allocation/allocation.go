@@ -242,14 +242,15 @@ func (a *Activity) resize(capacity int64) Decision {
 	return d
 }
 
+// alreadyWaiting answers a join or a claim from a user who already waits.
+func (a *Activity) alreadyWaiting(m member) Decision {
+	return Decision{Outcome: wire.OutcomeAlreadyWaiting, Status: wire.StatusWaiting, Position: int64(a.wait.rank(m.slot))}
+}
+
 func (a *Activity) join(user int64, seq uint64) Decision {
 	if m, ok := a.members[user]; ok {
 		if m.waiting() {
-			return Decision{
-				Outcome:  wire.OutcomeAlreadyWaiting,
-				Status:   wire.StatusWaiting,
-				Position: int64(a.wait.rank(m.slot)),
-			}
+			return a.alreadyWaiting(m)
 		}
 		return Decision{Outcome: wire.OutcomeAlreadyConfirmed, Status: wire.StatusConfirmed}
 	}
@@ -272,11 +273,7 @@ func (a *Activity) claim(user int64, seq uint64) Decision {
 		if m.waiting() {
 			// A claim never waits, but neither does it throw away a place
 			// the user already queued for.
-			return Decision{
-				Outcome:  wire.OutcomeAlreadyWaiting,
-				Status:   wire.StatusWaiting,
-				Position: int64(a.wait.rank(m.slot)),
-			}
+			return a.alreadyWaiting(m)
 		}
 		return Decision{Outcome: wire.OutcomeAlreadyOwned, Status: wire.StatusConfirmed}
 	}
