@@ -132,7 +132,8 @@ func run(ctx context.Context) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.run(ctx); err != nil {
+			// A part stopped because another one failed only echoes that.
+			if err := p.run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 				errs <- fmt.Errorf("%s: %w", p.name, err)
 			}
 			cancel() // one part stopping stops the stack
@@ -145,6 +146,9 @@ func run(ctx context.Context) int {
 	code := 0
 	for err := range errs {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		if errors.Is(err, store.ErrStreamReplaced) {
+			fmt.Fprintf(os.Stderr, "  the NATS store (%s) and the database no longer belong together: restore the store, or start over with both empty: make clean, then drop the database named in ALLOT_MYSQL_DSN\n", c.NATSStore)
+		}
 		code = 1
 	}
 	fmt.Fprintln(os.Stderr, "allot stopped.")

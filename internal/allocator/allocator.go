@@ -172,6 +172,13 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if err := store.EnsurePartition(ctx, a.db, a.cfg.Partition); err != nil {
 		return err
 	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", bus.ErrUnavailable, err)
+	}
+	if err := store.BindPartition(ctx, a.db, a.cfg.Partition, info.Created.UTC().Format(time.RFC3339Nano), info.State.LastSeq); err != nil {
+		return err
+	}
 	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{Replicas: a.cfg.Replicas}); err != nil {
 		return err
 	}

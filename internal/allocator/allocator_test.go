@@ -482,3 +482,40 @@ func TestOneBadRequestDoesNotSinkItsBatch(t *testing.T) {
 	}
 	e.db.CheckInvariants(t)
 }
+
+// TestReplacedStreamIsRefused: MySQL's fence counts in one stream. When the
+// stream is deleted and created anew (a wiped NATS store), its sequences
+// start again below the fence; the allocator must refuse to start rather
+// than skip the new requests as if they were applied.
+func TestReplacedStreamIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.publish(open(1, 5), "")
+	last := e.publish(req(wire.OpJoin, 1, 1), "")
+	a := e.start(Config{}, Hooks{})
+	e.waitFence(last)
+	a.Stop()
+
+	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := req(wire.OpJoin, 1, 2)
+	e.publish(fresh, "") // seq 1 again, below the fence
+
+	b, err := New(e.db.DB, e.nc, e.log, nil, Config{}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Start(ctx)
+	if !errors.Is(err, store.ErrStreamReplaced) {
+		b.Stop()
+		t.Fatalf("Start on a replaced stream: %v, want ErrStreamReplaced", err)
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE request_id = ?", fresh.RequestID); n != 0 {
+		t.Fatal("a request of the new stream was treated as applied")
+	}
+}

@@ -3,10 +3,13 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
 	"strings"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/allot-dev/allot/migrations"
 )
@@ -54,7 +57,7 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		// DDL commits implicitly in MySQL, so each statement is written to be
 		// idempotent (IF NOT EXISTS) rather than wrapped in a transaction.
 		for _, stmt := range splitStatements(string(body)) {
-			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil && !alreadyThere(err) {
 				return fmt.Errorf("migrate %s: %w", name, err)
 			}
 		}
@@ -63,6 +66,15 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		}
 	}
 	return nil
+}
+
+// alreadyThere reports an ALTER that adds what exists already (a column,
+// an index): applied before, by a run whose record was lost. MySQL 8 has
+// no ADD COLUMN IF NOT EXISTS, so this is how such a statement stays safe
+// to run twice on both servers.
+func alreadyThere(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061) // duplicate column, duplicate key name
 }
 
 // splitStatements splits a migration on semicolons that end a line, after

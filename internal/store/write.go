@@ -57,6 +57,36 @@ func EnsurePartition(ctx context.Context, q DBTX, p int) error {
 	return nil
 }
 
+// ErrStreamReplaced means the request stream is not the one MySQL's fence
+// counts in: it was deleted and created anew (a wiped NATS store, say).
+// Applying from it would skip new requests as if applied, so the allocator
+// refuses to start.
+var ErrStreamReplaced = errors.New("the request stream was replaced since MySQL last applied from it")
+
+// BindPartition ties the fence of partition p to the stream identified by
+// streamID, whose last sequence is streamLast, or checks that it is already
+// tied to it. A fence beyond the stream's end cannot be tied to it.
+func BindPartition(ctx context.Context, q DBTX, p int, streamID string, streamLast uint64) error {
+	if _, err := q.ExecContext(ctx, "UPDATE allocator_partition SET stream_id = ? WHERE partition_id = ? AND stream_id IS NULL AND last_seq <= ?",
+		streamID, p, streamLast); err != nil {
+		return fmt.Errorf("bind partition %d: %w", p, err)
+	}
+	var bound sql.NullString
+	var last uint64
+	if err := q.QueryRowContext(ctx, "SELECT stream_id, last_seq FROM allocator_partition WHERE partition_id = ?", p).Scan(&bound, &last); err != nil {
+		return fmt.Errorf("bind partition %d: %w", p, err)
+	}
+	if !bound.Valid {
+		return fmt.Errorf("%w: partition %d's fence (seq %d) is beyond the stream's last sequence %d; "+
+			"restore the stream it came from, or start over with an empty database", ErrStreamReplaced, p, last, streamLast)
+	}
+	if bound.String != streamID {
+		return fmt.Errorf("%w: partition %d's fence (seq %d) belongs to the stream created %s, this one was created %s; "+
+			"restore that stream, or start over with an empty database", ErrStreamReplaced, p, last, bound.String, streamID)
+	}
+	return nil
+}
+
 // LockPartition locks the fence row of partition p and returns its last
 // applied stream sequence. Holding it serialises allocators on p.
 func LockPartition(ctx context.Context, tx *sql.Tx, p int) (uint64, error) {
