@@ -29,7 +29,7 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-clean: ## remove build output and the local NATS store
+clean: ## remove build output and the local NATS store (to start over, drop the database too: the allocator refuses a new stream under an old fence)
 	rm -rf $(BIN) var
 
 bench: build ## one run, side by side: allocator drain vs the seed designs, and an HTTP burst vs the Redis-gated seed design
