@@ -113,6 +113,8 @@ type Allocator struct {
 	// already applied before deciding; set only to redo a batch that ran
 	// into one.
 	checkDuplicates bool
+	// single makes a transaction apply one message only: isolate's mode.
+	single bool
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

@@ -519,3 +519,60 @@ func TestReplacedStreamIsRefused(t *testing.T) {
 		t.Fatal("a request of the new stream was treated as applied")
 	}
 }
+
+// TestBadRequestInsideAFilledGap: the request the database refuses is one
+// a dead consumer held, so it reaches the allocator through a gap filled
+// from the stream. Isolation must reject exactly it, apply the others in
+// order, and never move the fence past a message left without a result.
+func TestBadRequestInsideAFilledGap(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.db.Exec(`CREATE TRIGGER poison_signup BEFORE INSERT ON activity_signup FOR EACH ROW
+		BEGIN IF NEW.user_id = 666 THEN SET NEW.status = 'BOGUS'; END IF; END`); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := bus.EnsureAllocatorConsumer(ctx, e.js, bus.ConsumerConfig{MaxAckPending: 100, AckWait: time.Minute, PinnedTTL: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish(open(1, 2), "")
+	early := []wire.Request{req(wire.OpJoin, 1, 1), req(wire.OpJoin, 1, 666), req(wire.OpJoin, 1, 2)}
+	var badSeq uint64
+	for _, r := range early {
+		if seq := e.publish(r, ""); r.UserID == 666 {
+			badSeq = seq
+		}
+	}
+	// A consumer that takes delivery of everything so far and dies.
+	batch, err := cons.Fetch(4, jetstream.FetchMaxWait(5*time.Second), jetstream.FetchPriorityGroup(bus.PriorityGroup))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range batch.Messages() {
+	}
+	late := []wire.Request{req(wire.OpJoin, 1, 3), req(wire.OpJoin, 1, 4)}
+	var last uint64
+	for _, r := range late {
+		last = e.publish(r, "")
+	}
+	e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
+	e.waitFence(last)
+
+	want := map[int64]string{1: wire.OutcomeConfirmed, 2: wire.OutcomeConfirmed, 3: wire.OutcomeWaiting, 4: wire.OutcomeWaiting}
+	for _, r := range append(early, late...) {
+		if r.UserID == 666 {
+			continue
+		}
+		if got := e.result(r.RequestID).Outcome; got != want[r.UserID] {
+			t.Errorf("user %d: %s, want %s", r.UserID, got, want[r.UserID])
+		}
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message WHERE seq = ?", badSeq); n != 1 {
+		t.Fatal("the refused request is not the one rejected")
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message"); n != 1 {
+		t.Fatalf("%d messages rejected, want only the refused one", n)
+	}
+	e.db.CheckInvariants(t)
+}

@@ -38,6 +38,7 @@ type outcome struct {
 	rejected map[uint64]string // seq → reason
 	events   int
 	changed  []*allocation.Activity // activities whose state the commit changed
+	last     uint64                 // the last stream sequence the commit covered; 0 when it covered none
 }
 
 // handle applies msgs (possibly none: then it only looks for a gap) and
@@ -59,14 +60,11 @@ func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
 
 	for {
 		out, err := a.applyOnce(ctx, items)
-		if err != nil && store.Rejectable(err) && len(items) > 1 {
-			// One bad request must not sink the batch: apply the batch one
+		if err != nil && store.Rejectable(err) {
+			// One bad request must not sink the batch: apply it one
 			// request per transaction, so the bad one is isolated.
 			a.log.WarnContext(ctx, "batch failed; isolating requests", slog.Any("err", err), slog.Int("batch", len(items)))
 			return a.isolate(ctx, items)
-		}
-		if err != nil && store.Rejectable(err) {
-			out, err = a.rejectAll(ctx, items, err)
 		}
 		if err != nil {
 			// Not the requests' fault (broker, database, shutdown): nothing
@@ -91,31 +89,32 @@ func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
 	}
 }
 
-// isolate applies items one transaction each; one that the database still
-// refuses for its data is recorded as rejected and terminated.
+// isolate applies the partition from the fence on, one message per
+// transaction, until items are covered. The messages are taken in stream
+// order exactly as a batch takes them (delivered, or read from the stream
+// to fill a gap), so the one the database refuses is recorded as rejected
+// by itself and the fence never passes a message without a result or a
+// rejection.
 func (a *Allocator) isolate(ctx context.Context, items []item) error {
-	for _, it := range items {
-		if err := a.handleItems(ctx, []item{it}); err != nil {
+	a.single = true
+	defer func() { a.single = false }()
+	for {
+		out, err := a.applyOnce(ctx, items)
+		if err != nil && store.Rejectable(err) {
+			a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Any("err", err))
+			out, err = a.rejectNext(ctx, items, err)
+		}
+		if err != nil {
+			return fmt.Errorf("apply request: %w", err)
+		}
+		if err := a.afterCommit(ctx, items, out); err != nil {
 			return err
 		}
+		a.noteCommitted(items, out)
+		if len(items) == 0 || out.fence >= items[len(items)-1].seq || out.last == 0 {
+			return nil
+		}
 	}
-	return nil
-}
-
-func (a *Allocator) handleItems(ctx context.Context, items []item) error {
-	out, err := a.applyOnce(ctx, items)
-	if err != nil && store.Rejectable(err) {
-		a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Any("err", err), slog.Uint64("seq", items[0].seq))
-		out, err = a.rejectAll(ctx, items, err)
-	}
-	if err != nil {
-		return fmt.Errorf("apply request: %w", err)
-	}
-	if err := a.afterCommit(ctx, items, out); err != nil {
-		return err
-	}
-	a.noteCommitted(items, out)
-	return nil
 }
 
 // errRetryChecked asks applyOnce to run the batch again with the lookup of
@@ -187,6 +186,9 @@ func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item) (outc
 			a.m.gapFilled.Add(float64(filled))
 		}
 		work = walked
+	}
+	if a.single && len(work) > 1 {
+		work = work[:1]
 	}
 	out := outcome{fence: fence, rejected: map[uint64]string{}}
 	if len(work) == 0 {
@@ -411,6 +413,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		return out, err
 	}
 	out.fence = work[len(work)-1].seq
+	out.last = out.fence
 	if err := store.SetPartition(ctx, tx, a.cfg.Partition, out.fence); err != nil {
 		return out, err
 	}
@@ -442,29 +445,38 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	return act, nil
 }
 
-// rejectAll records items as rejected with reason err in a transaction of
-// its own and advances the fence past them.
-func (a *Allocator) rejectAll(ctx context.Context, items []item, cause error) (outcome, error) {
+// rejectNext records the next message of the partition after the fence,
+// found as applyTx finds it, as rejected for cause, and moves the fence
+// onto it, in a transaction of its own.
+func (a *Allocator) rejectNext(ctx context.Context, items []item, cause error) (outcome, error) {
 	out := outcome{rejected: map[uint64]string{}}
 	err := store.WithTx(ctx, a.db, store.TxOptions{}, func(tx *sql.Tx) error {
 		fence, err := store.LockPartition(ctx, tx, a.cfg.Partition)
 		if err != nil {
 			return err
 		}
-		out.fence = fence
-		var rows []store.RejectedRow
+		out.fence, out.last = fence, 0
+		var work []item
 		for _, it := range items {
-			if it.seq <= fence {
-				continue
+			if it.seq > fence {
+				work = append(work, it)
 			}
-			reason := "cannot be applied: " + cause.Error()
-			rows = append(rows, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: reason})
-			out.rejected[it.seq] = reason
-			out.fence = it.seq
 		}
-		if err := store.InsertRejected(ctx, tx, rows, time.Now().UTC()); err != nil {
+		if !a.contiguous(fence, work) {
+			if work, _, err = a.walk(ctx, fence, work); err != nil {
+				return err
+			}
+		}
+		if len(work) == 0 {
+			return nil
+		}
+		next := work[0]
+		reason := "cannot be applied: " + cause.Error()
+		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason}}, time.Now().UTC()); err != nil {
 			return err
 		}
+		out.rejected[next.seq] = reason
+		out.fence, out.last = next.seq, next.seq
 		return store.SetPartition(ctx, tx, a.cfg.Partition, out.fence)
 	})
 	return out, err
