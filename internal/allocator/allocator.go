@@ -34,6 +34,9 @@ type Config struct {
 	// Replicas is ALLOT_STREAM_REPLICAS for the streams and buckets the
 	// allocator ensures; 0 keeps what they have.
 	Replicas int
+	// Prefers, when set, says whether this process should pull on a
+	// partition (Members.Prefers); nil pulls on every partition.
+	Prefers func(partition int) bool
 	// PinnedTTL is how long the server waits for a pinned allocator that
 	// stopped pulling before it hands the partition to another (default 5s).
 	PinnedTTL time.Duration
@@ -240,16 +243,73 @@ func (a *Allocator) setErr(err error) {
 
 // run is the apply loop: collect a batch, apply it, repeat.
 func (a *Allocator) run(ctx context.Context) error {
-	iter, err := a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
-	if err != nil {
-		return fmt.Errorf("allocator: consume: %w", err)
+	var (
+		mu   sync.Mutex
+		iter jetstream.MessagesContext
+	)
+	stopIter := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if iter != nil {
+			iter.Stop()
+			iter = nil
+		}
 	}
-	go func() { <-ctx.Done(); iter.Stop() }()
+	stopWatch := context.AfterFunc(ctx, stopIter)
+	defer stopWatch()
+	defer func() {
+		stopIter()
+		a.handOver(context.WithoutCancel(ctx))
+	}()
 	for ctx.Err() == nil {
-		msgs, err := a.collect(iter)
+		if !a.prefers() {
+			// Another live allocator is this partition's preferred owner:
+			// stop pulling and hand the pin over rather than wait it out.
+			mu.Lock()
+			pulling := iter != nil
+			mu.Unlock()
+			if pulling {
+				stopIter()
+				a.handOver(ctx)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		mu.Lock()
+		it := iter
+		mu.Unlock()
+		if it == nil {
+			var err error
+			it, err = a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
+			if err != nil {
+				a.log.WarnContext(ctx, "consume requests", slog.Any("err", err))
+				time.Sleep(250 * time.Millisecond)
+				continue
+			}
+			mu.Lock()
+			iter = it
+			mu.Unlock()
+			if ctx.Err() != nil {
+				break
+			}
+		}
+		msgs, err := a.collect(it)
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			// Stopped (shutdown, a handover) or its connection closed: a
+			// new one is made on the next round.
+			mu.Lock()
+			if iter == it {
+				iter = nil
+			}
+			mu.Unlock()
 			if len(msgs) == 0 {
-				return ctx.Err()
+				if ctx.Err() == nil {
+					time.Sleep(100 * time.Millisecond)
+				}
+				continue
 			}
 		} else if err != nil {
 			a.log.WarnContext(ctx, "fetch requests", slog.Any("err", err))
@@ -268,6 +328,34 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// prefers reports whether this allocator should pull on its partition.
+func (a *Allocator) prefers() bool {
+	return a.cfg.Prefers == nil || a.cfg.Prefers(a.cfg.Partition)
+}
+
+// handOver unpins the partition if it is pinned to this allocator, so that
+// the server pins a puller of another process at once instead of after
+// PinnedTTL.
+func (a *Allocator) handOver(ctx context.Context) {
+	if a.pinID == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := a.cons.Info(ctx)
+	if err != nil {
+		return
+	}
+	for _, g := range info.PriorityGroups {
+		if g.Group == bus.PriorityGroup && g.PinnedClientID == a.pinID {
+			if err := a.stream.UnpinConsumer(ctx, bus.AllocatorConsumer(a.cfg.Partition), bus.PriorityGroup); err == nil {
+				a.log.InfoContext(ctx, "partition handed over")
+			}
+		}
+	}
+	a.pinID = ""
 }
 
 // shutdownGrace bounds how long a stopping allocator keeps trying to
@@ -315,6 +403,9 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 // or to nobody (a crashed holder left messages the server will redeliver
 // only after AckWait). An allocator that another one outranks stays idle.
 func (a *Allocator) holdsPartition(ctx context.Context) bool {
+	if !a.prefers() {
+		return false
+	}
 	info, err := a.cons.Info(ctx)
 	if err != nil {
 		return false

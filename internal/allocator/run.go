@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -39,9 +40,27 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var all []*Allocator
+	// Partitions spread over the live allocator processes; without the
+	// membership bucket every process pulls on every partition, which is
+	// safe, only less even.
+	var members *Members
+	if js, err := jetstream.New(nc); err == nil {
+		members, err = JoinMembers(ctx, js, log, cfg.Replicas, time.Second, 5*time.Second)
+		if err != nil {
+			log.WarnContext(ctx, "allocator membership unavailable; pulling on every partition", slog.Any("err", err))
+			members = nil
+		}
+	}
+	if members != nil {
+		cfg.Prefers = members.Prefers
+	}
 	stopAll := func() {
 		for _, a := range all {
 			a.Stop()
+		}
+		if members != nil {
+			members.Leave()
+			members = nil
 		}
 	}
 	for p := range max(cfg.Partitions, 1) {

@@ -350,3 +350,85 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 		}
 	}
 }
+
+// TestPartitionsSpreadOverProcesses: two allocator processes with
+// membership split four partitions two and two, each partition pinned to
+// the process that prefers it; when one process leaves, the other takes
+// every partition over and the burst is applied exactly once.
+func TestPartitionsSpreadOverProcesses(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: newEnv(t).log}
+	e.nc, e.js = e.ns.Connect(t)
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+		t.Fatal(err)
+	}
+	join := func() *Members {
+		m, err := JoinMembers(ctx, e.js, e.log, 1, 100*time.Millisecond, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Leave)
+		return m
+	}
+	ma, mb := join(), join()
+	// Both see both before pulling, so neither grabs everything first.
+	deadline := time.Now().Add(5 * time.Second)
+	for !(ma.Prefers(0) != mb.Prefers(0) && ma.Prefers(1) != mb.Prefers(1)) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two members never saw each other")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cfg := Config{PinnedTTL: time.Second, AckWait: 2 * time.Second}
+	cfgA, cfgB := cfg, cfg
+	cfgA.Prefers, cfgB.Prefers = ma.Prefers, mb.Prefers
+	a := e.startProcess(partitions, cfgA)
+	b := e.startProcess(partitions, cfgB)
+
+	reqs := mixedBurst(1500, 16, 8, 60)
+	for _, r := range reqs[:len(reqs)/2] {
+		e.publish(r, "")
+	}
+	waitApplied(t, e, len(reqs)/2, 30*time.Second)
+
+	held := map[*process]int{}
+	for p := range partitions {
+		cons, err := e.js.Consumer(ctx, wire.RequestStream, bus.AllocatorConsumer(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pinned := ""
+		for _, g := range info.PriorityGroups {
+			pinned = g.PinnedClientID
+		}
+		for _, pr := range []*process{a, b} {
+			if pr.all[p].pinID != "" && pr.all[p].pinID == pinned {
+				held[pr]++
+				if want := pr.all[p].prefers(); !want {
+					t.Errorf("partition %d is pinned to a process that does not prefer it", p)
+				}
+			}
+		}
+	}
+	if held[a] != 2 || held[b] != 2 {
+		t.Fatalf("partitions held: %d and %d, want 2 and 2", held[a], held[b])
+	}
+
+	// One process leaves: the other takes its partitions over.
+	a.stop()
+	ma.Leave()
+	for _, r := range reqs[len(reqs)/2:] {
+		e.publish(r, "")
+	}
+	waitApplied(t, e, len(reqs), 30*time.Second)
+	e.db.CheckInvariants(t)
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != int64(len(reqs)) {
+		t.Fatalf("results = %d, want %d", n, len(reqs))
+	}
+}
