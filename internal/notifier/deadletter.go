@@ -55,15 +55,15 @@ const (
 )
 
 // DLQStreamConfig is ALLOT_DLQ: dead letters kept by limits (30 days, 1 GiB,
-// oldest dropped first) on file storage.
-func DLQStreamConfig() jetstream.StreamConfig {
+// oldest dropped first) on file storage, with replicas copies.
+func DLQStreamConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        DLQStream,
 		Description: "allot dead letters: events the notifier could not deliver",
 		Subjects:    []string{"alloc.dlq.>"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    1,
+		Replicas:    max(replicas, 1),
 		MaxAge:      30 * 24 * time.Hour,
 		MaxBytes:    1 << 30,
 		Discard:     jetstream.DiscardOld,

@@ -205,7 +205,12 @@ func (n *Notifier) Start(ctx context.Context) error {
 	if err := bus.EnsureEventStream(setupCtx, n.js, bus.StreamConfig{}); err != nil {
 		return err
 	}
-	if _, err := n.js.CreateOrUpdateStream(setupCtx, DLQStreamConfig()); err != nil {
+	// Dead letters are kept as safely as the events they come from.
+	replicas := 1
+	if st, err := n.js.Stream(setupCtx, wire.EventStream); err == nil {
+		replicas = st.CachedInfo().Config.Replicas
+	}
+	if _, err := n.js.CreateOrUpdateStream(setupCtx, DLQStreamConfig(replicas)); err != nil {
 		return fmt.Errorf("%w: ensure stream %s: %w", bus.ErrUnavailable, DLQStream, err)
 	}
 	cons, err := n.ensureConsumer(setupCtx)
