@@ -366,7 +366,7 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	join := func() *Members {
-		m, err := JoinMembers(ctx, e.js, e.log, 1, 100*time.Millisecond, time.Second)
+		m, err := JoinMembers(ctx, e.js, e.log, 1, 100*time.Millisecond, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
