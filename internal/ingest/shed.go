@@ -24,8 +24,9 @@ import (
 // wire.MaxViewHolders, every holder. Against that state a claim's decision
 // is fixed: a holder gets ALREADY_OWNED, anyone else SOLD_OUT; nothing
 // changes, so nothing needs to be stored. The allocator sends changed views
-// ahead of the results of the same commit, so a client is never answered
-// from a view older than a result this ingest has given out.
+// on the result subject ahead of the results of the same commit, so this
+// ingest applies a view before it hands out the results that depend on it
+// (a result read from MySQL after a lost notification is the exception).
 
 // shedView is the decoded view of one full activity.
 type shedView struct {
