@@ -218,22 +218,25 @@ func seeds(ctx context.Context, o opts) (baseline.Stats, baseline.Stats, error) 
 	if err := baseline.Migrate(ctx, db); err != nil {
 		return baseline.Stats{}, baseline.Stats{}, err
 	}
-	if _, err := baseline.ResetActivity(ctx, db, 1, 100); err != nil {
-		return baseline.Stats{}, baseline.Stats{}, err
-	}
-	join, _ := median(o.repeat, func() (baseline.Stats, error) {
+	join, err := median(o.repeat, func() (baseline.Stats, error) {
 		if _, err := baseline.ResetActivity(ctx, db, 1, 100); err != nil {
 			return baseline.Stats{}, err
 		}
 		return baseline.Drive(ctx, func(ctx context.Context, u int64) (string, error) { return baseline.SeedJoin(ctx, db, 1, u) }, o.n, o.n, o.conc), nil
 	}, func(s baseline.Stats) float64 { return s.PerSecond })
+	if err != nil {
+		return join, baseline.Stats{}, fmt.Errorf("seed join: %w", err)
+	}
 	fmt.Fprintf(os.Stderr, "  seed join: %.0f requests/s\n", join.PerSecond)
-	claim, _ := median(o.repeat, func() (baseline.Stats, error) {
+	claim, err := median(o.repeat, func() (baseline.Stats, error) {
 		if _, err := baseline.ResetStock(ctx, db, 9001, 100); err != nil {
 			return baseline.Stats{}, err
 		}
 		return baseline.Drive(ctx, func(ctx context.Context, u int64) (string, error) { return baseline.SeedClaim(ctx, db, 9001, u) }, o.n, o.n*9/10, o.conc), nil
 	}, func(s baseline.Stats) float64 { return s.PerSecond })
+	if err != nil {
+		return join, claim, fmt.Errorf("seed claim: %w", err)
+	}
 	fmt.Fprintf(os.Stderr, "  seed claim: %.0f requests/s\n", claim.PerSecond)
 	if join.Errors > 0 || claim.Errors > 0 {
 		return join, claim, fmt.Errorf("seed designs failed: %s / %s", join.FirstError, claim.FirstError)
