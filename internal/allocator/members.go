@@ -2,6 +2,8 @@ package allocator
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -27,8 +29,10 @@ type Members struct {
 	id   string
 	log  *slog.Logger
 	beat time.Duration
+	ttl  time.Duration
 
 	mu   sync.RWMutex
+	view memberView
 	live []string
 
 	stop chan struct{}
@@ -48,7 +52,7 @@ func JoinMembers(ctx context.Context, js jetstream.JetStream, log *slog.Logger, 
 	if err != nil {
 		return nil, err
 	}
-	m := &Members{kv: kv, id: uuid.NewString(), log: log, beat: beat, stop: make(chan struct{}), done: make(chan struct{})}
+	m := &Members{kv: kv, id: uuid.NewString(), log: log, beat: beat, ttl: ttl, view: memberView{}, stop: make(chan struct{}), done: make(chan struct{})}
 	if err := m.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -72,7 +76,9 @@ func (m *Members) run() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), m.beat)
+		// A refresh may take longer than a beat under load; it only has
+		// to finish before this process's key would expire.
+		ctx, cancel := context.WithTimeout(context.Background(), m.ttl/2)
 		if err := m.refresh(ctx); err != nil {
 			m.log.Warn("allocator membership", slog.Any("err", err))
 		}
@@ -81,23 +87,89 @@ func (m *Members) run() {
 }
 
 // refresh renews this process's key and reads the live ones.
+//
+// A view is only ever replaced by a complete listing: one cut short by its
+// deadline or a dropped connection is an error and the old view stays.
+// Even a complete listing can miss a key that was rewritten while it ran
+// (the server may count the rewrite as the listing's last entry), so a
+// member leaves the view only when its key is deleted (a graceful leave)
+// or when it has been missing from missesToLeave listings in a row (its
+// key expired). This process is always in its own view: it just wrote its
+// key. Without these rules a slow listing under load made a process see
+// only the others, stop pulling and hand its partitions over.
 func (m *Members) refresh(ctx context.Context) error {
 	if _, err := m.kv.Put(ctx, m.id, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil {
 		return err
 	}
-	keys, err := m.kv.ListKeys(ctx)
+	listing, err := m.list(ctx)
 	if err != nil {
 		return err
 	}
-	var live []string
-	for k := range keys.Keys() { // drained to the end, the lister cleans up after itself
-		live = append(live, k)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.live = m.view.merge(m.id, listing)
+	return nil
+}
+
+// list reads every member key's latest state: true for a live key, false
+// for a deleted one. It fails unless it read the bucket to the end.
+func (m *Members) list(ctx context.Context) (map[string]bool, error) {
+	w, err := m.kv.WatchAll(ctx, jetstream.MetaOnly())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop() //nolint:errcheck // nothing to do about it
+	listing := map[string]bool{}
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, errors.New("allocator membership: listing closed before its end")
+			}
+			if e == nil { // the marker after the last existing key
+				return listing, nil
+			}
+			listing[e.Key()] = e.Operation() == jetstream.KeyValuePut
+		case <-ctx.Done():
+			return nil, fmt.Errorf("allocator membership: listing cut short: %w", ctx.Err())
+		}
+	}
+}
+
+// missesToLeave is how many complete listings in a row a member's key must
+// be missing from before the member leaves the view.
+const missesToLeave = 2
+
+// memberView is what a process remembers of the others between listings:
+// how many listings in a row each member has been missing from.
+type memberView map[string]int
+
+// merge folds one complete listing into the view and returns the sorted
+// live member ids.
+func (v memberView) merge(self string, listing map[string]bool) []string {
+	for id := range v {
+		if _, ok := listing[id]; !ok {
+			v[id]++
+		}
+	}
+	for id, alive := range listing {
+		if alive {
+			v[id] = 0
+		} else {
+			delete(v, id)
+		}
+	}
+	v[self] = 0
+	live := make([]string, 0, len(v))
+	for id, misses := range v {
+		if misses >= missesToLeave {
+			delete(v, id)
+			continue
+		}
+		live = append(live, id)
 	}
 	slices.Sort(live)
-	m.mu.Lock()
-	m.live = live
-	m.mu.Unlock()
-	return nil
+	return live
 }
 
 // Prefers reports whether partition p's preferred owner is this process.

@@ -1,0 +1,98 @@
+package allocator
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/internal/natstest"
+)
+
+// TestMemberViewMerge: a member leaves the view when its key is deleted,
+// or after missing from missesToLeave complete listings in a row; never
+// after one; and a process always sees itself.
+func TestMemberViewMerge(t *testing.T) {
+	v := memberView{}
+	steps := []struct {
+		name    string
+		listing map[string]bool
+		want    []string
+	}{
+		{"both announce", map[string]bool{"a": true, "b": true}, []string{"a", "b"}},
+		{"b missed once stays", map[string]bool{"a": true}, []string{"a", "b"}},
+		{"b back resets its misses", map[string]bool{"a": true, "b": true}, []string{"a", "b"}},
+		{"b missed once again", map[string]bool{"a": true}, []string{"a", "b"}},
+		{"b missed twice leaves", map[string]bool{"a": true}, []string{"a"}},
+		{"c joins", map[string]bool{"a": true, "c": true}, []string{"a", "c"}},
+		{"c deleted leaves at once", map[string]bool{"a": true, "c": false}, []string{"a"}},
+		{"self missing from the listing is still live", map[string]bool{"d": true}, []string{"a", "d"}},
+		{"self deleted is still live", map[string]bool{"a": false, "d": true}, []string{"a", "d"}},
+	}
+	for _, s := range steps {
+		if got := v.merge("a", s.listing); !slices.Equal(got, s.want) {
+			t.Fatalf("%s: live = %v, want %v", s.name, got, s.want)
+		}
+	}
+}
+
+// TestMembersViewSurvivesSlowListings: refreshes whose deadline expires
+// part-way through must never change who this process thinks is live.
+// (A listing cut short used to be taken as the whole membership, so a
+// process under load saw only the others, stopped pulling and let its
+// partitions go.)
+func TestMembersViewSurvivesSlowListings(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	var ms []*Members
+	for range 3 {
+		// A beat far longer than the test: only the refreshes below run.
+		m, err := JoinMembers(ctx, js, log, 1, time.Hour, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Leave)
+		ms = append(ms, m)
+	}
+	for _, m := range ms {
+		if err := m.refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var want []string
+	for _, m := range ms {
+		want = append(want, m.ID())
+	}
+	slices.Sort(want)
+	m := ms[0]
+	if got := m.snapshot(); !slices.Equal(got, want) {
+		t.Fatalf("live = %v, want %v", got, want)
+	}
+	var failed int
+	for i := range 400 {
+		// Deadlines from nothing to a few hundred microseconds: many
+		// expire before the Put, some during the listing.
+		c, cancel := context.WithTimeout(ctx, time.Duration(i%40)*25*time.Microsecond)
+		if m.refresh(c) != nil {
+			failed++
+		}
+		cancel()
+		if got := m.snapshot(); !slices.Equal(got, want) {
+			t.Fatalf("refresh %d changed the view: live = %v, want %v", i, got, want)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("no refresh ran out of time; the test proved nothing")
+	}
+	t.Logf("%d of 400 refreshes ran out of time; the view never changed", failed)
+}
+
+func (m *Members) snapshot() []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return slices.Clone(m.live)
+}
