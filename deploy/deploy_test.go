@@ -489,6 +489,7 @@ func (w *world) checkCompose(doc any) []string {
 	}
 	running := map[string]int{} // long-running allot binaries → services
 	partitions := map[string]string{}
+	var migrations, allocators []string // services that run the migration step, and allocators
 	for _, name := range sortedKeys(services) {
 		svc := services[name]
 		where := "compose service " + name
@@ -532,9 +533,22 @@ func (w *world) checkCompose(doc any) []string {
 			continue
 		}
 		w.checkEnv(p, b, &problems)
-		w.checkEndpoints(p, b, services, &problems)
+		migration := b.name == "allocator" && slices.Contains(p.cmd, "-migrate-only")
+		w.checkEndpoints(p, b, services, !migration, &problems)
+		if migration {
+			// The migration step: one shot, MySQL only, never restarted
+			// once it has succeeded.
+			migrations = append(migrations, name)
+			if r := digStr(svc, "restart"); r != "" && r != "no" && r != "on-failure" {
+				bad("%s: the migration step exits when done; restart %q would run it forever", where, r)
+			}
+			continue
+		}
 		if b.name == "ingest" || b.name == "allocator" {
 			partitions[name], _ = effective(p, b, "ALLOT_PARTITIONS")
+		}
+		if b.name == "allocator" {
+			allocators = append(allocators, name)
 		}
 		if dig(svc, "profiles") != nil {
 			continue // a one-shot tool
@@ -564,6 +578,15 @@ func (w *world) checkCompose(doc any) []string {
 			bad("%s: healthcheck %s, but %s serves %s on port %s (%s)", where, test[2], b.name, he.path, port, he.addrVar)
 		}
 	}
+	if len(migrations) != 1 {
+		bad("compose: want one migration step (allocator -migrate-only), got %v", migrations)
+	} else {
+		for _, a := range allocators {
+			if digStr(services[a], "depends_on", migrations[0], "condition") != "service_completed_successfully" {
+				bad("compose service %s: must wait for %s with condition service_completed_successfully", a, migrations[0])
+			}
+		}
+	}
 	for bin, want := range map[string]int{"ingest": 1, "allocator": 2, "notifier": 1} {
 		if running[bin] < want {
 			bad("compose: %d %s service(s), want at least %d", running[bin], bin, want)
@@ -574,13 +597,15 @@ func (w *world) checkCompose(doc any) []string {
 }
 
 // checkEndpoints checks that NATS and MySQL addresses name compose services.
-func (w *world) checkEndpoints(p process, b *binary, services map[string]any, problems *[]string) {
+// A process that does not need NATS (the migration step) may leave
+// ALLOT_NATS_URL unset.
+func (w *world) checkEndpoints(p process, b *binary, services map[string]any, needsNATS bool, problems *[]string) {
 	if v, ok := p.env["ALLOT_NATS_URL"]; ok {
 		u, err := url.Parse(v)
 		if err != nil || u.Scheme != "nats" || services[u.Hostname()] == nil {
 			*problems = append(*problems, fmt.Sprintf("%s: ALLOT_NATS_URL %q does not name a compose service", p.where, v))
 		}
-	} else if _, reads := b.env["ALLOT_NATS_URL"]; reads {
+	} else if _, reads := b.env["ALLOT_NATS_URL"]; reads && needsNATS {
 		*problems = append(*problems, fmt.Sprintf("%s: ALLOT_NATS_URL is not set (empty means the embedded server of make run)", p.where))
 	}
 	if v, ok := p.env["ALLOT_MYSQL_DSN"]; ok {
@@ -1088,6 +1113,13 @@ func TestChecksCatchBreakage(t *testing.T) {
 			"ALLOT_PARTITIONS: \"4\"\n      ALLOT_HTTP_ADDR", "ALLOT_PARTITIONS: \"2\"\n      ALLOT_HTTP_ADDR", "ALLOT_PARTITIONS differs"},
 		{"waits on a service without healthcheck", "compose",
 			"    healthcheck:\n      test: [\"CMD\", \"wget\"", "    x-healthcheck:\n      test: [\"CMD\", \"wget\"", "nats has no healthcheck"},
+		{"allocator does not wait for the migration step", "compose",
+			"      migrate:\n        condition: service_completed_successfully\n      allocator-1:", "      allocator-1:",
+			"allocator-2: must wait for migrate"},
+		{"migration step restarted forever", "compose",
+			"    restart: \"no\"", "    restart: unless-stopped", "restart \"unless-stopped\" would run it forever"},
+		{"no migration step", "compose",
+			"[\"/usr/local/bin/allocator\", \"-migrate-only\"]", "[\"/usr/local/bin/allocator\"]", "want one migration step"},
 		{"lazy fsync", "nats.conf", "sync_interval: always", "sync_interval: 2m", "sync_interval: always"},
 		{"one allocator replica", "k8s", "replicas: 2", "replicas: 1", "want at least 2"},
 		{"readiness on /healthz", "k8s", "path: /readyz\n              port: metrics", "path: /healthz\n              port: metrics", "readinessProbe is /healthz"},

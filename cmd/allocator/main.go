@@ -1,10 +1,20 @@
 // Command allocator is allot's single consumer: it applies the requests of
-// one partition of ALLOT_REQUESTS in MySQL transactions and relays events.
+// ALLOT_REQUESTS, partition by partition, in MySQL transactions and relays
+// their events. It applies the schema migrations before it consumes; with
+// -migrate-only it applies them and exits, for a deploy's migration step.
+//
+// Usage:
+//
+//	allocator                 # migrate, then consume until SIGINT/SIGTERM
+//	allocator -migrate-only   # migrate ALLOT_MYSQL_DSN and exit 0
 package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -20,11 +30,16 @@ const binary = "allocator"
 type cfg struct {
 	config.Common
 	allocator.Env
+
+	migrateOnly bool // -migrate-only: MySQL is all it needs
 }
 
 func (c *cfg) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
+	}
+	if c.migrateOnly {
+		return nil
 	}
 	if c.NATSURL == "" {
 		return fmt.Errorf("ALLOT_NATS_URL is empty: set it to your NATS server, or use `make run`, which embeds one")
@@ -35,32 +50,55 @@ func (c *cfg) Validate() error {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(run(ctx))
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
 }
 
-func run(ctx context.Context) int {
-	var c cfg
-	if err := config.Load(&c); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+// run is the whole command; it returns the exit code: 0 done, 1 failed
+// while running, 2 bad usage, configuration or unreachable dependency.
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	flags := flag.NewFlagSet(binary, flag.ContinueOnError)
+	flags.SetOutput(stderr)
+	migrateOnly := flags.Bool("migrate-only", false, "apply the schema migrations to ALLOT_MYSQL_DSN and exit, without consuming")
+	if err := flags.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	config.Print(os.Stderr, binary, &c)
-	log := c.Logger(os.Stderr, binary)
+	if flags.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected argument %q; the settings are ALLOT_ environment variables\n", binary, flags.Arg(0))
+		return 2
+	}
+	c := cfg{migrateOnly: *migrateOnly}
+	if err := config.Load(&c); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	config.Print(stderr, binary, &c)
+	log := c.Logger(stderr, binary)
 	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
+		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
 		return 2
 	}
 	defer db.Close()
+	if c.migrateOnly {
+		if err := store.Migrate(ctx, db); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+			return 1
+		}
+		log.InfoContext(ctx, "schema migrated; exiting (-migrate-only)")
+		return 0
+	}
 	nc, err := bus.Connect(c.NATSURL, binary, log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
+		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return 2
 	}
 	defer nc.Drain() //nolint:errcheck
 	err = allocator.Run(ctx, c.RunConfig(), db, nc, log)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 1
 	}
 	return 0

@@ -43,6 +43,22 @@ func New(t testing.TB) *DB {
 // base, a DSN whose database name is ignored.
 func NewOn(t testing.TB, base string) *DB {
 	t.Helper()
+	return create(t, base, true)
+}
+
+// NewEmpty creates and returns a database for t, like New, but without
+// migrating it: for tests of the migration step itself.
+func NewEmpty(t testing.TB) *DB {
+	t.Helper()
+	base := os.Getenv("ALLOT_TEST_MYSQL_DSN")
+	if base == "" {
+		base = DefaultDSN
+	}
+	return create(t, base, false)
+}
+
+func create(t testing.TB, base string, migrate bool) *DB {
+	t.Helper()
 	cfg, err := mysql.ParseDSN(base)
 	if err != nil {
 		t.Fatalf("dbtest: parse ALLOT_TEST_MYSQL_DSN: %v", err)
@@ -64,8 +80,10 @@ func NewOn(t testing.TB, base string) *DB {
 		db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+cfg.DBName) //nolint:errcheck
 		db.Close()
 	})
-	if err := store.Migrate(ctx, db); err != nil {
-		t.Fatalf("dbtest: migrate: %v", err)
+	if migrate {
+		if err := store.Migrate(ctx, db); err != nil {
+			t.Fatalf("dbtest: migrate: %v", err)
+		}
 	}
 	return &DB{DB: db, DSN: dsn, Name: cfg.DBName}
 }
