@@ -118,6 +118,11 @@ type Allocator struct {
 	checkDuplicates bool
 	// single makes a transaction apply one message only: isolate's mode.
 	single bool
+	// post carries what follows a commit but need not hold up the next
+	// batch (confirming the acks, telling waiting clients) to postLoop, in
+	// commit order.
+	post     chan postCommit
+	postDone chan struct{}
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -198,9 +203,16 @@ func (a *Allocator) launch(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	a.wg.Add(2)
+	a.post = make(chan postCommit, postQueue)
+	a.postDone = make(chan struct{})
+	go a.postLoop()
 	go func() {
 		defer a.wg.Done()
-		if err := a.run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+		err := a.run(runCtx)
+		// The acks of the last batches are confirmed before Stop returns.
+		close(a.post)
+		<-a.postDone
+		if err != nil && !errors.Is(err, context.Canceled) {
 			a.setErr(err)
 			a.log.ErrorContext(runCtx, "allocator stopped", slog.Any("err", err))
 		}
@@ -342,6 +354,9 @@ func (a *Allocator) handOver(ctx context.Context) {
 	if a.pinID == "" {
 		return
 	}
+	// The last batch's acks first, so the next owner is not handed
+	// messages that are already applied.
+	a.flushPost()
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	info, err := a.cons.Info(ctx)
