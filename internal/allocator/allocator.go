@@ -79,6 +79,9 @@ type Hooks struct {
 	// acknowledged. A non-nil error makes the allocator stop right there, as
 	// if the process had been killed between commit and ack.
 	AfterCommit func() error
+	// BeforeConfirm runs in the post-commit goroutine before it confirms a
+	// batch's acks: a slow broker round trip, for tests of the ordering.
+	BeforeConfirm func()
 }
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.

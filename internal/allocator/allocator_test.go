@@ -576,3 +576,38 @@ func TestBadRequestInsideAFilledGap(t *testing.T) {
 	}
 	e.db.CheckInvariants(t)
 }
+
+// TestStopConfirmsEveryAck: acks are confirmed off the apply loop, but
+// Stop returns only once the server has taken every one of them, however
+// slow the confirmation.
+func TestStopConfirmsEveryAck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.publish(open(1, 10), "")
+	var last uint64
+	for u := range int64(300) {
+		last = e.publish(req(wire.OpJoin, 1, u+1), "")
+	}
+	a, err := New(e.db.DB, e.nc, e.log, nil, Config{BatchSize: 50}, Hooks{
+		BeforeConfirm: func() { time.Sleep(50 * time.Millisecond) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFence(last)
+	a.Stop()
+	cons, err := e.js.Consumer(context.Background(), wire.RequestStream, bus.AllocatorConsumer(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || info.AckFloor.Stream != last {
+		t.Fatalf("after Stop: %d acks pending, ack floor %d, want 0 and %d", info.NumAckPending, info.AckFloor.Stream, last)
+	}
+}

@@ -563,6 +563,9 @@ func (a *Allocator) postLoop() {
 
 func (a *Allocator) postOne(p postCommit) {
 	if p.last != nil {
+		if a.hooks.BeforeConfirm != nil {
+			a.hooks.BeforeConfirm()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := p.last.DoubleAck(ctx); err != nil {
 			a.log.Warn("ack not confirmed; the fence will skip the redelivery", slog.Any("err", err))
