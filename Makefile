@@ -6,7 +6,7 @@ PKGS  := ./...
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-faults lint bench demo clean
+.PHONY: help build run test test-short test-faults lint bench demo clean reset
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,8 +29,11 @@ lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-clean: ## remove build output and the local NATS store (to start over, drop the database too: the allocator refuses a new stream under an old fence)
-	rm -rf $(BIN) var
+clean: ## remove build output; the stack's data stays (see reset)
+	rm -rf $(BIN)
+
+reset: build ## start the make-run stack over empty: drop its database (ALLOT_MYSQL_DSN) and delete its NATS store (var/nats)
+	./$(BIN)/stack -reset
 
 bench: build ## one run, side by side: allocator drain vs the seed designs, and an HTTP burst vs the Redis-gated seed design
 	./$(BIN)/bench -bin $(BIN)

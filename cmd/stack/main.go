@@ -2,12 +2,20 @@
 // machine. With ALLOT_NATS_URL empty it starts an embedded JetStream server
 // (store under ./var/nats); it creates the database if missing, migrates it,
 // then runs the allocator and ingest until Ctrl-C, and stops them cleanly.
+//
+// With -reset (`make reset`) it deletes what the stack keeps instead, the
+// embedded server's store and the database named in ALLOT_MYSQL_DSN, so
+// that the next start begins empty. The two belong together: a request
+// stream created anew under a database that applied an older one is
+// refused, since its sequence numbers would fall below MySQL's fence.
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -56,16 +64,31 @@ func (c *cfg) Validate() error {
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx)
+	code := run(ctx, os.Args[1:])
 	stop()
 	os.Exit(code)
 }
 
-func run(ctx context.Context) int {
+func run(ctx context.Context, args []string) int {
+	flags := flag.NewFlagSet(binary, flag.ContinueOnError)
+	reset := flags.Bool("reset", false, "delete the embedded NATS store and the database named in ALLOT_MYSQL_DSN, then exit")
+	if err := flags.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if flags.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q; the settings are ALLOT_ environment variables\n", binary, flags.Arg(0))
+		return 2
+	}
 	var c cfg
 	if err := config.Load(&c); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		return 2
+	}
+	if *reset {
+		return resetStack(ctx, c, os.Stderr)
 	}
 	config.Print(os.Stderr, binary, &c)
 	log := c.Logger(os.Stderr, binary)
@@ -147,10 +170,33 @@ func run(ctx context.Context) int {
 	for err := range errs {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, store.ErrStreamReplaced) {
-			fmt.Fprintf(os.Stderr, "  the NATS store (%s) and the database no longer belong together: restore the store, or start over with both empty: make clean, then drop the database named in ALLOT_MYSQL_DSN\n", c.NATSStore)
+			fmt.Fprintf(os.Stderr, "  the NATS store (%s) and the database no longer belong together: restore the store, or start over with both empty: make reset\n", c.NATSStore)
 		}
 		code = 1
 	}
 	fmt.Fprintln(os.Stderr, "allot stopped.")
 	return code
+}
+
+// resetStack deletes the embedded server's store and the database, for a
+// stack that starts over empty. It refuses when ALLOT_NATS_URL names a
+// server of its own: that server's streams are not the stack's to delete,
+// and dropping the database alone would leave them ahead of it.
+func resetStack(ctx context.Context, c cfg, out io.Writer) int {
+	if c.NATSURL != "" {
+		fmt.Fprintf(out, "%s: -reset only starts over the stack's embedded NATS server; with ALLOT_NATS_URL set, delete the streams there and the database yourself\n", binary)
+		return 2
+	}
+	name, err := store.DropDatabase(ctx, c.MySQLDSN)
+	if err != nil {
+		fmt.Fprintf(out, "%s: %v\n", binary, err)
+		return 2
+	}
+	dir, _ := filepath.Abs(c.NATSStore)
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintf(out, "%s: database %s dropped, but the NATS store stays: %v\n", binary, name, err)
+		return 1
+	}
+	fmt.Fprintf(out, "%s: dropped database %s and deleted the NATS store %s; the next start begins empty\n", binary, name, dir)
+	return 0
 }

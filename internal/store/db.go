@@ -57,25 +57,45 @@ func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 
 // EnsureDatabase creates the database named in dsn if it does not exist.
 func EnsureDatabase(ctx context.Context, dsn string) error {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return fmt.Errorf("parse mysql dsn: %w", err)
-	}
-	name := cfg.DBName
-	if name == "" {
-		return errors.New("the mysql dsn names no database")
-	}
-	cfg.DBName = ""
-	db, err := Open(ctx, cfg.FormatDSN(), 1)
+	db, name, err := openServer(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(name)+" CHARACTER SET utf8mb4")
-	if err != nil {
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS "+quoteIdent(name)+" CHARACTER SET utf8mb4"); err != nil {
 		return fmt.Errorf("create database %s: %w", name, err)
 	}
 	return nil
+}
+
+// DropDatabase drops the database named in dsn, if it exists, and returns
+// its name.
+func DropDatabase(ctx context.Context, dsn string) (string, error) {
+	db, name, err := openServer(ctx, dsn)
+	if err != nil {
+		return name, err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "DROP DATABASE IF EXISTS "+quoteIdent(name)); err != nil {
+		return name, fmt.Errorf("drop database %s: %w", name, err)
+	}
+	return name, nil
+}
+
+// openServer connects to the server of dsn without selecting its database,
+// and returns the database's name.
+func openServer(ctx context.Context, dsn string) (*sql.DB, string, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, "", fmt.Errorf("parse mysql dsn: %w", err)
+	}
+	name := cfg.DBName
+	if name == "" {
+		return nil, "", errors.New("the mysql dsn names no database")
+	}
+	cfg.DBName = ""
+	db, err := Open(ctx, cfg.FormatDSN(), 1)
+	return db, name, err
 }
 
 func quoteIdent(s string) string {
