@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -59,15 +58,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	flags := flag.NewFlagSet(binary, flag.ContinueOnError)
 	flags.SetOutput(stderr)
 	migrateOnly := flags.Bool("migrate-only", false, "apply the schema migrations to ALLOT_MYSQL_DSN and exit, without consuming")
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if flags.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected argument %q; the settings are ALLOT_ environment variables\n", binary, flags.Arg(0))
-		return 2
+	if code := config.ParseFlags(flags, args); code >= 0 {
+		return code
 	}
 	c := cfg{migrateOnly: *migrateOnly}
 	if err := config.Load(&c); err != nil {

@@ -72,15 +72,8 @@ func main() {
 func run(ctx context.Context, args []string) int {
 	flags := flag.NewFlagSet(binary, flag.ContinueOnError)
 	reset := flags.Bool("reset", false, "delete the embedded NATS store and the database named in ALLOT_MYSQL_DSN, then exit")
-	if err := flags.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if flags.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "%s: unexpected argument %q; the settings are ALLOT_ environment variables\n", binary, flags.Arg(0))
-		return 2
+	if code := config.ParseFlags(flags, args); code >= 0 {
+		return code
 	}
 	var c cfg
 	if err := config.Load(&c); err != nil {

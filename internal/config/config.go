@@ -5,6 +5,7 @@ package config
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -120,4 +121,22 @@ func printStruct(w io.Writer, v reflect.Value, seen map[string]bool) {
 func Fatal(binary string, err error) {
 	fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 	os.Exit(2)
+}
+
+// ParseFlags parses a command's arguments into fs, which takes no
+// positional arguments: the settings are ALLOT_ variables. It returns -1
+// when the command goes on, else the exit code: 0 after -h, 2 after a bad
+// flag or a stray argument, said in one line on fs's output.
+func ParseFlags(fs *flag.FlagSet, args []string) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q; the settings are %s_ environment variables\n", fs.Name(), fs.Arg(0), Prefix)
+		return 2
+	}
+	return -1
 }
