@@ -7,12 +7,13 @@ import (
 	"io"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/syncbuf"
 )
 
 func TestLoad(t *testing.T) {
@@ -118,7 +119,7 @@ func startRun(t *testing.T, args ...string) (string, func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, args, pw, &stderr)
@@ -171,22 +172,4 @@ func connect(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
 		t.Fatal(err)
 	}
 	return nc, js
-}
-
-// lockedBuffer is a bytes.Buffer safe for the server goroutine and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

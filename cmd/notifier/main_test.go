@@ -16,6 +16,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/syncbuf"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -178,7 +179,7 @@ func TestRunDeliversUntilSignalled(t *testing.T) {
 	t.Setenv("ALLOT_NOTIFY_URL", rcv.URL+"/hook?token=hunter2")
 	t.Setenv("ALLOT_NOTIFY_DURABLE", "cmd-test")
 	t.Setenv("ALLOT_NOTIFY_METRICS_ADDR", "127.0.0.1:0")
-	var out lockedBuffer
+	var out syncbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	exit := make(chan int, 1)
@@ -231,21 +232,4 @@ func TestRunDeliversUntilSignalled(t *testing.T) {
 			t.Errorf("effective config lacks %s:\n%s", want, printed)
 		}
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

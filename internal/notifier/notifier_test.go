@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/syncbuf"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -293,7 +294,7 @@ func TestWithoutURLEventsAreLoggedAndAcked(t *testing.T) {
 	e := newEnv(t)
 	ids := e.publish(wire.EventPromoted, 15)
 	e.publish(wire.EventConfirmed, 5)
-	var buf lockedBuffer
+	var buf syncbuf.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	nt, _ := e.start(testConfig(""), log)
 	e.waitDrained(DefaultDurable)
