@@ -77,8 +77,12 @@ func create(t testing.TB, base string, migrate bool) *DB {
 		t.Fatalf("dbtest: open: %v", err)
 	}
 	t.Cleanup(func() {
-		db.ExecContext(context.Background(), "DROP DATABASE IF EXISTS "+cfg.DBName) //nolint:errcheck
 		db.Close()
+		// On a connection of its own: a test may have closed db (to play
+		// an unreachable MySQL), and the database must go all the same.
+		if _, err := store.DropDatabase(context.Background(), dsn); err != nil {
+			t.Logf("dbtest: drop %s: %v", cfg.DBName, err)
+		}
 	})
 	if migrate {
 		if err := store.Migrate(ctx, db); err != nil {
