@@ -32,11 +32,16 @@ type DB struct {
 // by ALLOT_TEST_MYSQL_DSN (DefaultDSN when unset).
 func New(t testing.TB) *DB {
 	t.Helper()
-	base := os.Getenv("ALLOT_TEST_MYSQL_DSN")
-	if base == "" {
-		base = DefaultDSN
+	return NewOn(t, baseDSN())
+}
+
+// baseDSN is the server the tests use: ALLOT_TEST_MYSQL_DSN, else
+// DefaultDSN.
+func baseDSN() string {
+	if base := os.Getenv("ALLOT_TEST_MYSQL_DSN"); base != "" {
+		return base
 	}
-	return NewOn(t, base)
+	return DefaultDSN
 }
 
 // NewOn creates, migrates and returns a database for t on the server of
@@ -50,11 +55,7 @@ func NewOn(t testing.TB, base string) *DB {
 // migrating it: for tests of the migration step itself.
 func NewEmpty(t testing.TB) *DB {
 	t.Helper()
-	base := os.Getenv("ALLOT_TEST_MYSQL_DSN")
-	if base == "" {
-		base = DefaultDSN
-	}
-	return create(t, base, false)
+	return create(t, baseDSN(), false)
 }
 
 func create(t testing.TB, base string, migrate bool) *DB {
