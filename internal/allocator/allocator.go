@@ -104,6 +104,9 @@ type Allocator struct {
 	// viewFull says which activities have one.
 	views    jetstream.KeyValue
 	viewFull map[int64]bool
+	// viewsStale says the views must be rebuilt before the next batch: this
+	// allocator has (re)started pulling or was newly pinned.
+	viewsStale bool
 
 	// cache holds each activity's live state between batches. An entry is
 	// trusted only while its NextSeq, capacity and count match the row
@@ -119,8 +122,10 @@ type Allocator struct {
 	// already applied before deciding; set only to redo a batch that ran
 	// into one.
 	checkDuplicates bool
-	// single makes a transaction apply one message only: isolate's mode.
+	// single makes a transaction apply one message only: isolate's mode;
+	// tried is then the stream sequence of the message it tried last.
 	single bool
+	tried  uint64
 	// post carries what follows a commit but need not hold up the next
 	// batch (confirming the acks, telling waiting clients) to postLoop, in
 	// commit order.
@@ -195,8 +200,8 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{Replicas: a.cfg.Replicas}); err != nil {
 		return err
 	}
-	if err := a.repairViews(ctx); err != nil {
-		return fmt.Errorf("allocator: repair views: %w", err)
+	if err := a.rebuildViews(ctx); err != nil {
+		return fmt.Errorf("allocator: rebuild views: %w", err)
 	}
 	return nil
 }
@@ -307,6 +312,7 @@ func (a *Allocator) run(ctx context.Context) error {
 			mu.Lock()
 			iter = it
 			mu.Unlock()
+			a.viewsStale = true
 			if ctx.Err() != nil {
 				break
 			}
@@ -331,6 +337,11 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		if len(msgs) > 0 {
 			if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
+				if pin != a.pinID {
+					// Newly pinned here: this allocator takes the
+					// partition, and with it the views of its activities.
+					a.viewsStale = true
+				}
 				a.pinID = pin
 			}
 		} else if ctx.Err() != nil || !a.holdsPartition(ctx) {
@@ -394,6 +405,13 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 		context.AfterFunc(hctx, func() { t.Stop() })
 	})
 	defer stop()
+	if a.viewsStale && a.views != nil {
+		if err := a.rebuildViews(hctx); err != nil {
+			a.log.WarnContext(ctx, "rebuild views; claims go through the stream until it succeeds", slog.Any("err", err))
+		} else {
+			a.viewsStale = false
+		}
+	}
 	backoff := 100 * time.Millisecond
 	for {
 		err := a.handle(hctx, msgs)

@@ -99,10 +99,18 @@ func (a *Allocator) isolate(ctx context.Context, items []item) error {
 	a.single = true
 	defer func() { a.single = false }()
 	for {
+		a.tried = 0
 		out, err := a.applyOnce(ctx, items)
-		if err != nil && store.Rejectable(err) {
-			a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Any("err", err))
-			out, err = a.rejectNext(ctx, items, err)
+		if err != nil && store.Rejectable(err) && a.tried != 0 {
+			a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Uint64("seq", a.tried), slog.Any("err", err))
+			var rejected bool
+			out, rejected, err = a.reject(ctx, items, a.tried, err)
+			if err == nil && !rejected {
+				// The partition moved on under another allocator: the
+				// message that failed is no longer next. Apply again.
+				a.log.WarnContext(ctx, "the refused request is no longer next; applying again", slog.Uint64("seq", a.tried))
+				continue
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("apply request: %w", err)
@@ -189,6 +197,9 @@ func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item) (outc
 	}
 	if a.single && len(work) > 1 {
 		work = work[:1]
+	}
+	if a.single && len(work) == 1 {
+		a.tried = work[0].seq
 	}
 	out := outcome{fence: fence, rejected: map[uint64]string{}}
 	if len(work) == 0 {
@@ -293,8 +304,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			err = bus.CheckSubject(it.subject, req.ActivityID, a.cfg.Partitions)
 		}
 		if err != nil {
-			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error()})
-			out.rejected[it.seq] = err.Error()
+			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error(), Request: req})
+			out.reject(it.seq, req, err.Error(), now)
 			continue
 		}
 		reqs = append(reqs, valid{it, req})
@@ -339,7 +350,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		changed = make(map[int64]bool)
 		rowsOut = make([]store.ResultRow, 0, len(reqs))
 	)
-	out.results = make([]wire.Result, 0, len(reqs))
+	out.results = slices.Grow(out.results, len(reqs))
 	for _, r := range reqs {
 		if done[r.req.RequestID] {
 			continue
@@ -353,8 +364,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			Op: r.req.Op, ActivityID: r.req.ActivityID, UserID: r.req.UserID, Capacity: capacity,
 		}, r.seq)
 		if err != nil {
-			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error()})
-			out.rejected[r.seq] = err.Error()
+			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
+			out.reject(r.seq, r.req, err.Error(), now)
 			continue
 		}
 		done[r.req.RequestID] = true // a repeat later in this batch is skipped too
@@ -445,12 +456,20 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	return act, nil
 }
 
-// rejectNext records the next message of the partition after the fence,
-// found as applyTx finds it, as rejected for cause, and moves the fence
-// onto it, in a transaction of its own.
-func (a *Allocator) rejectNext(ctx context.Context, items []item, cause error) (outcome, error) {
-	out := outcome{rejected: map[uint64]string{}}
+// reject records the message at stream sequence seq, the one a
+// transaction of its own just failed on, as rejected for cause, and moves
+// the fence onto it, in a transaction of its own. It checks under the
+// fence's lock that seq is still the partition's next message: if another
+// allocator applied it meanwhile, nothing is rejected (rejected false) and
+// the caller applies again, so a valid request is never rejected for an
+// earlier transaction's cause.
+func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause error) (outcome, bool, error) {
+	var (
+		out      outcome
+		rejected bool
+	)
 	err := store.WithTx(ctx, a.db, store.TxOptions{}, func(tx *sql.Tx) error {
+		out, rejected = outcome{rejected: map[uint64]string{}}, false
 		fence, err := store.LockPartition(ctx, tx, a.cfg.Partition)
 		if err != nil {
 			return err
@@ -467,19 +486,43 @@ func (a *Allocator) rejectNext(ctx context.Context, items []item, cause error) (
 				return err
 			}
 		}
-		if len(work) == 0 {
+		if len(work) == 0 || work[0].seq != seq {
 			return nil
 		}
 		next := work[0]
+		now := time.Now().UTC()
+		req, _ := wire.DecodeRequest(next.subject, next.data) // what can be read of it names the rejection
 		reason := "cannot be applied: " + cause.Error()
-		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason}}, time.Now().UTC()); err != nil {
+		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason, Request: req}}, now); err != nil {
 			return err
 		}
-		out.rejected[next.seq] = reason
+		out.reject(next.seq, req, reason, now)
 		out.fence, out.last = next.seq, next.seq
+		rejected = true
 		return store.SetPartition(ctx, tx, a.cfg.Partition, out.fence)
 	})
-	return out, err
+	return out, rejected, err
+}
+
+// reject notes that the message at seq was refused for reason, and, when
+// it names a request, the REJECTED result its waiting client is told.
+func (o *outcome) reject(seq uint64, req wire.Request, reason string, at time.Time) {
+	o.rejected[seq] = reason
+	if req.RequestID == "" {
+		return
+	}
+	o.results = append(o.results, wire.Result{RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
+		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: wire.OutcomeRejected, Seq: seq,
+		AppliedAt: at, Reason: truncateReason(reason)})
+}
+
+// truncateReason cuts reason as rejected_message.reason keeps it, so that a
+// notified result and a polled one say the same.
+func truncateReason(reason string) string {
+	if len(reason) <= 255 {
+		return reason
+	}
+	return reason[:255]
 }
 
 // afterCommit acknowledges what the commit covered, terminates rejected

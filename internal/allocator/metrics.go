@@ -16,6 +16,7 @@ type metrics struct {
 	txRetries       prometheus.Counter
 	rejected        prometheus.Counter
 	gapFilled       prometheus.Counter
+	viewRebuilds    prometheus.Counter
 	cacheHits       prometheus.Counter
 	cacheLoads      prometheus.Counter
 	eventsPublished prometheus.Counter
@@ -43,6 +44,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
 		}),
+		viewRebuilds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_view_rebuilds_total",
+			Help: "Rebuilds of this partition's views from MySQL: at start and whenever the allocator takes the partition.",
+		}),
 		gapFilled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",
 		}),
@@ -66,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_outbox_backlog_requests", Help: "Applied requests whose events are not yet relayed to ALLOT_EVENTS.",
 		}),
 	}
-	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled,
+	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled, m.viewRebuilds,
 		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply)
 	return m
 }

@@ -27,18 +27,40 @@ type SignupState struct {
 	Position   *int64 `json:"position"`
 }
 
-const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at"
+const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason"
 
-// GetResult reads the recorded result of requestID.
+// GetResult reads the recorded result of requestID: its processed_request
+// row, or, for a request the allocator refused, a REJECTED result built
+// from its rejected_message row.
 func GetResult(ctx context.Context, q DBTX, requestID string) (wire.Result, bool, error) {
 	row := q.QueryRowContext(ctx, "SELECT "+resultColumns+" FROM processed_request WHERE request_id = ?", requestID)
 	r, err := scanResult(row)
 	if errors.Is(err, sql.ErrNoRows) {
-		return wire.Result{}, false, nil
+		return getRejected(ctx, q, requestID)
 	}
 	if err != nil {
 		return wire.Result{}, false, fmt.Errorf("get result %s: %w", requestID, err)
 	}
+	return r, true, nil
+}
+
+// getRejected reads the first rejection of requestID as a REJECTED result.
+func getRejected(ctx context.Context, q DBTX, requestID string) (wire.Result, bool, error) {
+	r := wire.Result{RequestID: requestID, State: wire.StateDone, Outcome: wire.OutcomeRejected}
+	var (
+		op             sql.NullString
+		activity, user sql.NullInt64
+	)
+	err := q.QueryRowContext(ctx, "SELECT seq, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
+		" WHERE request_id = ? ORDER BY seq LIMIT 1", requestID).Scan(&r.Seq, &op, &activity, &user, &r.Reason, &r.AppliedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return wire.Result{}, false, nil
+	}
+	if err != nil {
+		return wire.Result{}, false, fmt.Errorf("get rejection of %s: %w", requestID, err)
+	}
+	r.Op, r.ActivityID, r.UserID = op.String, activity.Int64, user.Int64
+	r.AppliedAt = r.AppliedAt.UTC()
 	return r, true, nil
 }
 
@@ -51,14 +73,16 @@ func scanResult(row scanner) (wire.Result, error) {
 		position sql.NullInt64
 		promoted sql.NullString
 		capacity sql.NullInt64
+		reason   sql.NullString
 	)
 	err := row.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
-		&status, &position, &promoted, &capacity, &r.AppliedAt)
+		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason)
 	if err != nil {
 		return r, err
 	}
 	r.State = wire.StateDone
 	r.AppliedAt = r.AppliedAt.UTC()
+	r.Reason = reason.String
 	if status.Valid {
 		r.Status = &status.String
 	}

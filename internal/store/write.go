@@ -32,11 +32,14 @@ type SignupRow struct {
 	QueueSeq   uint64
 }
 
-// RejectedRow is a message the allocator refused as malformed.
+// RejectedRow is a message the allocator refused: malformed, or data MySQL
+// would not take. Request holds what could be decoded of it (a zero
+// RequestID when nothing could), so that a poll of its id answers REJECTED.
 type RejectedRow struct {
 	Seq     uint64
 	Subject string
 	Reason  string
+	Request wire.Request
 }
 
 // ResultRow is a processed_request row: the result, the partition that
@@ -237,7 +240,7 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) error {
 func insertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) (int64, error) {
 	var affected int64
 	err := insertRowsAffected(ctx, tx, "INSERT IGNORE INTO processed_request ("+resultColumns+", partition_id, events) VALUES ", "",
-		13, len(rs), func(i int, args []any) []any {
+		14, len(rs), func(i int, args []any) []any {
 			r := rs[i]
 			var promoted any
 			ids := r.PromotedUserIDs
@@ -250,18 +253,43 @@ func insertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) (int64, erro
 			}
 			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
 				nullString(r.Status), nullInt(r.Position), promoted, nullInt(r.Capacity), r.AppliedAt,
-				r.Partition, nullIfEmpty(r.Events))
+				nullIfEmpty(truncate(r.Reason, 255)), r.Partition, nullIfEmpty(r.Events))
 		}, &affected)
 	return affected, err
 }
 
-// InsertRejected records malformed messages.
+// InsertRejected records refused messages.
 func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.Time) error {
-	return insertRows(ctx, tx, "INSERT IGNORE INTO rejected_message (seq, subject, reason, rejected_at) VALUES ", "",
-		4, len(rs), func(i int, args []any) []any {
+	return insertRows(ctx, tx, "INSERT IGNORE INTO rejected_message (seq, subject, reason, rejected_at, request_id, op, activity_id, user_id) VALUES ", "",
+		8, len(rs), func(i int, args []any) []any {
 			r := rs[i]
-			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at)
+			var id, op, activity, user any
+			if q := r.Request; validRequestID(q.RequestID) {
+				id, op, activity, user = q.RequestID, truncate(q.Op, 8), q.ActivityID, q.UserID
+			}
+			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at, id, op, activity, user)
 		})
+}
+
+// validRequestID reports whether id fits the request_id columns: a
+// canonical uuid, the only form ingest issues.
+func validRequestID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i := range len(id) {
+		c := id[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // insertRows runs prefix + (?,..),(?,..) + suffix in chunks.
