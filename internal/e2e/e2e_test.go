@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -265,6 +266,7 @@ func flashSale(t *testing.T, s *stack, shed bool) {
 		s.open(act, items)
 		outcomes := make([]string, claims)
 		shedAnswers := make([]bool, claims)
+		answers := make([]map[string]any, claims)
 		users := make([]int, claims)
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 256)
@@ -283,6 +285,7 @@ func flashSale(t *testing.T, s *stack, shed bool) {
 				}
 				outcomes[i], _ = m["outcome"].(string)
 				shedAnswers[i] = m["shed"] == true
+				answers[i] = m
 			}()
 		}
 		wg.Wait()
@@ -322,12 +325,57 @@ func flashSale(t *testing.T, s *stack, shed bool) {
 		if !shed && nshed > 0 {
 			t.Fatalf("round %d: %d answers shed with shedding off", r, nshed)
 		}
-		// Every claim has its final result: stored, or answered at once.
-		if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'claim'", act); n+int64(nshed) != claims {
-			t.Fatalf("round %d: %d stored results + %d shed answers, want %d", r, n, nshed, claims)
+		if shed && nshed == 0 {
+			t.Fatalf("round %d: shedding on, yet no claim was answered early", r)
+		}
+		// Every claim is stored and applied, those answered early too, and
+		// every answer a client got is the allocator's recorded decision.
+		s.waitStored(act, claims)
+		for i, m := range answers {
+			s.sameAsRecorded(fmt.Sprintf("round %d claim %d", r, i), m)
 		}
 		t.Logf("round %d: %d claims, %d answered from the view", r, claims, nshed)
 		s.db.CheckInvariants(t)
+	}
+}
+
+// waitStored waits until activity has n recorded results.
+func (s *stack) waitStored(activity, n int) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := s.db.Count(s.t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op <> 'open'", activity)
+		if got == int64(n) {
+			return
+		}
+		if got > int64(n) || time.Now().After(deadline) {
+			s.t.Fatalf("activity %d: %d recorded results, want %d", activity, got, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// sameAsRecorded requires that answer m, as a client received it (early or
+// not), is the result the allocator recorded for its request id.
+func (s *stack) sameAsRecorded(what string, m map[string]any) {
+	s.t.Helper()
+	id, _ := m["request_id"].(string)
+	var outcome, op string
+	var status sql.NullString
+	var seq float64
+	var activity, user int64
+	err := s.db.QueryRow("SELECT outcome, status, seq, op, activity_id, user_id FROM processed_request WHERE request_id = ?", id).
+		Scan(&outcome, &status, &seq, &op, &activity, &user)
+	if err != nil {
+		s.t.Fatalf("%s: recorded result of %s: %v (answer %v)", what, id, err, m)
+	}
+	var wantStatus any
+	if status.Valid {
+		wantStatus = status.String
+	}
+	if m["outcome"] != outcome || m["status"] != wantStatus || m["seq"] != seq || m["op"] != op ||
+		m["activity_id"] != float64(activity) || m["user_id"] != float64(user) {
+		s.t.Fatalf("%s: answer %v, but the allocator recorded %s %v seq %v for %s/%d/%d", what, m, outcome, wantStatus, seq, op, activity, user)
 	}
 }
 

@@ -16,6 +16,7 @@ type metrics struct {
 	replays         prometheus.Counter
 	waiters         prometheus.Gauge
 	shed            *prometheus.CounterVec // outcome
+	earlyMissed     *prometheus.CounterVec // reason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,10 +44,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_claims_total",
-			Help: "Claims for a full activity answered at once from the allocator's view, by outcome.",
+			Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
 		}, []string{"outcome"}),
+		earlyMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_shed_missed_total",
+			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

@@ -44,7 +44,8 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 		writeJSON(w, http.StatusOK, res)
 		return
 	}
-	if res, ok := s.shedIDs.shedResult(uid); ok {
+	if res, ok := s.early.Get(id); ok {
+		// Answered early here and not yet recorded by the allocator.
 		writeJSON(w, http.StatusOK, res)
 		return
 	}

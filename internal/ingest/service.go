@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +37,7 @@ const (
 	DefaultQueryTimeout      = 5 * time.Second
 	DefaultIdempotencyBucket = "ALLOT_IDEMPOTENCY"
 	DefaultIdempotencyTTL    = 24 * time.Hour
+	DefaultEarlyResults      = 100_000
 )
 
 // Options are the HTTP-independent settings of a Service. A zero field takes
@@ -80,9 +82,19 @@ type Options struct {
 	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
 	// stream; 0 keeps what an existing stream has.
 	Partitions int
-	// DisableShed turns off answering claims for a full activity at once
-	// (ALLOT_SHED=false): every claim then goes through the stream.
+	// DisableShed turns off answering claims for a full activity early
+	// (ALLOT_SHED=false): every claim then waits for the allocator.
 	DisableShed bool
+	// EarlyWait bounds how long a claim for a full activity waits for the
+	// request-stream tail to pass it before it is left to the allocator.
+	// Default DefaultEarlyWait.
+	EarlyWait time.Duration
+	// TailReplay is how many of the request stream's latest messages the
+	// tail reads at start. Default DefaultTailReplay.
+	TailReplay uint64
+	// EarlyResults bounds the early answers kept for polls of their ids
+	// until the allocator has recorded them. Default DefaultEarlyResults.
+	EarlyResults int
 	// MaxInFlight bounds the publishes awaiting their PubAck; a write beyond
 	// it answers 503 at once rather than queueing without bound. Default 2048.
 	MaxInFlight int
@@ -108,6 +120,7 @@ func (o Options) withDefaults() (Options, error) {
 		def(&o.RecheckInterval, DefaultRecheckInterval, "RecheckInterval"),
 		def(&o.QueryTimeout, DefaultQueryTimeout, "QueryTimeout"),
 		def(&o.IdempotencyTTL, DefaultIdempotencyTTL, "IdempotencyTTL"),
+		def(&o.EarlyWait, DefaultEarlyWait, "EarlyWait"),
 	} {
 		if e != nil {
 			return o, e
@@ -135,6 +148,15 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxInFlight < 0 {
 		return o, fmt.Errorf("ingest: MaxInFlight must not be negative, got %d", o.MaxInFlight)
 	}
+	if o.TailReplay == 0 {
+		o.TailReplay = DefaultTailReplay
+	}
+	if o.EarlyResults < 0 {
+		return o, fmt.Errorf("ingest: EarlyResults must not be negative, got %d", o.EarlyResults)
+	}
+	if o.EarlyResults == 0 {
+		o.EarlyResults = DefaultEarlyResults
+	}
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlight
 	}
@@ -150,9 +172,12 @@ type Service struct {
 	log  *slog.Logger
 	opts Options
 
-	ids     *idIssuer
-	shedIDs *idIssuer
-	views   views
+	ids   *idIssuer
+	views views
+	tail  *tail
+	// early holds the early answers given by this instance, for polls that
+	// come before the allocator has recorded them.
+	early   *lru.Cache[string, wire.Result]
 	flight  chan struct{} // one token per publish in flight
 	waiters *waiters
 	limiter *rate.Limiter // nil when RateLimit is off
@@ -208,12 +233,15 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		log:     log,
 		opts:    opts,
 		ids:     newIDIssuer(opts.IDSecret),
-		shedIDs: newIDIssuer(opts.IDSecret + "/shed"),
-		views:   views{m: make(map[int64]*shedView)},
+		views:   views{m: make(map[int64]viewEntry)},
+		tail:    newTail(DefaultTailActivities),
 		flight:  make(chan struct{}, opts.MaxInFlight),
 		waiters: newWaiters(m.waiters),
 		metrics: m,
 		quit:    make(chan struct{}),
+	}
+	if s.early, err = lru.New[string, wire.Result](opts.EarlyResults); err != nil {
+		return nil, err
 	}
 	if opts.RateLimit > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(opts.RateLimit), opts.RateBurst)
@@ -264,6 +292,10 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("ingest start: %w: watch %s: %w", bus.ErrUnavailable, wire.ViewBucket, err)
 		}
 		s.stopViews = cancel
+		if err := s.tail.start(ctx, s.js, s.opts.TailReplay, s.log); err != nil {
+			cancel()
+			return fmt.Errorf("ingest start: %w", err)
+		}
 	}
 	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
 	if err != nil {
@@ -305,6 +337,7 @@ func (s *Service) Stop() {
 	s.stopped = true
 	if s.stopViews != nil {
 		s.stopViews()
+		s.tail.stop()
 	}
 	if s.sub != nil {
 		if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -74,10 +74,12 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 			return
 		}
 	}
-	// A keyed claim always goes through the stream, so the key stays bound
-	// to one stored request.
-	if op == wire.OpClaim && !hasKey && !s.opts.DisableShed && s.shed(w, r, activity, user) {
-		return
+	// A claim for an activity with a view may be answered early, once it
+	// is stored (answerEarly). A keyed claim is left to the allocator, so
+	// that a repeat of the key reads the recorded result.
+	var candidate *shedView
+	if op == wire.OpClaim && !hasKey && !s.opts.DisableShed {
+		candidate = s.views.get(activity)
 	}
 
 	ctx := r.Context()
@@ -141,7 +143,8 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 			return
 		}
 	}
-	if err := s.publish(ctx, activity, id, data); err != nil {
+	seq, err := s.publish(ctx, activity, id, data)
+	if err != nil {
 		if errors.Is(err, errOverloaded) {
 			w.Header()["Retry-After"] = []string{"1"}
 			writeError(w, http.StatusServiceUnavailable, msgOverloaded)
@@ -149,6 +152,12 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		}
 		writeError(w, http.StatusServiceUnavailable, msgBrokerDown)
 		return
+	}
+	if candidate != nil {
+		if res, ok := s.answerEarly(ctx, id, activity, user, seq, candidate); ok {
+			writeJSON(w, http.StatusOK, res)
+			return
+		}
 	}
 	if wait > 0 {
 		// A fresh id cannot have a result yet, and a repeat's was read
@@ -180,13 +189,13 @@ func canonicalPath(op string, activity, user int64) string {
 // PubAck. Nats-Msg-Id is the request id, so JetStream drops a re-publish
 // within its duplicate window. The publish is not cut short when the client
 // leaves: its outcome is logged either way.
-func (s *Service) publish(ctx context.Context, activity int64, id string, data []byte) error {
+func (s *Service) publish(ctx context.Context, activity int64, id string, data []byte) (uint64, error) {
 	select {
 	case s.flight <- struct{}{}:
 		defer func() { <-s.flight }()
 	default:
 		s.metrics.publishFailures.Inc()
-		return fmt.Errorf("%w: %d publishes already in flight", errOverloaded, cap(s.flight))
+		return 0, fmt.Errorf("%w: %d publishes already in flight", errOverloaded, cap(s.flight))
 	}
 	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
 	start := time.Now()
@@ -196,13 +205,13 @@ func (s *Service) publish(ctx context.Context, activity int64, id string, data [
 		s.metrics.publishFailures.Inc()
 		s.log.WarnContext(ctx, "publish request", slog.String("request_id", id),
 			slog.Int64("activity_id", activity), slog.Any("err", err))
-		return fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
+		return 0, fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
 	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "request published", slog.String("request_id", id),
 			slog.Int64("activity_id", activity), slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
 	}
-	return nil
+	return ack.Sequence, nil
 }
 
 // errOverloaded means the in-flight bound is reached: 503 at once.
