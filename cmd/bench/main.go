@@ -40,7 +40,7 @@ import (
 type opts struct {
 	n, conc, httpConc int
 	bin, dsn          string
-	skipE2E           bool
+	skipE2E, e2eOnly  bool
 	batch             int
 	repeat            int
 }
@@ -56,6 +56,7 @@ func main() {
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each drain and seed measurement; the median is reported")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
 	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts")
+	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
 	flag.Parse()
 	o.dsn = os.Getenv("ALLOT_MYSQL_DSN")
 	if o.dsn == "" {
@@ -110,6 +111,9 @@ type row struct {
 }
 
 func run(ctx context.Context, o opts) error {
+	if o.e2eOnly {
+		return e2e(ctx, o)
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var rows []row
 	fmt.Fprintf(os.Stderr, "bench: %d requests per measurement, seed designs with %d connections\n", o.n, o.conc)

@@ -17,6 +17,7 @@ type metrics struct {
 	waiters         prometheus.Gauge
 	shed            *prometheus.CounterVec // outcome
 	earlyMissed     *prometheus.CounterVec // reason
+	commitBatch     prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -46,12 +47,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "allot_ingest_shed_claims_total",
 			Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
 		}, []string{"outcome"}),
+		commitBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "allot_ingest_commit_batch_size",
+			Help:    "Requests published together as one atomic batch (group commit).",
+			Buckets: prometheus.ExponentialBuckets(16, 2, 7),
+		}),
 		earlyMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_missed_total",
 			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
 		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

@@ -92,6 +92,11 @@ type Options struct {
 	// TailReplay is how many of the request stream's latest messages the
 	// tail reads at start. Default DefaultTailReplay.
 	TailReplay uint64
+	// CommitMinBatch is the smallest queue of requests that is published
+	// as one atomic batch (group commit); smaller queues are published
+	// message by message. Negative: never batch. Default
+	// DefaultCommitMinBatch.
+	CommitMinBatch int
 	// EarlyResults bounds the early answers kept for polls of their ids
 	// until the allocator has recorded them. Default DefaultEarlyResults.
 	EarlyResults int
@@ -148,6 +153,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxInFlight < 0 {
 		return o, fmt.Errorf("ingest: MaxInFlight must not be negative, got %d", o.MaxInFlight)
 	}
+	if o.CommitMinBatch == 0 {
+		o.CommitMinBatch = DefaultCommitMinBatch
+	}
 	if o.TailReplay == 0 {
 		o.TailReplay = DefaultTailReplay
 	}
@@ -172,9 +180,10 @@ type Service struct {
 	log  *slog.Logger
 	opts Options
 
-	ids   *idIssuer
-	views views
-	tail  *tail
+	ids    *idIssuer
+	views  views
+	tail   *tail
+	commit *committer // nil when CommitMinBatch < 0
 	// early holds the early answers given by this instance, for polls that
 	// come before the allocator has recorded them.
 	early   *lru.Cache[string, wire.Result]
@@ -192,8 +201,9 @@ type Service struct {
 	quit     chan struct{} // closed by endWaits: waiting handlers answer now
 	quitOnce sync.Once
 	stopped  bool
-	// stopViews ends the view watcher.
-	stopViews context.CancelFunc
+	// stopViews ends the view watcher and the tail, stopCommit the group
+	// commit.
+	stopViews, stopCommit context.CancelFunc
 }
 
 // New builds a Service over db (read only: results, activities, signups),
@@ -239,6 +249,11 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		waiters: newWaiters(m.waiters),
 		metrics: m,
 		quit:    make(chan struct{}),
+	}
+	if opts.CommitMinBatch > 0 {
+		s.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, opts.MaxInFlight),
+			minBatch: opts.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: opts.PublishTimeout,
+			batches: func(n int) { m.commitBatch.Observe(float64(n)) }}
 	}
 	if s.early, err = lru.New[string, wire.Result](opts.EarlyResults); err != nil {
 		return nil, err
@@ -297,6 +312,11 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("ingest start: %w", err)
 		}
 	}
+	cctx, stopCommit := context.WithCancel(context.Background())
+	s.stopCommit = stopCommit
+	if s.commit != nil {
+		s.commit.run(cctx)
+	}
 	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
 	if err != nil {
 		return fmt.Errorf("ingest start: %w: subscribe %s: %w", bus.ErrUnavailable, wire.ResultSubject, err)
@@ -338,6 +358,9 @@ func (s *Service) Stop() {
 	if s.stopViews != nil {
 		s.stopViews()
 		s.tail.stop()
+	}
+	if s.stopCommit != nil {
+		s.stopCommit()
 	}
 	if s.sub != nil {
 		if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -230,7 +230,19 @@ func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, err
 	deadline := time.NewTimer(s.opts.PublishTimeout)
 	defer deadline.Stop()
 	var last error
-	for attempt := 0; ; attempt++ {
+	first := 0
+	if s.commit != nil {
+		// The first attempt goes through the group commit (commit.go).
+		res := s.commit.publish(msg, id, deadline.C)
+		switch {
+		case res.err == nil:
+			return res.ack, nil
+		case !res.sent:
+			return nil, res.err // it never left the process: nothing stored
+		}
+		last, first = res.err, 1
+	}
+	for attempt := first; ; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-deadline.C:
