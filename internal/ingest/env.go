@@ -18,7 +18,8 @@ type Env struct {
 	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
 	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
 	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
-	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
+	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer a claim for a full activity as soon as the request stream proves its answer, before the allocator applies it"`
+	CommitMinBatch  int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 }
 
@@ -48,6 +49,9 @@ func (e Env) Validate() error {
 	if e.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", e.RateLimit)
 	}
+	if e.CommitMinBatch == 0 || e.CommitMinBatch < -1 || e.CommitMinBatch > DefaultCommitMaxBatch {
+		return fmt.Errorf("ALLOT_INGEST_COMMIT_MIN_BATCH must be -1 (never batch) or between 1 and %d, got %d", DefaultCommitMaxBatch, e.CommitMinBatch)
+	}
 	return nil
 }
 
@@ -64,6 +68,7 @@ func (e Env) RunConfig() RunConfig {
 			DisableShed:    !e.Shed,
 			Partitions:     e.Partitions,
 			MaxInFlight:    e.MaxInFlight,
+			CommitMinBatch: e.CommitMinBatch,
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
 	}
