@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,7 +51,15 @@ type Config struct {
 	// IdleCheck is how often an idle allocator looks for a gap between its
 	// fence and the stream (default 1s), which a crashed peer leaves behind.
 	IdleCheck time.Duration
+	// CacheActivities bounds the activities whose live state the allocator
+	// keeps between batches (default DefaultCacheActivities); the least
+	// recently used is dropped and reloaded from MySQL when next needed.
+	// Four times as many full activities are tracked for their views.
+	CacheActivities int
 }
+
+// DefaultCacheActivities is Config.CacheActivities' default.
+const DefaultCacheActivities = 10_000
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
@@ -64,6 +73,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.IdleCheck <= 0 {
 		c.IdleCheck = time.Second
+	}
+	if c.CacheActivities <= 0 {
+		c.CacheActivities = DefaultCacheActivities
 	}
 	c.Partitions = max(c.Partitions, 1)
 	if c.PinnedTTL <= 0 {
@@ -103,7 +115,11 @@ type Allocator struct {
 	// views holds the views of full activities for ingest's shedding;
 	// viewFull says which activities have one.
 	views    jetstream.KeyValue
-	viewFull map[int64]bool
+	viewFull *lru.Cache[int64, struct{}]
+	// viewDropped holds the activities viewFull forgot: their keys are
+	// deleted with the next views, so no view outlives the tracking.
+	viewDropped  []int64
+	viewClearing bool
 	// viewsStale says the views must be rebuilt before the next batch: this
 	// allocator has (re)started pulling or was newly pinned.
 	viewsStale bool
@@ -111,7 +127,7 @@ type Allocator struct {
 	// cache holds each activity's live state between batches. An entry is
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
-	cache map[int64]*allocation.Activity
+	cache *lru.Cache[int64, *allocation.Activity]
 	// lastFence and lastDseq are where this allocator's last commit left
 	// the fence and the last delivery it handled (0: unknown).
 	lastFence, lastDseq uint64
@@ -153,12 +169,22 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	}
 	m := newMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"partition": strconv.Itoa(cfg.Partition)}, reg))
 	log = log.With(slog.Int("partition", cfg.Partition))
-	return &Allocator{
+	a := &Allocator{
 		cfg: cfg, db: db, nc: nc, js: js, log: log, m: m, hooks: hooks,
-		relay:    newRelay(db, js, log, m, cfg.Partition),
-		cache:    make(map[int64]*allocation.Activity),
-		viewFull: make(map[int64]bool),
-	}, nil
+		relay: newRelay(db, js, log, m, cfg.Partition),
+	}
+	// Both callbacks run in the apply loop, which alone uses the caches.
+	if a.cache, err = lru.New[int64, *allocation.Activity](cfg.CacheActivities); err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	if a.viewFull, err = lru.NewWithEvict(4*cfg.CacheActivities, func(id int64, _ struct{}) {
+		if !a.viewClearing {
+			a.viewDropped = append(a.viewDropped, id)
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	return a, nil
 }
 
 // Start ensures the streams, the durable consumer and the fence row, then

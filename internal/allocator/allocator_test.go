@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
@@ -332,15 +333,26 @@ func TestBatchSizesDecideIdentically(t *testing.T) {
 	t.Parallel()
 	reqs := mixedBurst(1500, 3, 40, 120)
 	var want []string
-	for _, size := range []int{1, 7, 500} {
-		t.Run(fmt.Sprint(size), func(t *testing.T) {
+	for _, c := range []struct{ size, cache int }{{1, 0}, {7, 0}, {500, 0}, {7, 1}} {
+		t.Run(fmt.Sprintf("batch %d cache %d", c.size, c.cache), func(t *testing.T) {
 			e := newEnv(t)
 			var last uint64
 			for _, r := range reqs {
 				last = e.publish(r, "")
 			}
-			e.start(Config{BatchSize: size}, Hooks{})
+			a := e.start(Config{BatchSize: c.size, CacheActivities: c.cache}, Hooks{})
 			e.waitFence(last)
+			if c.cache > 0 {
+				// A cache of one over three activities: reloads from
+				// MySQL all along, the same decisions.
+				a.Stop()
+				if n := a.cache.Len(); n > c.cache {
+					t.Fatalf("the cache holds %d activities, bounded at %d", n, c.cache)
+				}
+				if loads := testutil.ToFloat64(a.m.cacheLoads); loads < 10 {
+					t.Fatalf("%v loads from MySQL with a cache of one over three activities", loads)
+				}
+			}
 			got := make([]string, len(reqs))
 			for i, r := range reqs {
 				res := e.result(r.RequestID)
@@ -354,7 +366,7 @@ func TestBatchSizesDecideIdentically(t *testing.T) {
 			}
 			for i := range got {
 				if got[i] != want[i] {
-					t.Fatalf("request %d (%s): batch size %d decided %q, batch size 1 decided %q", i, reqs[i].Op, size, got[i], want[i])
+					t.Fatalf("request %d (%s): batch size %d, cache %d decided %q, batch size 1 decided %q", i, reqs[i].Op, c.size, c.cache, got[i], want[i])
 				}
 			}
 		})

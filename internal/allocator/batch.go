@@ -155,7 +155,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 	if errors.Is(err, errRetryChecked) {
 		// A request was stored twice: apply the batch again, looking up
 		// every request first. The cache holds the rolled-back decisions.
-		clear(a.cache)
+		a.cache.Purge()
 		a.checkDuplicates = true
 		defer func() { a.checkDuplicates = false }()
 		return a.applyOnce(ctx, items)
@@ -164,7 +164,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 		// The cache may hold decisions that were rolled back; the next
 		// transaction sees their NextSeq disagree with the row and reloads,
 		// but dropping them now keeps memory honest.
-		clear(a.cache)
+		a.cache.Purge()
 		return out, err
 	}
 	a.m.txSeconds.Observe(time.Since(start).Seconds())
@@ -394,7 +394,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	for _, id := range actIDs {
 		if act := acts[id]; act != nil && touched[id] {
 			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq})
-			a.cache[id] = act
+			a.cache.Add(id, act)
 			if changed[id] {
 				out.changed = append(out.changed, act)
 			}
@@ -436,10 +436,10 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map[int64]store.ActivityRow) (*allocation.Activity, error) {
 	row, ok := rows[id]
 	if !ok {
-		delete(a.cache, id)
+		a.cache.Remove(id)
 		return nil, nil
 	}
-	if c := a.cache[id]; c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed {
+	if c, _ := a.cache.Get(id); c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed {
 		a.m.cacheHits.Inc()
 		return c, nil
 	}
@@ -452,7 +452,7 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	if err != nil {
 		return nil, fmt.Errorf("activity %d in mysql breaks an invariant: %w", id, err)
 	}
-	a.cache[id] = act
+	a.cache.Add(id, act)
 	return act, nil
 }
 

@@ -15,6 +15,7 @@ type Env struct {
 	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
 	Replicas    int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets"`
+	Cache       int           `envconfig:"ALLOCATOR_CACHE_ACTIVITIES" default:"10000" desc:"activities whose live state each partition's allocator keeps between batches (LRU); the rest is reloaded from MySQL"`
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -31,6 +32,9 @@ func (e Env) Validate() error {
 	if e.BatchSize < 1 || e.BatchSize > 10_000 {
 		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", e.BatchSize)
 	}
+	if e.Cache < 1 || e.Cache > 10_000_000 {
+		return fmt.Errorf("ALLOT_ALLOCATOR_CACHE_ACTIVITIES must be between 1 and 10000000, got %d", e.Cache)
+	}
 	if e.BatchWait < 0 || e.BatchWait > time.Second {
 		return fmt.Errorf("ALLOT_BATCH_WAIT must be between 0 and 1s, got %s", e.BatchWait)
 	}
@@ -41,7 +45,7 @@ func (e Env) Validate() error {
 func (e Env) RunConfig() RunConfig {
 	return RunConfig{
 		Config: Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait,
-			Replicas: e.Replicas},
+			Replicas: e.Replicas, CacheActivities: e.Cache},
 		MetricsAddr: e.MetricsAddr,
 	}
 }

@@ -49,7 +49,7 @@ func viewOf(act *allocation.Activity) wire.View {
 // may hold a sheddable view, and rebuildViews, run whenever this allocator
 // takes the partition, recomputes them all from MySQL.
 func (a *Allocator) publishViews(ctx context.Context, changed []*allocation.Activity) {
-	if a.views == nil || len(changed) == 0 {
+	if a.views == nil || len(changed) == 0 && len(a.viewDropped) == 0 {
 		return
 	}
 	// Writes to the bucket go out as asynchronous publishes on its subjects
@@ -80,14 +80,28 @@ func (a *Allocator) publishViews(ctx context.Context, changed []*allocation.Acti
 		if viewed(act) {
 			// Marked before the PubAck: a put that times out may still be
 			// stored, and must be cleared at the next change.
-			a.viewFull[act.ID] = true
+			a.viewFull.Add(act.ID, struct{}{})
 			send(viewOf(act))
 			continue
 		}
-		if a.viewFull[act.ID] && send(clearedView(act)) {
+		if a.viewFull.Contains(act.ID) && send(clearedView(act)) {
 			cleared = append(cleared, act.ID)
 		}
 	}
+	// Views this allocator stopped tracking are deleted: it could not
+	// clear them later. A delete carries no sequence; ingest keeps the one
+	// it has.
+	for _, id := range a.viewDropped {
+		if a.viewFull.Contains(id) {
+			continue
+		}
+		msg := nats.NewMsg("$KV." + wire.ViewBucket + "." + wire.ViewKey(id))
+		msg.Header.Set("KV-Operation", "DEL")
+		if f, err := a.js.PublishMsgAsync(msg); err == nil {
+			futures = append(futures, f)
+		}
+	}
+	a.viewDropped = a.viewDropped[:0]
 	ok := true
 	timeout := time.After(5 * time.Second)
 	for _, f := range futures {
@@ -104,9 +118,11 @@ func (a *Allocator) publishViews(ctx context.Context, changed []*allocation.Acti
 		}
 	}
 	if ok {
+		a.viewClearing = true // a clear is not a drop: no delete follows
 		for _, id := range cleared {
-			delete(a.viewFull, id)
+			a.viewFull.Remove(id)
 		}
+		a.viewClearing = false
 	}
 	if len(notify) > 0 {
 		// Before the results: ingest applies these first.
@@ -171,7 +187,7 @@ func (a *Allocator) rebuildViews(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		a.viewFull[id] = true
+		a.viewFull.Add(id, struct{}{})
 		acts = append(acts, act)
 	}
 	a.publishViews(ctx, acts)
