@@ -264,6 +264,18 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 
 // noteCommitted remembers, after a commit, where this allocator left the
 // fence and the last delivery it handled, for the next contiguous check.
+//
+// Only a first delivery may stand for "every delivery up to here is
+// covered": first deliveries come in stream order, so one of stream
+// sequence s ≤ fence numbered d says every first delivery numbered below d
+// is of a message at or below s. A redelivery says nothing of the kind:
+// its number is the next free one, past deliveries this allocator may
+// never have seen (dropped on the way, or made to another allocator) of
+// messages above the fence. Counting it made the next first delivery look
+// contiguous and the fence jump over those messages (issue 10, item 2).
+// So lastDseq is the highest-numbered first delivery of the covered run
+// (the items up to the fence, none read from the stream); without one it
+// is 0 and the next batch is proven by a walk.
 func (a *Allocator) noteCommitted(items []item, out outcome) {
 	a.lastFence = out.fence
 	a.lastDseq = 0
@@ -271,7 +283,9 @@ func (a *Allocator) noteCommitted(items []item, out outcome) {
 		if it.msg == nil || it.seq > out.fence {
 			return // a walk or a partial batch: prove the next batch again
 		}
-		a.lastDseq = max(a.lastDseq, it.dseq)
+		if it.delivered == 1 {
+			a.lastDseq = max(a.lastDseq, it.dseq)
+		}
 	}
 }
 
