@@ -50,6 +50,9 @@ type Config struct {
 	// IdleCheck is how often an idle allocator looks for a gap between its
 	// fence and the stream (default 1s), which a crashed peer leaves behind.
 	IdleCheck time.Duration
+	// PieceBytes bounds a piece of a long promoted or event list in MySQL
+	// (0: derived from the server's max_allowed_packet; tests set it low).
+	PieceBytes int
 }
 
 func (c Config) withDefaults() Config {

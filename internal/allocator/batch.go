@@ -420,7 +420,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return out, err
 	}
-	if err := store.InsertResults(ctx, tx, rowsOut); err != nil {
+	if err := store.InsertResults(ctx, tx, rowsOut, a.cfg.PieceBytes); err != nil {
 		return out, err
 	}
 	if err := store.InsertRejected(ctx, tx, rejected, now); err != nil {
@@ -599,8 +599,18 @@ func (a *Allocator) postOne(p postCommit) {
 func (a *Allocator) publishResults(results []wire.Result) {
 	const chunk = 1000
 	for lo := 0; lo < len(results); lo += chunk {
-		b, err := json.Marshal(wire.ResultBatch{Results: results[lo:min(lo+chunk, len(results))]})
-		if err == nil {
+		part := results[lo:min(lo+chunk, len(results))]
+		b, err := json.Marshal(wire.ResultBatch{Results: part})
+		if err == nil && int64(len(b)) > a.nc.MaxPayload() && len(part) > 1 {
+			// A huge result (a resize promoting many) would take the
+			// others' notices down with it: one at a time, and one too big
+			// for a message is read from MySQL by its waiter.
+			for _, r := range part {
+				a.publishResults([]wire.Result{r})
+			}
+			continue
+		}
+		if err == nil && int64(len(b)) <= a.nc.MaxPayload() {
 			a.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // best effort by design
 		}
 	}
