@@ -85,6 +85,8 @@ type Hooks struct {
 	// BeforeConfirm runs in the post-commit goroutine before it confirms a
 	// batch's acks: a slow broker round trip, for tests of the ordering.
 	BeforeConfirm func()
+	// Stopping runs when Stop begins: a slow drain, for tests of shutdown.
+	Stopping func()
 }
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.
@@ -235,6 +237,9 @@ func (a *Allocator) launch(ctx context.Context) error {
 // Stop finishes the batch in hand (commit and ack), stops the relay and
 // returns once both have exited.
 func (a *Allocator) Stop() {
+	if a.hooks.Stopping != nil {
+		a.hooks.Stopping()
+	}
 	if a.cancel != nil {
 		a.cancel()
 	}

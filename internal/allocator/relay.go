@@ -36,9 +36,9 @@ type Relay struct {
 	done      chan struct{}
 	batch     int
 	period    time.Duration
-	// beforeAcks, when set, runs after a pass has read the outbox and
-	// before it publishes: a test's look at what the relay holds then.
-	beforeAcks func()
+	// awaitingAcks, when set, runs while a pass's publishes await their
+	// PubAcks: a test's look at what the relay holds then.
+	awaitingAcks func()
 }
 
 func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics, partition int) *Relay {
@@ -139,9 +139,6 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 		}
 		events = append(events, r.decode(ctx, row, row.Events, 0)...)
 	}
-	if r.beforeAcks != nil {
-		r.beforeAcks()
-	}
 	if err := r.publish(ctx, events); err != nil {
 		return false, err
 	}
@@ -230,6 +227,9 @@ func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
 				return fmt.Errorf("publish event %s: %w", ev.EventID, err)
 			}
 			futures = append(futures, f)
+		}
+		if r.awaitingAcks != nil {
+			r.awaitingAcks()
 		}
 		timeout := time.After(10 * time.Second)
 		for _, f := range futures {
