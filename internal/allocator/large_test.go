@@ -2,7 +2,9 @@ package allocator
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -230,5 +232,108 @@ func TestRelaySkipsAnEntryItCannotRead(t *testing.T) {
 	var reason string
 	if err := e.db.QueryRow("SELECT seq, reason FROM outbox_skipped").Scan(&seq, &reason); err != nil || seq != 1 || !strings.Contains(reason, `"promo"`) {
 		t.Errorf("outbox_skipped: seq %d reason %q (err %v), want seq 1 naming the entry \"promo\"", seq, reason, err)
+	}
+}
+
+// TestMillionPromotions is the issue's extreme: one resize promotes
+// 1,000,000 waiters. The waitlist is written to MySQL directly (a million
+// joins through the stream take minutes), the stream starts where it
+// would after them, and the resize goes through the allocator: applied,
+// pollable whole, every promoted event relayed. It takes minutes, so it
+// runs only with ALLOT_TEST_MILLION=1.
+func TestMillionPromotions(t *testing.T) {
+	if os.Getenv("ALLOT_TEST_MILLION") == "" {
+		t.Skip("set ALLOT_TEST_MILLION=1 to promote a million waiters (minutes)")
+	}
+	e := newEnv(t)
+	ctx := context.Background()
+	const waiters = 1_000_000
+	start := time.Now()
+	signups := make([]store.SignupRow, 0, waiters+1)
+	signups = append(signups, store.SignupRow{ActivityID: 1, UserID: 1, Status: wire.StatusConfirmed, QueueSeq: 1})
+	for u := range int64(waiters) {
+		signups = append(signups, store.SignupRow{ActivityID: 1, UserID: u + 2, Status: wire.StatusWaiting, QueueSeq: uint64(u + 2)})
+	}
+	next := uint64(waiters + 2)
+	err := store.WithTx(ctx, e.db.DB, store.TxOptions{}, func(tx *sql.Tx) error {
+		if err := store.UpsertActivities(ctx, tx, []store.ActivityRow{{ID: 1, Capacity: 1, Confirmed: 1, NextSeq: next}}); err != nil {
+			return err
+		}
+		if err := store.UpsertSignups(ctx, tx, signups); err != nil {
+			return err
+		}
+		if err := store.EnsurePartition(ctx, tx, 0); err != nil {
+			return err
+		}
+		return store.SetPartition(ctx, tx, 0, next-1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSequence(next)); err != nil { // the next message is seq next
+		t.Fatal(err)
+	}
+	t.Logf("seeded %d waiters in %s", waiters, time.Since(start).Round(time.Millisecond))
+
+	resize := open(1, waiters+1)
+	start = time.Now()
+	seq := e.publish(resize, "")
+	if seq != next {
+		t.Fatalf("resize stored at seq %d, want %d", seq, next)
+	}
+	a := e.start(Config{}, Hooks{})
+	e.waitFenceWithin(seq, 5*time.Minute)
+	t.Logf("applied in %s", time.Since(start).Round(time.Millisecond))
+	res := e.result(resize.RequestID)
+	if len(res.PromotedUserIDs) != waiters || res.PromotedUserIDs[0] != 2 || res.PromotedUserIDs[waiters-1] != waiters+1 {
+		t.Fatalf("result lists %d promoted, want %d in queue order", len(res.PromotedUserIDs), waiters)
+	}
+	var pParts, eParts int
+	if err := e.db.QueryRow("SELECT promoted_parts, event_parts FROM processed_request WHERE seq = ?", seq).Scan(&pParts, &eParts); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result stored in %d + %d pieces beyond its row", pParts, eParts)
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		info, err := e.js.Stream(ctx, wire.EventStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		si, err := info.Info(ctx, jetstream.WithSubjectFilter(wire.EventSubject(1, wire.EventPromoted)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := si.State.Subjects[wire.EventSubject(1, wire.EventPromoted)]; n == waiters {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d promoted events relayed within 10 minutes, want %d", n, waiters)
+		}
+		time.Sleep(time.Second)
+	}
+	t.Logf("applied and relayed in %s", time.Since(start).Round(time.Millisecond))
+	if n := testutil.ToFloat64(a.m.badEntries); n != 0 {
+		t.Errorf("relay counted %v bad outbox entries, want 0", n)
+	}
+	e.db.CheckInvariants(t)
+}
+
+// waitFenceWithin is waitFence with a deadline of the caller's.
+func (e *env) waitFenceWithin(seq uint64, within time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var last uint64
+		err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = 0").Scan(&last)
+		if err == nil && last >= seq {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("fence did not reach %d within %s (at %d, err %v)", seq, within, last, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
