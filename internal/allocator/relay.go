@@ -22,10 +22,10 @@ import (
 // request caused, written in the business transaction. The relay walks a
 // partition's rows in seq order behind a cursor (event_relay), publishes
 // with Nats-Msg-Id = event_id, and moves the cursor once JetStream has
-// acknowledged every event, holding no lock or connection meanwhile. After a crash it resumes at the cursor; events
-// published but not yet covered by the cursor are published again with the
-// same derived event_id, which the stream's duplicate window and consumers'
-// dedupe by event_id absorb.
+// acknowledged every event, holding no lock or connection meanwhile. After
+// a crash it resumes at the cursor; events published but not yet covered
+// by the cursor are published again with the same derived event_id, which
+// the stream's duplicate window and consumers' dedupe by event_id absorb.
 type Relay struct {
 	db        *sql.DB
 	js        jetstream.JetStream
@@ -122,7 +122,10 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 	if err != nil || last == from.Seq {
 		return false, err
 	}
-	var events []wire.Event
+	var (
+		events []wire.Event
+		skips  []skip
+	)
 	to := store.RelayCursor{Seq: last}
 	for i, row := range rows {
 		if row.EventParts > 0 || from.Piece > 0 {
@@ -131,13 +134,14 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 				to = store.RelayCursor{Seq: row.Seq - 1}
 				break
 			}
-			events, to, err = r.piece(ctx, row, from)
+			events, to, skips, err = r.piece(ctx, row, from)
 			if err != nil {
 				return false, err
 			}
 			break
 		}
-		events = append(events, r.decode(ctx, row, row.Events, 0)...)
+		evs, sk := decode(row, row.Events, 0)
+		events, skips = append(events, evs...), append(skips, sk...)
 	}
 	if err := r.publish(ctx, events); err != nil {
 		return false, err
@@ -150,38 +154,53 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 	if !moved {
 		r.log.InfoContext(ctx, "outbox relay: another relay moved the cursor; its events and these are the same",
 			slog.Uint64("from_seq", from.Seq))
+		return true, nil
+	}
+	// Said once the cursor has passed them, so that a pass that failed
+	// and runs again does not count them twice.
+	for _, sk := range skips {
+		r.bad(ctx, sk)
 	}
 	return true, nil
 }
 
+// skip is an outbox entry the relay could not read, and why.
+type skip struct {
+	row    store.OutboxRow
+	reason string
+}
+
 // piece returns the events of the piece of row the cursor from is at, and
 // where the cursor goes once they are relayed.
-func (r *Relay) piece(ctx context.Context, row store.OutboxRow, from store.RelayCursor) ([]wire.Event, store.RelayCursor, error) {
+func (r *Relay) piece(ctx context.Context, row store.OutboxRow, from store.RelayCursor) ([]wire.Event, store.RelayCursor, []skip, error) {
 	next := store.RelayCursor{Seq: from.Seq, Piece: from.Piece + 1}
 	if from.Piece >= row.EventParts {
 		next = store.RelayCursor{Seq: row.Seq}
 	}
 	if from.Piece == 0 {
-		return r.decode(ctx, row, row.Events, 0), next, nil
+		evs, skips := decode(row, row.Events, 0)
+		return evs, next, skips, nil
 	}
 	data, first, err := store.OutboxPiece(ctx, r.db, r.partition, row.Seq, from.Piece)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A piece that is not there cannot be relayed by waiting: record
 		// it and go on with the next request.
-		r.bad(ctx, row, fmt.Sprintf("piece %d of %d of the event list is missing", from.Piece, row.EventParts))
-		return nil, store.RelayCursor{Seq: row.Seq}, nil
+		return nil, store.RelayCursor{Seq: row.Seq},
+			[]skip{{row, fmt.Sprintf("piece %d of %d of the event list is missing", from.Piece, row.EventParts)}}, nil
 	}
 	if err != nil {
-		return nil, from, err
+		return nil, from, nil, err
 	}
-	return r.decode(ctx, row, data, first), next, nil
+	evs, skips := decode(row, data, first)
+	return evs, next, skips, nil
 }
 
 // decode turns the encoded events of row (a piece whose first event has
 // index first) into events. An entry it cannot read (say, a list cut short
-// by an older version) is skipped, counted and recorded: the partition's
-// other events must not wait for ever behind it.
-func (r *Relay) decode(ctx context.Context, row store.OutboxRow, data string, first int) []wire.Event {
+// by an older version) is left out and returned as a skip, to be counted
+// and recorded: the partition's other events must not wait for ever
+// behind it.
+func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) {
 	entries := strings.Split(data, ";")
 	out := make([]wire.Event, 0, len(entries))
 	var bad []string
@@ -196,19 +215,19 @@ func (r *Relay) decode(ctx context.Context, row store.OutboxRow, data string, fi
 			UserID: es[0].UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
 		})
 	}
-	if len(bad) > 0 {
-		r.bad(ctx, row, fmt.Sprintf("%d unreadable event entries, skipped: %s", len(bad), strings.Join(bad[:min(len(bad), 5)], ", ")))
+	if len(bad) == 0 {
+		return out, nil
 	}
-	return out
+	return out, []skip{{row, fmt.Sprintf("%d unreadable event entries, skipped: %s", len(bad), strings.Join(bad[:min(len(bad), 5)], ", "))}}
 }
 
-// bad says loudly that events of row cannot be relayed and records it in
-// outbox_skipped.
-func (r *Relay) bad(ctx context.Context, row store.OutboxRow, reason string) {
+// bad says loudly that events of a request cannot be relayed, counts it
+// and records it in outbox_skipped.
+func (r *Relay) bad(ctx context.Context, sk skip) {
 	r.m.badEntries.Inc()
-	r.log.ErrorContext(ctx, "outbox relay: events cannot be read; skipping them", slog.Uint64("seq", row.Seq),
-		slog.String("request_id", row.RequestID), slog.String("reason", reason))
-	if err := store.SkipOutbox(ctx, r.db, r.partition, row.Seq, row.RequestID, reason); err != nil {
+	r.log.ErrorContext(ctx, "outbox relay: events cannot be read; skipped them", slog.Uint64("seq", sk.row.Seq),
+		slog.String("request_id", sk.row.RequestID), slog.String("reason", sk.reason))
+	if err := store.SkipOutbox(ctx, r.db, r.partition, sk.row.Seq, sk.row.RequestID, sk.reason); err != nil {
 		r.log.ErrorContext(ctx, "outbox relay", slog.Any("err", err))
 	}
 }
