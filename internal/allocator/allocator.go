@@ -56,6 +56,9 @@ type Config struct {
 	// recently used is dropped and reloaded from MySQL when next needed.
 	// Four times as many full activities are tracked for their views.
 	CacheActivities int
+	// PieceBytes bounds a piece of a long promoted or event list in MySQL
+	// (0: derived from the server's max_allowed_packet; tests set it low).
+	PieceBytes int
 }
 
 // DefaultCacheActivities is Config.CacheActivities' default.
@@ -94,6 +97,8 @@ type Hooks struct {
 	// BeforeConfirm runs in the post-commit goroutine before it confirms a
 	// batch's acks: a slow broker round trip, for tests of the ordering.
 	BeforeConfirm func()
+	// Stopping runs when Stop begins: a slow drain, for tests of shutdown.
+	Stopping func()
 }
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.
@@ -263,6 +268,9 @@ func (a *Allocator) launch(ctx context.Context) error {
 // Stop finishes the batch in hand (commit and ack), stops the relay and
 // returns once both have exited.
 func (a *Allocator) Stop() {
+	if a.hooks.Stopping != nil {
+		a.hooks.Stopping()
+	}
 	if a.cancel != nil {
 		a.cancel()
 	}

@@ -275,6 +275,18 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 
 // noteCommitted remembers, after a commit, where this allocator left the
 // fence and the last delivery it handled, for the next contiguous check.
+//
+// Only a first delivery may stand for "every delivery up to here is
+// covered": first deliveries come in stream order, so one of stream
+// sequence s ≤ fence numbered d says every first delivery numbered below d
+// is of a message at or below s. A redelivery says nothing of the kind:
+// its number is the next free one, past deliveries this allocator may
+// never have seen (dropped on the way, or made to another allocator) of
+// messages above the fence. Counting it made the next first delivery look
+// contiguous and the fence jump over those messages (issue 10, item 2).
+// So lastDseq is the highest-numbered first delivery of the covered run
+// (the items up to the fence, none read from the stream); without one it
+// is 0 and the next batch is proven by a walk.
 func (a *Allocator) noteCommitted(items []item, out outcome) {
 	a.lastFence = out.fence
 	a.lastDseq = 0
@@ -282,7 +294,9 @@ func (a *Allocator) noteCommitted(items []item, out outcome) {
 		if it.msg == nil || it.seq > out.fence {
 			return // a walk or a partial batch: prove the next batch again
 		}
-		a.lastDseq = max(a.lastDseq, it.dseq)
+		if it.delivered == 1 {
+			a.lastDseq = max(a.lastDseq, it.dseq)
+		}
 	}
 }
 
@@ -417,7 +431,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return out, err
 	}
-	if err := store.InsertResults(ctx, tx, rowsOut); err != nil {
+	if err := store.InsertResults(ctx, tx, rowsOut, a.cfg.PieceBytes); err != nil {
 		return out, err
 	}
 	if err := store.InsertRejected(ctx, tx, rejected, now); err != nil {
@@ -628,8 +642,18 @@ func (a *Allocator) postOne(p postCommit) {
 func (a *Allocator) publishResults(results []wire.Result) {
 	const chunk = 1000
 	for lo := 0; lo < len(results); lo += chunk {
-		b, err := json.Marshal(wire.ResultBatch{Results: results[lo:min(lo+chunk, len(results))]})
-		if err == nil {
+		part := results[lo:min(lo+chunk, len(results))]
+		b, err := json.Marshal(wire.ResultBatch{Results: part})
+		if err == nil && int64(len(b)) > a.nc.MaxPayload() && len(part) > 1 {
+			// A huge result (a resize promoting many) would take the
+			// others' notices down with it: one at a time, and one too big
+			// for a message is read from MySQL by its waiter.
+			for _, r := range part {
+				a.publishResults([]wire.Result{r})
+			}
+			continue
+		}
+		if err == nil && int64(len(b)) <= a.nc.MaxPayload() {
 			a.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // best effort by design
 		}
 	}

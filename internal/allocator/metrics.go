@@ -20,6 +20,7 @@ type metrics struct {
 	cacheHits       prometheus.Counter
 	cacheLoads      prometheus.Counter
 	eventsPublished prometheus.Counter
+	badEntries      prometheus.Counter
 	acceptToApply   prometheus.Histogram
 	pending         prometheus.Gauge
 	backlog         prometheus.Gauge
@@ -60,6 +61,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_events_published_total", Help: "Outbox events relayed to ALLOT_EVENTS.",
 		}),
+		badEntries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_outbox_bad_entries_total",
+			Help: "Outbox entries the relay could not read and skipped (recorded in outbox_skipped).",
+		}),
 		acceptToApply: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
@@ -72,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled, m.viewRebuilds,
-		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply)
+		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply, m.badEntries)
 	return m
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -26,6 +27,8 @@ type RunConfig struct {
 	Config
 	// MetricsAddr, when set, serves /metrics, /healthz and /readyz there.
 	MetricsAddr string
+	// hooks are every allocator's (tests only).
+	hooks Hooks
 }
 
 // Run migrates the schema and runs an allocator for every partition until
@@ -55,9 +58,11 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		cfg.Prefers = members.Prefers
 	}
 	stopAll := func() {
-		for _, a := range all {
-			a.Stop()
+		stops := make([]func(), len(all))
+		for i, a := range all {
+			stops[i] = a.Stop
 		}
+		stopParallel(stops)
 		if members != nil {
 			members.Leave()
 			members = nil
@@ -66,7 +71,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	for p := range max(cfg.Partitions, 1) {
 		c := cfg.Config
 		c.Partition = p
-		a, err := New(db, nc, log, reg, c, Hooks{})
+		a, err := New(db, nc, log, reg, c, cfg.hooks)
 		if err != nil {
 			stopAll()
 			return err
@@ -97,7 +102,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			stopAll()
 			return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
 		}
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		srv = newMetricsServer(mux, metricsTimeouts)
 		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
 	}
 	done := make(chan error, len(all))
@@ -120,4 +125,32 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		err = nil
 	}
 	return err
+}
+
+// stopParallel runs every stop at once and returns when all have returned.
+// Each allocator's Stop may take its shutdown grace (the batch in hand, the
+// relay's last pass); one after another, a process with several partitions
+// would need a multiple of it and be killed half way.
+func stopParallel(stops []func()) {
+	var wg sync.WaitGroup
+	for _, stop := range stops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop()
+		}()
+	}
+	wg.Wait()
+}
+
+// serverTimeouts bound how long a client of the metrics server may hold a
+// connection: a scraper that stalls must not keep it (and shutdown) busy.
+type serverTimeouts struct {
+	readHeader, read, write, idle time.Duration
+}
+
+var metricsTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: 60 * time.Second}
+
+func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
 }

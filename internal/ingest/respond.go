@@ -11,7 +11,9 @@ import (
 
 // Sentences of the answers that are not about one input.
 const (
-	msgBrokerDown      = "The message broker is unavailable, so nothing was stored; retry later."
+	msgBrokerDown  = "The message broker is unavailable, so nothing was stored; retry later."
+	msgMaybeStored = "The message broker did not confirm storing the request in time, so it may have been stored: " +
+		"poll the Location to see whether it is applied; retry only with the same Idempotency-Key."
 	msgDatabaseDown    = "The database is unavailable; retry later."
 	msgNoRoute         = "No route matches this path."
 	msgInternal        = "An internal error occurred; it was logged."
@@ -72,6 +74,19 @@ func pendingBody(id string) []byte {
 	b = append(b, id...)
 	b = append(b, `","state":"`+wire.StatePending+`"}`...)
 	return b
+}
+
+// writeMaybeStored answers 503 for a request that may have been stored:
+// the request id and its Location come with it, so that the client polls
+// instead of retrying into a second request. 503 because the write was not
+// confirmed; the id because "nothing was stored" may be false.
+func writeMaybeStored(w http.ResponseWriter, id string) {
+	w.Header()["Location"] = []string{"/v1/requests/" + id}
+	body, _ := json.Marshal(struct {
+		Error     string `json:"error"`
+		RequestID string `json:"request_id"`
+	}{msgMaybeStored, id})
+	writeRaw(w, http.StatusServiceUnavailable, body)
 }
 
 // writeAck answers 202 with the request ack and its Location.

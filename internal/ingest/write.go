@@ -150,6 +150,10 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 			writeError(w, http.StatusServiceUnavailable, msgOverloaded)
 			return
 		}
+		if errors.Is(err, errMaybeStored) {
+			writeMaybeStored(w, id)
+			return
+		}
 		writeError(w, http.StatusServiceUnavailable, msgBrokerDown)
 		return
 	}
@@ -217,6 +221,23 @@ func (s *Service) publish(ctx context.Context, activity int64, id string, data [
 // errOverloaded means the in-flight bound is reached: 503 at once.
 var errOverloaded = errors.New("too many publishes in flight")
 
+// errMaybeStored means a copy of the request left the process and no
+// answer came back: the broker may have stored it. The client is told the
+// request id, to poll it, rather than "nothing was stored", which would
+// send it to retry into a second request.
+var errMaybeStored = errors.New("the request may have been stored")
+
+// refused reports whether err is the broker's definite answer that it did
+// not store this copy: an error in the PubAck (the stream is full, it is
+// not the stream the request was meant for, the message is too large…)
+// or no stream listening on the subject. Waiting does not change such an
+// answer, so it is given at once instead of holding an in-flight slot
+// until the deadline.
+func refused(err error) bool {
+	_, api := errors.AsType[*jetstream.APIError](err)
+	return api || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
+
 // publishAsync publishes without a round trip of its own: many handlers'
 // messages share the connection's pipeline and their PubAcks come back
 // asynchronously; this handler waits for its own, at most PublishTimeout.
@@ -224,38 +245,51 @@ var errOverloaded = errors.New("too many publishes in flight")
 // A publish that left the process but got no PubAck (the broker went away,
 // a timeout) may or may not be stored. It is published again with the same
 // Nats-Msg-Id until the deadline: once the broker answers, a stored copy
-// comes back as a duplicate and the client gets its 202, so that 503 keeps
-// meaning "not stored" whenever the broker returns within the deadline.
+// comes back as a duplicate and the client gets its 202. If the deadline
+// passes first, the error wraps errMaybeStored. A copy the broker refused
+// for a definite reason (refused) is answered at once; "nothing stored"
+// holds then only if no earlier copy may be stored.
 func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
 	deadline := time.NewTimer(s.opts.PublishTimeout)
 	defer deadline.Stop()
-	var last error
+	var (
+		last  error
+		maybe bool // a copy left the process and got no answer
+	)
+	unconfirmed := func() error {
+		if maybe {
+			return fmt.Errorf("%w: no PubAck within %s: %w", errMaybeStored, s.opts.PublishTimeout, last)
+		}
+		return fmt.Errorf("no PubAck within %s: %w", s.opts.PublishTimeout, last)
+	}
 	first := 0
 	if s.commit != nil {
-		// The first attempt goes through the group commit (commit.go).
+		// The first copy goes out through the group commit (commit.go).
 		res := s.commit.publish(msg, id, deadline.C)
 		switch {
 		case res.err == nil:
 			return res.ack, nil
 		case !res.sent:
 			return nil, res.err // it never left the process: nothing stored
+		case refused(res.err):
+			return nil, fmt.Errorf("refused: %w", res.err) // nothing stored
 		}
-		last, first = res.err, 1
+		last, maybe, first = res.err, true, 1
 	}
 	for attempt := first; ; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-deadline.C:
-				return nil, fmt.Errorf("no PubAck within %s: %w", s.opts.PublishTimeout, last)
+				return nil, unconfirmed()
 			case <-time.After(min(time.Duration(attempt)*50*time.Millisecond, 500*time.Millisecond)):
 			}
 		}
 		f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
 		if err != nil {
-			if attempt == 0 {
-				return nil, err // it never left the process: nothing stored
+			if !maybe {
+				return nil, err // no copy ever left the process: nothing stored
 			}
-			last = err // an earlier attempt may be stored: keep asking
+			last = err // an earlier copy may be stored: keep asking
 			continue
 		}
 		select {
@@ -263,8 +297,19 @@ func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, err
 			return ack, nil
 		case err := <-f.Err():
 			last = err
+			if refused(err) && !maybe {
+				return nil, fmt.Errorf("refused: %w", err) // nothing stored
+			}
+			if refused(err) {
+				// This copy is not stored; an earlier one may be, and
+				// asking again would get the same refusal.
+				return nil, unconfirmed()
+			}
+			maybe = true
 		case <-deadline.C:
-			return nil, fmt.Errorf("no PubAck within %s", s.opts.PublishTimeout)
+			maybe = true
+			last = jetstream.ErrAsyncPublishTimeout
+			return nil, unconfirmed()
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -30,11 +31,11 @@ type SignupState struct {
 const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason"
 
 // GetResult reads the recorded result of requestID: its processed_request
-// row, or, for a request the allocator refused, a REJECTED result built
-// from its rejected_message row.
+// row (a promoted list stored in pieces included), or, for a request the
+// allocator refused, a REJECTED result built from its rejected_message row.
 func GetResult(ctx context.Context, q DBTX, requestID string) (wire.Result, bool, error) {
-	row := q.QueryRowContext(ctx, "SELECT "+resultColumns+" FROM processed_request WHERE request_id = ?", requestID)
-	r, err := scanResult(row)
+	row := q.QueryRowContext(ctx, "SELECT "+resultColumns+", partition_id, promoted_parts FROM processed_request WHERE request_id = ?", requestID)
+	r, err := scanResult(ctx, q, row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return getRejected(ctx, q, requestID)
 	}
@@ -66,19 +67,26 @@ func getRejected(ctx context.Context, q DBTX, requestID string) (wire.Result, bo
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanResult(row scanner) (wire.Result, error) {
+func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 	var (
-		r        wire.Result
-		status   sql.NullString
-		position sql.NullInt64
-		promoted sql.NullString
-		capacity sql.NullInt64
-		reason   sql.NullString
+		r         wire.Result
+		status    sql.NullString
+		position  sql.NullInt64
+		promoted  sql.NullString
+		capacity  sql.NullInt64
+		reason    sql.NullString
+		partition int
+		parts     int
 	)
 	err := row.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
-		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason)
+		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason, &partition, &parts)
 	if err != nil {
 		return r, err
+	}
+	if parts > 0 {
+		if promoted.String, err = WholeValue(ctx, q, partition, r.Seq, ColPromoted, promoted.String); err != nil {
+			return r, err
+		}
 	}
 	r.State = wire.StateDone
 	r.AppliedAt = r.AppliedAt.UTC()
@@ -165,4 +173,32 @@ func GetActivityRow(ctx context.Context, q DBTX, id int64) (ActivityRow, bool, e
 		return r, false, fmt.Errorf("get activity %d: %w", id, err)
 	}
 	return r, true, nil
+}
+
+// WholeValue returns the long value col ("p": promoted_user_ids, "e":
+// events) of the processed_request row at (partition, seq) whose first
+// piece is head, with the pieces stored in processed_request_part after it.
+func WholeValue(ctx context.Context, q DBTX, partition int, seq uint64, col, head string) (string, error) {
+	rows, err := q.QueryContext(ctx, "SELECT data FROM processed_request_part WHERE partition_id = ? AND seq = ? AND col = ? ORDER BY piece",
+		partition, seq, col)
+	if err != nil {
+		return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	b.WriteString(head)
+	for rows.Next() {
+		var piece string
+		if err := rows.Scan(&piece); err != nil {
+			return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
+		}
+		if col == ColEvents {
+			b.WriteByte(';')
+		}
+		b.WriteString(piece)
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
+	}
+	return b.String(), nil
 }
