@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/stacktest"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -125,7 +126,7 @@ func (b *Browser) screen(t *testing.T) screen {
 }
 
 // chromium is the browser to drive ($ALLOT_CHROMIUM, else Debian's); it
-// skips t when there is none.
+// skips t when there is none, and fails it on CI.
 func chromium(t *testing.T) string {
 	t.Helper()
 	path := os.Getenv("ALLOT_CHROMIUM")
@@ -133,7 +134,7 @@ func chromium(t *testing.T) string {
 		path = ChromiumPath
 	}
 	if _, err := os.Stat(path); err != nil {
-		t.Skipf("no Chromium at %s: install Debian's chromium to run this test: apt-get install -y chromium", path)
+		testenv.Missing(t, fmt.Sprintf("no Chromium at %s: install Debian's chromium to run this test: apt-get install -y chromium", path))
 	}
 	return path
 }
