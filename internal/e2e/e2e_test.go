@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
@@ -147,6 +148,32 @@ func want(t *testing.T, what string, m map[string]any, fields ...any) {
 	}
 }
 
+// outboxEvents is the number of events the results of activity recorded.
+func (s *stack) outboxEvents(activity int) int {
+	s.t.Helper()
+	rows, err := s.db.Query("SELECT events FROM processed_request WHERE activity_id = ? AND events IS NOT NULL", activity)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var enc string
+		if err := rows.Scan(&enc); err != nil {
+			s.t.Fatal(err)
+		}
+		evs, err := allocation.DecodeEvents(enc)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		n += len(evs)
+	}
+	if err := rows.Err(); err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
 // eventsFor reads the events of one activity from ALLOT_EVENTS.
 func (s *stack) eventsFor(activity int, atLeast int) []wire.Event {
 	s.t.Helper()
@@ -211,7 +238,9 @@ func TestSeedWaitlistStory(t *testing.T) {
 	}
 	want(t, "state", st, "capacity", 1, "confirmed", 1, "waiting", 2, "remaining", 0)
 
-	evs := s.eventsFor(act, 10)
+	// Wait for every event the results recorded (the outbox), not for a
+	// guess: the relay publishes after the commit.
+	evs := s.eventsFor(act, s.outboxEvents(act))
 	var promoted []int64
 	count := map[string]int{}
 	for _, e := range evs {

@@ -8,6 +8,7 @@ package testenv
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 // OnCI reports whether the tests run on CI: CI is set to true (or 1), as
@@ -24,4 +25,20 @@ func Missing(t testing.TB, why string) {
 		t.Fatalf("%s (on CI a missing dependency fails the test rather than skip it)", why)
 	}
 	t.Skip(why)
+}
+
+// WaitFor waits until cond holds, checking every 10ms, and fails t when it
+// does not within timeout. It is the tests' one way to wait for a
+// condition instead of sleeping for a guessed time or asserting how long
+// something took. Call it from the test's goroutine only (it may call
+// t.Fatalf).
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
