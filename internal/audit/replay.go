@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -41,6 +42,9 @@ type auditor struct {
 	signups map[signupKey]*signupTrack
 	// seen maps each applied request_id to the sequence it was applied at.
 	seen map[string]uint64
+	// ref is the reference model's state per activity: the second opinion
+	// on allocation.Apply (second.go).
+	ref map[int64]*refmodel.Activity
 
 	rep Report
 }
@@ -140,7 +144,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		}
 		return nil
 	}
-	after, d, err := allocation.Apply(act, dreq, seq)
+	after, d, err := a.decide(act, dreq, seq, req.RequestID)
 	if err != nil {
 		a.malformed(seq, req.RequestID, subject, err, got, rejected, check)
 		return nil
