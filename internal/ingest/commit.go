@@ -107,17 +107,19 @@ func (c *committer) run(ctx context.Context) {
 }
 
 // publish queues msg and waits for its outcome, at most until deadline.
-func (c *committer) publish(msg *nats.Msg, id string, deadline <-chan time.Time) pubResult {
+func (c *committer) publish(msg *nats.Msg, id string, deadline time.Time) pubResult {
 	r := &pubRequest{msg: msg, id: id, res: make(chan pubResult, 1)}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
 	select {
 	case c.in <- r:
-	case <-deadline:
+	case <-timer.C:
 		return pubResult{err: errors.New("publish queue full")}
 	}
 	select {
 	case res := <-r.res:
 		return res
-	case <-deadline:
+	case <-timer.C:
 		return pubResult{sent: true, err: errors.New("no PubAck in time")}
 	}
 }

@@ -54,7 +54,7 @@ func publishAll(t *testing.T, c *committer, ids []string) []uint64 {
 		wg.Go(func() {
 			<-start
 			msg := &nats.Msg{Subject: wire.RequestSubject(int64(1 + i%5)), Data: []byte(`{"n":` + fmt.Sprint(i) + `}`), Header: nats.Header{}}
-			res := c.publish(msg, id, time.After(10*time.Second))
+			res := c.publish(msg, id, time.Now().Add(10*time.Second))
 			if res.err != nil {
 				t.Errorf("publish %d: %v", i, res.err)
 				return

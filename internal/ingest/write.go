@@ -250,6 +250,7 @@ func refused(err error) bool {
 // for a definite reason (refused) is answered at once; "nothing stored"
 // holds then only if no earlier copy may be stored.
 func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
+	until := time.Now().Add(s.opts.PublishTimeout)
 	deadline := time.NewTimer(s.opts.PublishTimeout)
 	defer deadline.Stop()
 	var (
@@ -265,7 +266,7 @@ func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, err
 	first := 0
 	if s.commit != nil {
 		// The first copy goes out through the group commit (commit.go).
-		res := s.commit.publish(msg, id, deadline.C)
+		res := s.commit.publish(msg, id, until)
 		switch {
 		case res.err == nil:
 			return res.ack, nil
