@@ -34,6 +34,9 @@ type Config struct {
 	// Replicas is ALLOT_STREAM_REPLICAS for the streams and buckets the
 	// allocator ensures; 0 keeps what they have.
 	Replicas int
+	// Retention bounds the streams (its Requests and Events; ALLOT_REQUESTS_MAX_AGE
+	// and the others); zero keeps what they have.
+	Retention bus.StreamConfig
 	// Prefers, when set, says whether this process should pull on a
 	// partition (Members.Prefers); nil pulls on every partition.
 	Prefers func(partition int) bool
@@ -167,7 +170,8 @@ func (a *Allocator) Start(ctx context.Context) error {
 
 // prepare ensures everything the apply loop needs.
 func (a *Allocator) prepare(ctx context.Context) error {
-	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas}); err != nil {
+	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas,
+		Requests: a.cfg.Retention.Requests, Events: a.cfg.Retention.Events}); err != nil {
 		return err
 	}
 	st, err := a.js.Stream(ctx, wire.RequestStream)

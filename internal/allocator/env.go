@@ -3,6 +3,8 @@ package allocator
 import (
 	"fmt"
 	"time"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is the allocator's part of a binary's configuration, read from
@@ -14,7 +16,8 @@ type Env struct {
 	BatchSize   int           `envconfig:"BATCH_SIZE" default:"2000" desc:"most requests per allocator transaction"`
 	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
-	Replicas    int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets"`
+	Replicas    int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets (never lowered on an existing one)"`
+	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -34,14 +37,14 @@ func (e Env) Validate() error {
 	if e.BatchWait < 0 || e.BatchWait > time.Second {
 		return fmt.Errorf("ALLOT_BATCH_WAIT must be between 0 and 1s, got %s", e.BatchWait)
 	}
-	return nil
+	return e.RetentionEnv.Validate()
 }
 
 // RunConfig turns the settings into what Run takes.
 func (e Env) RunConfig() RunConfig {
 	return RunConfig{
 		Config: Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait,
-			Replicas: e.Replicas},
+			Replicas: e.Replicas, Retention: e.RetentionEnv.Apply(bus.StreamConfig{})},
 		MetricsAddr: e.MetricsAddr,
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is ingest's part of a binary's configuration, read from ALLOT_
@@ -20,6 +22,7 @@ type Env struct {
 	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -48,7 +51,7 @@ func (e Env) Validate() error {
 	if e.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", e.RateLimit)
 	}
-	return nil
+	return e.RetentionEnv.Validate()
 }
 
 // RunConfig turns the settings into what Run takes.
@@ -64,6 +67,7 @@ func (e Env) RunConfig() RunConfig {
 			DisableShed:    !e.Shed,
 			Partitions:     e.Partitions,
 			MaxInFlight:    e.MaxInFlight,
+			Retention:      e.RetentionEnv.Apply(bus.StreamConfig{}),
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
 	}

@@ -77,6 +77,9 @@ type Options struct {
 	UserRate float64
 	// UserBurst is the burst of UserRate; default max(1, 2*UserRate).
 	UserBurst int
+	// Retention bounds the streams (ALLOT_REQUESTS_MAX_AGE and the others);
+	// zero keeps what they have.
+	Retention bus.StreamConfig
 	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
 	// stream; 0 keeps what an existing stream has.
 	Partitions int
@@ -239,7 +242,12 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.sub != nil || s.stopped {
 		return errors.New("ingest: Start called twice or after Stop")
 	}
-	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions,
+		Requests: s.opts.Retention.Requests, Events: s.opts.Retention.Events}); err != nil {
+		return fmt.Errorf("ingest start: %w", err)
+	}
+	replicas, err := bus.KeepReplicas(ctx, s.js, bus.KeyValueStream(s.opts.IdempotencyBucket), s.opts.StreamReplicas)
+	if err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
 	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -248,7 +256,7 @@ func (s *Service) Start(ctx context.Context) error {
 		History:     1,
 		TTL:         s.opts.IdempotencyTTL,
 		Storage:     jetstream.FileStorage,
-		Replicas:    s.opts.StreamReplicas,
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("ingest start: %w: ensure bucket %s: %w", bus.ErrUnavailable, s.opts.IdempotencyBucket, err)
