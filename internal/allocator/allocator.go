@@ -50,6 +50,10 @@ type Config struct {
 	BatchWait time.Duration
 	// AckWait is the consumer's redelivery timeout (default 30s).
 	AckWait time.Duration
+	// CheckpointInterval is how often the partition's state is
+	// checkpointed for the audit (default DefaultCheckpointInterval;
+	// negative: never). See checkpoints.
+	CheckpointInterval time.Duration
 	// IdleCheck is how often an idle allocator looks for a gap between its
 	// fence and the stream (default 1s), which a crashed peer leaves behind.
 	IdleCheck time.Duration
@@ -64,6 +68,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if c.IdleCheck <= 0 {
 		c.IdleCheck = time.Second
@@ -230,6 +237,11 @@ func (a *Allocator) launch(ctx context.Context) error {
 		a.relay.run(runCtx)
 	}()
 	go a.watch(runCtx, 2*time.Second)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.checkpoints(runCtx)
+	}()
 	return nil
 }
 

@@ -70,10 +70,14 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 			filters = append(filters, subjectOf(id), wire.RequestSubjectPrefix+"*."+strconv.FormatInt(id, 10))
 		}
 	}
-	cons, err := st.js.OrderedConsumer(ctx, wire.RequestStream, jetstream.OrderedConsumerConfig{
+	occ := jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	}
+	if a.cp != nil && a.cp.min > 0 {
+		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a.cp.min+1
+	}
+	cons, err := st.js.OrderedConsumer(ctx, wire.RequestStream, occ)
 	if err != nil {
 		return fmt.Errorf("%w: ordered consumer on %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
 	}
