@@ -58,7 +58,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		}
 	}()
 	if js, err := jetstream.New(nc); err == nil {
-		err := bus.Retry(ctx, log, "allocator: ensure streams", 30*time.Second, func(ctx context.Context) error {
+		err := bus.Retry(ctx, log, "allocator: ensure streams", bus.StartAttempt, func(ctx context.Context) error {
 			return bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: cfg.Partitions, Replicas: cfg.Replicas,
 				Requests: cfg.Retention.Requests, Events: cfg.Retention.Events})
 		})
@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			stopAll()
 			return err
 		}
-		if err := bus.Retry(ctx, log, "allocator start", 30*time.Second, a.Start); err != nil {
+		if err := bus.Retry(ctx, log, "allocator start", bus.StartAttempt, a.Start); err != nil {
 			stopAll()
 			if ctx.Err() != nil {
 				return nil

@@ -13,6 +13,13 @@ const (
 	RetryMax = 5 * time.Second
 )
 
+// StartAttempt bounds one attempt of a binary's start-up against
+// JetStream. It is short on purpose: an API request sent before a new
+// cluster has elected its meta leader is never answered, so a long attempt
+// only waits longer for nothing; what an attempt did (a stream created)
+// stays done, and the next one goes on from there.
+const StartAttempt = 5 * time.Second
+
 // Retry runs fn until it succeeds, fails for a reason other than
 // ErrUnavailable, or ctx ends, waiting with exponential backoff between
 // attempts; each attempt gets at most attempt. It is how the binaries wait

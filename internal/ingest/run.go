@@ -80,7 +80,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.InfoContext(ctx, "ingest listening, starting", slog.String("addr", ln.Addr().String()))
-	err = bus.Retry(ctx, log, "ingest start", 30*time.Second, svc.Start)
+	err = bus.Retry(ctx, log, "ingest start", bus.StartAttempt, svc.Start)
 	if err != nil {
 		srv.Close() //nolint:errcheck
 		<-served
