@@ -217,3 +217,118 @@ func TestFromCheckpointNeedsOne(t *testing.T) {
 		t.Fatalf("-from-checkpoint with -from-seq: err %v, want ErrInvalidOptions", err)
 	}
 }
+
+// TestAuditFromCheckpointPartitioned: three partitions, each checkpointed
+// at its own fence; the stream is cut just after the lowest one. The audit
+// from the checkpoints skips, per partition, what its checkpoint covers
+// (also the messages of a partition between the lowest checkpoint and its
+// own), replays the rest and is clean.
+func TestAuditFromCheckpointPartitioned(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	const partitions = 3
+	// newEnv made a one-partition stream; start over with three.
+	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+		t.Fatal(err)
+	}
+	var allocs []*allocator.Allocator
+	start := func(interval time.Duration) {
+		for _, a := range allocs {
+			a.Stop()
+		}
+		allocs = allocs[:0]
+		for p := range partitions {
+			a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
+				allocator.Config{Partition: p, Partitions: partitions, CheckpointInterval: interval}, allocator.Hooks{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			allocs = append(allocs, a)
+		}
+	}
+	t.Cleanup(func() {
+		for _, a := range allocs {
+			a.Stop()
+		}
+	})
+	applied := func(n int64) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); e.db.Count(t, "SELECT COUNT(*) FROM processed_request") < n; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("fewer than %d results after a minute", n)
+			}
+		}
+	}
+	start(100 * time.Millisecond)
+	first := burst(900, 9, 4, 12, 5)
+	e.publishAll(first)
+	applied(int64(len(first)))
+	// Every partition checkpointed at its final fence.
+	var fences [partitions]uint64
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		done := 0
+		for p := range partitions {
+			var fence uint64
+			if err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = ?", p).Scan(&fence); err != nil {
+				t.Fatal(err)
+			}
+			cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok && cp.Seq == fence {
+				fences[p] = fence
+				done++
+			}
+		}
+		if done == partitions {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not every partition checkpointed at its fence within a minute")
+		}
+	}
+	// No more checkpoints: the audit must use these.
+	start(-1)
+	low := min(fences[0], fences[1], fences[2])
+	if low == max(fences[0], fences[1], fences[2]) {
+		t.Fatalf("fences %v are all equal: the test needs partitions checkpointed at different seqs", fences)
+	}
+	st, err := e.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As retention would: everything up to the lowest checkpoint leaves.
+	if err := st.Purge(ctx, jetstream.WithPurgeSequence(low+1)); err != nil {
+		t.Fatal(err)
+	}
+	var second []wire.Request
+	for i, r := range burst(300, 9, 4, 12, 9) {
+		if i >= 9 {
+			second = append(second, r)
+		}
+	}
+	seqs := e.publishAll(second)
+	applied(int64(len(first) + len(second)))
+
+	rep := e.audit(audit.Options{FromCheckpoint: true})
+	if !rep.OK {
+		t.Fatalf("audit from three checkpoints diverges:%s", divergences(rep.Divergences))
+	}
+	if len(rep.Checkpoints) != partitions {
+		t.Fatalf("checkpoints used: %+v, want one per partition", rep.Checkpoints)
+	}
+	if rep.VerifiedFrom != low+1 || rep.VerifiedTo != seqs[len(seqs)-1] {
+		t.Errorf("verified %d..%d, want %d..%d", rep.VerifiedFrom, rep.VerifiedTo, low+1, seqs[len(seqs)-1])
+	}
+	if rep.Compared != len(second) {
+		t.Errorf("compared %d, want the %d requests after the checkpoints", rep.Compared, len(second))
+	}
+}
