@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -157,8 +158,10 @@ func TestScenario10ClusterKillStreamLeader(t *testing.T) {
 	tr := defaultTraffic(10)
 	tr.requests = 6000 // ten seconds at 600/s: an election fits inside
 	r3 := []string{"ALLOT_STREAM_REPLICAS=3"}
+	// Checkpoints every second, taken by either allocator while both run.
+	allocEnv := append(slices.Clone(r3), "ALLOT_CHECKPOINT_INTERVAL=1s")
 	run(t, scenario{n: 10, name: "cluster-kill-stream-leader", traffic: tr,
-		stack: stackConfig{cluster: 3, allocators: 2, allocEnv: r3, ingestEnv: r3, lostPubAcks: true},
+		stack: stackConfig{cluster: 3, allocators: 2, allocEnv: allocEnv, ingestEnv: r3, lostPubAcks: true},
 		fault: func(s *stack, b *burst, r *faultResult) error {
 			if !b.reached(0.3) {
 				return errors.New("the burst ended before the fault")
@@ -239,6 +242,16 @@ func TestScenario10ClusterKillStreamLeader(t *testing.T) {
 				}
 			}
 			want("after the burst")
+			// The audit from the allocators' checkpoints agrees as well.
+			rep, err := audit.Run(context.Background(), s.db.DB, s.js, audit.Options{FromCheckpoint: true})
+			switch {
+			case err != nil:
+				t.Errorf("audit -from-checkpoint: %v", err)
+			case !rep.OK || len(rep.Checkpoints) != 1 || !rep.Checkpoints[0].DigestOK:
+				t.Errorf("audit -from-checkpoint: ok %v, checkpoints %+v, %d divergences", rep.OK, rep.Checkpoints, len(rep.Divergences))
+			default:
+				m.notes = append(m.notes, fmt.Sprintf("from_checkpoint_verified=%d..%d", rep.VerifiedFrom, rep.VerifiedTo))
+			}
 			// A binary started without ALLOT_STREAM_REPLICAS (default 1).
 			addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 			plain := newProc(t, "ingest-without-replicas", "ingest", []string{
