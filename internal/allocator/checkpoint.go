@@ -32,8 +32,11 @@ func (a *Allocator) checkpoints(ctx context.Context) {
 	}
 	t := time.NewTicker(min(max(every/10, 10*time.Millisecond), time.Minute))
 	defer t.Stop()
-	belongs := func(activity int64) bool {
-		return bus.PartitionOf(activity, a.cfg.Partitions) == a.cfg.Partition
+	var belongs func(activity int64) bool // nil: every activity
+	if a.cfg.Partitions > 1 {
+		belongs = func(activity int64) bool {
+			return bus.PartitionOf(activity, a.cfg.Partitions) == a.cfg.Partition
+		}
 	}
 	for {
 		select {

@@ -272,6 +272,14 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("ingest start: %w: watch %s: %w", bus.ErrUnavailable, wire.ViewBucket, err)
 		}
 		s.stopViews = cancel
+		// Start is retried while JetStream is not ready (Run): a failed
+		// attempt must not leave its watcher behind.
+		defer func() {
+			if s.sub == nil { // this attempt failed after all
+				cancel()
+				s.stopViews = nil
+			}
+		}()
 	}
 	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
 	if err != nil {

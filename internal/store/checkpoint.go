@@ -111,9 +111,13 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 	if n > 0 {
 		return cp, false, nil
 	}
+	// With several partitions the signups are read for this partition's
+	// activities only (below), not the whole table once per partition.
+	partitioned := belongs != nil
 	if belongs == nil {
 		belongs = func(int64) bool { return true }
 	}
+	var ids []int64
 	d := NewDigester()
 	ins := &rowInserter{tx: tx, prefix: "INSERT INTO allocator_checkpoint_activity (partition_id, seq, activity_id, capacity, confirmed_count, next_seq) VALUES "}
 	var after int64
@@ -150,6 +154,9 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 			}
 			d.Activity(r.id, r.capacity, r.confirmed, r.next)
 			cp.Activities++
+			if partitioned {
+				ids = append(ids, r.id)
+			}
 			if err := ins.add(ctx, partition, cp.Seq, r.id, r.capacity, r.confirmed, r.next); err != nil {
 				return cp, false, err
 			}
@@ -162,47 +169,20 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 		return cp, false, err
 	}
 	ins = &rowInserter{tx: tx, prefix: "INSERT INTO allocator_checkpoint_signup (partition_id, seq, activity_id, user_id, status, queue_seq) VALUES "}
-	var afterAct, afterUser int64
-	for {
-		rows, err := tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq FROM activity_signup "+
-			"WHERE activity_id > ? OR (activity_id = ? AND user_id > ?) ORDER BY activity_id, user_id LIMIT "+strconv.Itoa(checkpointPage),
-			afterAct, afterAct, afterUser)
-		if err != nil {
-			return cp, false, fmt.Errorf("checkpoint: read activity_signup: %w", err)
+	// One range over every activity, or chunks of this partition's ids
+	// in ascending order: either way the rows come in digest order.
+	ranges := []string{""}
+	if partitioned {
+		ranges = ranges[:0]
+		for len(ids) > 0 {
+			n := min(len(ids), 500)
+			ranges = append(ranges, "activity_id IN ("+intList(ids[:n])+") AND ")
+			ids = ids[n:]
 		}
-		type signup struct {
-			act, user int64
-			status    string
-			queueSeq  uint64
-		}
-		var page []signup
-		for rows.Next() {
-			var r signup
-			if err := rows.Scan(&r.act, &r.user, &r.status, &r.queueSeq); err != nil {
-				rows.Close()
-				return cp, false, fmt.Errorf("checkpoint: read activity_signup: %w", err)
-			}
-			page = append(page, r)
-		}
-		if err := rows.Close(); err != nil {
-			return cp, false, fmt.Errorf("checkpoint: read activity_signup: %w", err)
-		}
-		if err := rows.Err(); err != nil {
-			return cp, false, fmt.Errorf("checkpoint: read activity_signup: %w", err)
-		}
-		for _, r := range page {
-			afterAct, afterUser = r.act, r.user
-			if !belongs(r.act) {
-				continue
-			}
-			d.Signup(r.act, r.user, r.status, r.queueSeq)
-			cp.Signups++
-			if err := ins.add(ctx, partition, cp.Seq, r.act, r.user, r.status, r.queueSeq); err != nil {
-				return cp, false, err
-			}
-		}
-		if len(page) < checkpointPage {
-			break
+	}
+	for _, where := range ranges {
+		if err := copySignups(ctx, tx, ins, d, &cp, where); err != nil {
+			return cp, false, err
 		}
 	}
 	if err := ins.flush(ctx); err != nil {
@@ -316,4 +296,62 @@ func PruneCheckpoints(ctx context.Context, db *sql.DB, partition int, keepFrom u
 func isDuplicate(err error) bool {
 	var me *mysql.MySQLError
 	return errors.As(err, &me) && me.Number == 1062
+}
+
+// copySignups copies the activity_signup rows matching where (a condition
+// ending in AND, or empty) in (activity_id, user_id) order, a page at a
+// time, into the checkpoint and its digest.
+func copySignups(ctx context.Context, tx *sql.Tx, ins *rowInserter, d *Digester, cp *Checkpoint, where string) error {
+	type signup struct {
+		act, user int64
+		status    string
+		queueSeq  uint64
+	}
+	var afterAct, afterUser int64
+	for {
+		rows, err := tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq FROM activity_signup WHERE "+where+
+			"(activity_id > ? OR (activity_id = ? AND user_id > ?)) ORDER BY activity_id, user_id LIMIT "+strconv.Itoa(checkpointPage),
+			afterAct, afterAct, afterUser)
+		if err != nil {
+			return fmt.Errorf("checkpoint: read activity_signup: %w", err)
+		}
+		var page []signup
+		for rows.Next() {
+			var r signup
+			if err := rows.Scan(&r.act, &r.user, &r.status, &r.queueSeq); err != nil {
+				rows.Close()
+				return fmt.Errorf("checkpoint: read activity_signup: %w", err)
+			}
+			page = append(page, r)
+		}
+		if err := rows.Close(); err != nil {
+			return fmt.Errorf("checkpoint: read activity_signup: %w", err)
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("checkpoint: read activity_signup: %w", err)
+		}
+		for _, r := range page {
+			afterAct, afterUser = r.act, r.user
+			d.Signup(r.act, r.user, r.status, r.queueSeq)
+			cp.Signups++
+			if err := ins.add(ctx, cp.Partition, cp.Seq, r.act, r.user, r.status, r.queueSeq); err != nil {
+				return err
+			}
+		}
+		if len(page) < checkpointPage {
+			return nil
+		}
+	}
+}
+
+// intList formats ids for an IN list: integers only, nothing to inject.
+func intList(ids []int64) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	return b.String()
 }
