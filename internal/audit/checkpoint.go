@@ -228,6 +228,9 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 		}
 		d.Signup(act, user, status, queueSeq)
 		signups++
+		if !a.audited(act) {
+			continue
+		}
 		a.signups[signupKey{act, user}] = &signupTrack{status: status, queueSeq: queueSeq, by: by}
 		if status == wire.StatusConfirmed || status == wire.StatusWaiting {
 			live[act] = append(live[act], allocation.Signup{UserID: user, Status: status, QueueSeq: queueSeq})
@@ -249,6 +252,9 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 		})
 	}
 	for _, id := range order {
+		if !a.audited(id) {
+			continue
+		}
 		r := acts[id]
 		act, err := allocation.Restore(id, r.capacity, r.confirmed, r.next, live[id])
 		if err != nil {
@@ -264,6 +270,11 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 		a.actLast[id] = by
 	}
 	return ok, nil
+}
+
+// audited says whether activity is among the audited ones (Activities).
+func (a *auditor) audited(activity int64) bool {
+	return a.subjects == nil || a.subjects[activityKey(activity)]
 }
 
 // verifiedRange is the range of stream sequences whose decisions the

@@ -130,6 +130,9 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 	if rep.Compared != len(after)-1 || rep.Skipped != 1 {
 		t.Errorf("compared %d requests and skipped %d, want the %d after the checkpoint and the repeat", rep.Compared, rep.Skipped, len(after)-1)
 	}
+	if rep := e.audit(audit.Options{FromCheckpoint: true, Activities: []int64{1, 3}}); !rep.OK || rep.ActivitiesChecked != 2 {
+		t.Errorf("audit from checkpoint of activities 1 and 3: ok %v, %d checked:%s", rep.OK, rep.ActivitiesChecked, divergences(rep.Divergences))
+	}
 	var text bytes.Buffer
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
