@@ -10,13 +10,19 @@ import (
 )
 
 // Defaults of the streams' retention: a week of history for the audit and
-// for event consumers that were away, and a bound on disk use well below
-// what a small node has. See README, "Retention".
+// for event consumers that were away. The request stream has no size bound
+// by default: reaching one refuses every new request (it never drops an
+// unapplied one), which is the outage retention is meant to prevent, and
+// the server reserves a stream's size bound on disk when it creates it, so
+// a large default would keep the streams from being created on a small
+// disk. Its age bound alone keeps it at about a week of traffic. The event
+// stream drops its oldest events at 1 GiB, which costs nothing but
+// history. See README, "Retention".
 const (
 	DefaultRequestsMaxAge   = 7 * 24 * time.Hour
-	DefaultRequestsMaxBytes = 8 << 30
+	DefaultRequestsMaxBytes = -1 // none
 	DefaultEventsMaxAge     = 7 * 24 * time.Hour
-	DefaultEventsMaxBytes   = 8 << 30
+	DefaultEventsMaxBytes   = 1 << 30
 )
 
 // Retention bounds one stream. A zero field takes its default; a negative
@@ -47,9 +53,9 @@ func (r Retention) orDefault(age time.Duration, bytes int64) Retention {
 // struct of every binary that ensures the streams.
 type RetentionEnv struct {
 	RequestsMaxAge   time.Duration `envconfig:"REQUESTS_MAX_AGE" default:"168h" desc:"requests older than this leave ALLOT_REQUESTS; 0 = no age limit"`
-	RequestsMaxBytes int64         `envconfig:"REQUESTS_MAX_BYTES" default:"8589934592" desc:"size bound of ALLOT_REQUESTS; when reached new requests are refused (503); 0 = no size limit"`
+	RequestsMaxBytes int64         `envconfig:"REQUESTS_MAX_BYTES" default:"0" desc:"size bound of ALLOT_REQUESTS; when reached new requests are refused (503); 0 = no size limit"`
 	EventsMaxAge     time.Duration `envconfig:"EVENTS_MAX_AGE" default:"168h" desc:"events older than this leave ALLOT_EVENTS; 0 = no age limit"`
-	EventsMaxBytes   int64         `envconfig:"EVENTS_MAX_BYTES" default:"8589934592" desc:"size bound of ALLOT_EVENTS; the oldest events leave first; 0 = no size limit"`
+	EventsMaxBytes   int64         `envconfig:"EVENTS_MAX_BYTES" default:"1073741824" desc:"size bound of ALLOT_EVENTS; the oldest events leave first; 0 = no size limit"`
 }
 
 // Validate reports the first invalid value as one sentence.
