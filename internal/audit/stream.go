@@ -43,7 +43,7 @@ func openStream(ctx context.Context, js jetstream.JetStream, fence uint64) (stre
 	s := info.State
 	switch {
 	case s.LastSeq > 0 && s.FirstSeq > 1:
-		return stream{}, fmt.Errorf("%w: %s starts at sequence %d, not 1: older requests were removed, so the state cannot be replayed",
+		return stream{}, fmt.Errorf("%w: %s starts at sequence %d, not 1: older requests were removed (retention), so the state cannot be replayed from the start; -from-checkpoint verifies from the allocator's checkpoints",
 			ErrIncompleteStream, wire.RequestStream, s.FirstSeq)
 	case s.NumDeleted > 0:
 		return stream{}, fmt.Errorf("%w: %s has %d deleted messages, so the state cannot be replayed",
