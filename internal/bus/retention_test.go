@@ -32,6 +32,12 @@ func TestStreamsRetention(t *testing.T) {
 	ctx := context.Background()
 	_, js := natstest.New(t).Connect(t)
 
+	// The request stream as allot created it before retention existed:
+	// no limits, the oldest discarded first.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: wire.RequestStream, Subjects: []string{wire.RequestSubjectPrefix + ">"},
+		Storage: jetstream.FileStorage, Discard: jetstream.DiscardOld, Duplicates: 2 * time.Minute, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
 	env := bus.RetentionEnv{RequestsMaxAge: 48 * time.Hour, RequestsMaxBytes: 64 << 20, EventsMaxAge: 24 * time.Hour, EventsMaxBytes: 32 << 20}
 	if err := bus.EnsureStreams(ctx, js, env.Apply(bus.StreamConfig{})); err != nil {
 		t.Fatal(err)
@@ -50,7 +56,7 @@ func TestStreamsRetention(t *testing.T) {
 			t.Errorf("%s: %s max_age %s max_bytes %d discard %s, want %s, %d, old", when, wire.EventStream, e.MaxAge, e.MaxBytes, e.Discard, evtAge, evtBytes)
 		}
 	}
-	check("created", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
+	check("updated from before retention, and created", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
 
 	// The notifier, the audit and the tests pass no retention: kept.
 	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
