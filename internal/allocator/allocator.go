@@ -35,6 +35,9 @@ type Config struct {
 	// Replicas is ALLOT_STREAM_REPLICAS for the streams and buckets the
 	// allocator ensures; 0 keeps what they have.
 	Replicas int
+	// Retention bounds the streams (its Requests and Events; ALLOT_REQUESTS_MAX_AGE
+	// and the others); zero keeps what they have.
+	Retention bus.StreamConfig
 	// Prefers, when set, says whether this process should pull on a
 	// partition (Members.Prefers); nil pulls on every partition.
 	Prefers func(partition int) bool
@@ -48,6 +51,10 @@ type Config struct {
 	BatchWait time.Duration
 	// AckWait is the consumer's redelivery timeout (default 30s).
 	AckWait time.Duration
+	// CheckpointInterval is how often the partition's state is
+	// checkpointed for the audit (default DefaultCheckpointInterval;
+	// negative: never). See checkpoints.
+	CheckpointInterval time.Duration
 	// IdleCheck is how often an idle allocator looks for a gap between its
 	// fence and the stream (default 1s), which a crashed peer leaves behind.
 	IdleCheck time.Duration
@@ -73,6 +80,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if c.IdleCheck <= 0 {
 		c.IdleCheck = time.Second
@@ -203,7 +213,8 @@ func (a *Allocator) Start(ctx context.Context) error {
 
 // prepare ensures everything the apply loop needs.
 func (a *Allocator) prepare(ctx context.Context) error {
-	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas}); err != nil {
+	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas,
+		Requests: a.cfg.Retention.Requests, Events: a.cfg.Retention.Events}); err != nil {
 		return err
 	}
 	st, err := a.js.Stream(ctx, wire.RequestStream)
@@ -262,6 +273,11 @@ func (a *Allocator) launch(ctx context.Context) error {
 		a.relay.run(runCtx)
 	}()
 	go a.watch(runCtx, 2*time.Second)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.checkpoints(runCtx)
+	}()
 	return nil
 }
 

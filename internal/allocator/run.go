@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -43,6 +45,33 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var all []*Allocator
+	// Serve /readyz (503) and /metrics at once, and wait for JetStream
+	// rather than exit: a cluster that has just formed may take a while to
+	// create R3 streams.
+	var ready atomic.Bool
+	srv, err := serveMetrics(cfg.MetricsAddr, reg, db, nc, &ready)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if srv != nil {
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(shutdownCtx) //nolint:errcheck
+		}
+	}()
+	if js, err := jetstream.New(nc); err == nil {
+		err := bus.Retry(ctx, log, "allocator: ensure streams", bus.StartAttempt, func(ctx context.Context) error {
+			return bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: cfg.Partitions, Replicas: cfg.Replicas,
+				Requests: cfg.Retention.Requests, Events: cfg.Retention.Events})
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // asked to stop while waiting
+			}
+			return err
+		}
+	}
 	// Partitions spread over the live allocator processes; without the
 	// membership bucket every process pulls on every partition, which is
 	// safe, only less even.
@@ -76,51 +105,28 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			stopAll()
 			return err
 		}
-		if err := a.Start(ctx); err != nil {
+		if err := bus.Retry(ctx, log, "allocator start", bus.StartAttempt, a.Start); err != nil {
 			stopAll()
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		all = append(all, a)
 	}
 	log.InfoContext(ctx, "allocator running", slog.Int("partitions", len(all)),
 		slog.Int("batch_size", all[0].cfg.BatchSize), slog.Duration("batch_wait", all[0].cfg.BatchWait))
-	var srv *http.Server
-	if cfg.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
-		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-			if !nc.IsConnected() || db.PingContext(r.Context()) != nil {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				w.Write([]byte(`{"error":"nats or mysql is unreachable."}`))
-				return
-			}
-			w.Write([]byte(`{"status":"ready"}`))
-		})
-		ln, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			stopAll()
-			return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
-		}
-		srv = newMetricsServer(mux, metricsTimeouts)
-		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
-	}
+	ready.Store(true)
 	done := make(chan error, len(all))
 	for _, a := range all {
 		go func() { done <- a.Wait() }()
 	}
-	var err error
 	select {
 	case <-ctx.Done():
 		log.Info("allocator stopping: finishing the batches in hand")
 	case err = <-done:
 	}
 	stopAll()
-	if srv != nil {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdownCtx) //nolint:errcheck
-	}
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
@@ -153,4 +159,36 @@ var metricsTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 10 * tim
 
 func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz on addr (nothing when
+// addr is empty). /readyz answers 503 until ready is set, and while NATS or
+// MySQL is unreachable.
+func serveMetrics(addr string, reg *prometheus.Registry, db *sql.DB, nc *nats.Conn, ready *atomic.Bool) (*http.Server, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":"the allocator is starting: waiting for NATS JetStream."}`))
+			return
+		}
+		if !nc.IsConnected() || db.PingContext(r.Context()) != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":"nats or mysql is unreachable."}`))
+			return
+		}
+		w.Write([]byte(`{"status":"ready"}`))
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	srv := newMetricsServer(mux, metricsTimeouts)
+	go srv.Serve(ln) //nolint:errcheck // closed on shutdown
+	return srv, nil
 }

@@ -121,6 +121,8 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 		LastSeq:           tr.last,
 		Fence:             tr.last,
 		WindowStart:       1,
+		VerifiedFrom:      1,
+		VerifiedTo:        tr.last,
 		OK:                true,
 	}
 	got := rep

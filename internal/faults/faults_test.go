@@ -81,7 +81,7 @@ func run(t *testing.T, sc scenario) summary {
 		t.Errorf("fault injection: %v", err)
 	}
 	t.Logf("scenario %d: burst answered in %s", sc.n, b.took.Round(time.Millisecond))
-	for _, p := range append([]*proc{s.natsd, s.ingest}, s.allocs...) {
+	for _, p := range append(append(s.natsProcs(), s.ingest), s.allocs...) {
 		if err := p.exited(); err != nil && !s.killedForGood[p] {
 			t.Errorf("a process died by itself: %v", err)
 		}

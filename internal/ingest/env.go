@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is ingest's part of a binary's configuration, read from ALLOT_
@@ -21,6 +23,7 @@ type Env struct {
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer a claim for a full activity as soon as the request stream proves its answer, before the allocator applies it"`
 	CommitMinBatch  int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -52,7 +55,7 @@ func (e Env) Validate() error {
 	if e.CommitMinBatch == 0 || e.CommitMinBatch < -1 || e.CommitMinBatch > DefaultCommitMaxBatch {
 		return fmt.Errorf("ALLOT_INGEST_COMMIT_MIN_BATCH must be -1 (never batch) or between 1 and %d, got %d", DefaultCommitMaxBatch, e.CommitMinBatch)
 	}
-	return nil
+	return e.RetentionEnv.Validate()
 }
 
 // RunConfig turns the settings into what Run takes.
@@ -69,6 +72,7 @@ func (e Env) RunConfig() RunConfig {
 			Partitions:     e.Partitions,
 			MaxInFlight:    e.MaxInFlight,
 			CommitMinBatch: e.CommitMinBatch,
+			Retention:      e.RetentionEnv.Apply(bus.StreamConfig{}),
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
 	}

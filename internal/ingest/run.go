@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: in-flight publishes
@@ -70,19 +72,26 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
 		}
 	}
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = svc.Start(startCtx)
-	cancel()
+	// Serve at once, not ready, while JetStream is waited for: a cluster
+	// that has just formed may take a while to create R3 streams, and that
+	// is a reason to retry, not to exit.
+	gate := new(startGate)
+	srv := newHTTPServer(gate, svc.opts, log)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.InfoContext(ctx, "ingest listening, starting", slog.String("addr", ln.Addr().String()))
+	err = bus.Retry(ctx, log, "ingest start", bus.StartAttempt, svc.Start)
 	if err != nil {
-		ln.Close() //nolint:errcheck
+		srv.Close() //nolint:errcheck
+		<-served
+		if ctx.Err() != nil {
+			return nil // asked to stop while waiting
+		}
 		return err
 	}
 	defer svc.Stop()
-
-	srv := newHTTPServer(svc.Handler(), svc.opts, log)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	log.InfoContext(ctx, "ingest listening", slog.String("addr", ln.Addr().String()))
+	gate.open(svc.Handler())
+	log.InfoContext(ctx, "ingest ready", slog.String("addr", ln.Addr().String()))
 
 	select {
 	case err := <-served:

@@ -79,6 +79,9 @@ type Options struct {
 	UserRate float64
 	// UserBurst is the burst of UserRate; default max(1, 2*UserRate).
 	UserBurst int
+	// Retention bounds the streams (ALLOT_REQUESTS_MAX_AGE and the others);
+	// zero keeps what they have.
+	Retention bus.StreamConfig
 	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
 	// stream; 0 keeps what an existing stream has.
 	Partitions int
@@ -282,7 +285,12 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.sub != nil || s.stopped {
 		return errors.New("ingest: Start called twice or after Stop")
 	}
-	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions,
+		Requests: s.opts.Retention.Requests, Events: s.opts.Retention.Events}); err != nil {
+		return fmt.Errorf("ingest start: %w", err)
+	}
+	replicas, err := bus.KeepReplicas(ctx, s.js, bus.KeyValueStream(s.opts.IdempotencyBucket), s.opts.StreamReplicas)
+	if err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
 	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -291,7 +299,7 @@ func (s *Service) Start(ctx context.Context) error {
 		History:     1,
 		TTL:         s.opts.IdempotencyTTL,
 		Storage:     jetstream.FileStorage,
-		Replicas:    s.opts.StreamReplicas,
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("ingest start: %w: ensure bucket %s: %w", bus.ErrUnavailable, s.opts.IdempotencyBucket, err)
@@ -311,11 +319,15 @@ func (s *Service) Start(ctx context.Context) error {
 			cancel()
 			return fmt.Errorf("ingest start: %w", err)
 		}
-	}
-	cctx, stopCommit := context.WithCancel(context.Background())
-	s.stopCommit = stopCommit
-	if s.commit != nil {
-		s.commit.run(cctx)
+		// Start is retried while JetStream is not ready (Run): a failed
+		// attempt must not leave its watcher behind.
+		defer func() {
+			if s.sub == nil { // this attempt failed after all
+				cancel()
+				s.tail.stop()
+				s.stopViews = nil
+			}
+		}()
 	}
 	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
 	if err != nil {
@@ -332,6 +344,11 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.nc.FlushWithContext(fctx); err != nil {
 		sub.Unsubscribe() //nolint:errcheck
 		return fmt.Errorf("ingest start: %w: flush subscription: %w", bus.ErrUnavailable, err)
+	}
+	cctx, stopCommit := context.WithCancel(context.Background())
+	s.stopCommit = stopCommit
+	if s.commit != nil {
+		s.commit.run(cctx)
 	}
 	s.kv, s.sub = kv, sub
 	s.log.InfoContext(ctx, "ingest started",
