@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -268,6 +269,13 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 		}
 		a.acts[id] = act
 		a.actLast[id] = by
+		// The second opinion starts from the same state; it judges every
+		// decision after the checkpoint on its own.
+		if a.ref == nil {
+			a.ref = make(map[int64]*refmodel.Activity)
+		}
+		a.ref[id] = &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed,
+			NextSeq: act.NextSeq, Live: act.Live()}
 	}
 	return ok, nil
 }

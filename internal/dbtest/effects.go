@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -36,19 +37,26 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 	state := map[key]int{}
 	opened := map[int64]bool{}
 	var problems []string
-	rows, err := d.QueryContext(ctx, "SELECT seq, request_id, activity_id, events FROM processed_request WHERE events IS NOT NULL ORDER BY seq")
+	rows, err := d.QueryContext(ctx, "SELECT seq, request_id, activity_id, events, partition_id, event_parts FROM processed_request WHERE events IS NOT NULL ORDER BY seq")
 	if err != nil {
 		return nil, fmt.Errorf("dbtest: read results: %w", err)
 	}
 	for rows.Next() {
 		var (
-			seq        uint64
-			id, enc    string
-			activityID int64
+			seq               uint64
+			id, enc           string
+			activityID        int64
+			partition, pieces int
 		)
-		if err := rows.Scan(&seq, &id, &activityID, &enc); err != nil {
+		if err := rows.Scan(&seq, &id, &activityID, &enc, &partition, &pieces); err != nil {
 			rows.Close()
 			return nil, err
+		}
+		if pieces > 0 { // a long event list, stored in pieces
+			if enc, err = store.WholeValue(ctx, d.DB, partition, seq, store.ColEvents, enc); err != nil {
+				rows.Close()
+				return nil, err
+			}
 		}
 		evs, err := allocation.DecodeEvents(enc)
 		if err != nil {

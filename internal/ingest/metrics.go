@@ -18,6 +18,8 @@ type metrics struct {
 	shed            *prometheus.CounterVec // outcome
 	earlyMissed     *prometheus.CounterVec // reason
 	commitBatch     prometheus.Histogram
+	resultQueries   prometheus.Counter
+	waitersRefused  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -52,12 +54,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Requests published together as one atomic batch (group commit).",
 			Buckets: prometheus.ExponentialBuckets(16, 2, 7),
 		}),
+		resultQueries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_result_queries_total",
+			Help: "MySQL queries that read results for polls and waiting handlers (each gathers up to 500 reads).",
+		}),
+		waitersRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_waiters_refused_total",
+			Help: "Writes and polls with ?wait= answered 503 because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
+		}),
 		earlyMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_missed_total",
 			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
 		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

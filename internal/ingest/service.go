@@ -38,6 +38,9 @@ const (
 	DefaultIdempotencyBucket = "ALLOT_IDEMPOTENCY"
 	DefaultIdempotencyTTL    = 24 * time.Hour
 	DefaultEarlyResults      = 100_000
+	DefaultActivityCache     = 100_000
+	DefaultMaxWaiters        = 10_000
+	DefaultOpenRate          = 50
 )
 
 // Options are the HTTP-independent settings of a Service. A zero field takes
@@ -106,6 +109,16 @@ type Options struct {
 	// MaxInFlight bounds the publishes awaiting their PubAck; a write beyond
 	// it answers 503 at once rather than queueing without bound. Default 2048.
 	MaxInFlight int
+	// ActivityCache bounds the activities whose view and last change
+	// ingest keeps for early answers (LRU). Default DefaultActivityCache.
+	ActivityCache int
+	// MaxWaiters bounds the handlers waiting for a result (?wait=); a
+	// write or poll with ?wait= beyond it answers 503 at once, and a write
+	// is then not published. Default DefaultMaxWaiters.
+	MaxWaiters int
+	// OpenRate caps opens and resizes per second of this instance (burst
+	// twice that); beyond, 429. Negative: no cap. Default DefaultOpenRate.
+	OpenRate float64
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -159,6 +172,12 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CommitMinBatch == 0 {
 		o.CommitMinBatch = DefaultCommitMinBatch
 	}
+	if o.ActivityCache < 0 || o.MaxWaiters < 0 {
+		return o, errors.New("ingest: ActivityCache and MaxWaiters must not be negative")
+	}
+	o.ActivityCache = cmp.Or(o.ActivityCache, DefaultActivityCache)
+	o.MaxWaiters = cmp.Or(o.MaxWaiters, DefaultMaxWaiters)
+	o.OpenRate = cmp.Or(o.OpenRate, DefaultOpenRate)
 	if o.TailReplay == 0 {
 		o.TailReplay = DefaultTailReplay
 	}
@@ -187,6 +206,8 @@ type Service struct {
 	views  views
 	tail   *tail
 	commit *committer // nil when CommitMinBatch < 0
+	reader *resultReader
+	opens  *rate.Limiter // nil when OpenRate < 0
 	// early holds the early answers given by this instance, for polls that
 	// come before the allocator has recorded them.
 	early   *lru.Cache[string, wire.Result]
@@ -246,8 +267,8 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		log:     log,
 		opts:    opts,
 		ids:     newIDIssuer(opts.IDSecret),
-		views:   views{m: make(map[int64]viewEntry)},
-		tail:    newTail(DefaultTailActivities),
+		tail:    newTail(opts.ActivityCache),
+		reader:  newResultReader(db, opts.QueryTimeout, m.resultQueries.Inc),
 		flight:  make(chan struct{}, opts.MaxInFlight),
 		waiters: newWaiters(m.waiters),
 		metrics: m,
@@ -257,6 +278,12 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		s.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, opts.MaxInFlight),
 			minBatch: opts.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: opts.PublishTimeout,
 			batches: func(n int) { m.commitBatch.Observe(float64(n)) }}
+	}
+	if s.views.m, err = lru.New[int64, viewEntry](opts.ActivityCache); err != nil {
+		return nil, err
+	}
+	if opts.OpenRate > 0 {
+		s.opens = rate.NewLimiter(rate.Limit(opts.OpenRate), max(1, int(2*opts.OpenRate)))
 	}
 	if s.early, err = lru.New[string, wire.Result](opts.EarlyResults); err != nil {
 		return nil, err
@@ -350,6 +377,7 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.commit != nil {
 		s.commit.run(cctx)
 	}
+	s.reader.run(cctx)
 	s.kv, s.sub = kv, sub
 	s.log.InfoContext(ctx, "ingest started",
 		slog.String("bucket", s.opts.IdempotencyBucket),

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/wire"
@@ -47,16 +48,16 @@ type viewEntry struct {
 	sv  *shedView
 }
 
-// views is ingest's copy of the ALLOT_VIEW bucket.
+// views is ingest's copy of the ALLOT_VIEW bucket, bounded (LRU): a view
+// forgotten only sends its activity's claims to the allocator.
 type views struct {
-	mu sync.RWMutex
-	m  map[int64]viewEntry
+	mu sync.Mutex // orders puts; reads need only the cache's own lock
+	m  *lru.Cache[int64, viewEntry]
 }
 
 func (vs *views) get(activity int64) *shedView {
-	vs.mu.RLock()
-	defer vs.mu.RUnlock()
-	return vs.m[activity].sv
+	e, _ := vs.m.Get(activity)
+	return e.sv
 }
 
 func (vs *views) apply(e jetstream.KeyValueEntry) error {
@@ -67,8 +68,8 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 	if e.Operation() != jetstream.KeyValuePut {
 		// A delete carries no sequence: drop the view, keep the sequence.
 		vs.mu.Lock()
-		if old, ok := vs.m[id]; ok {
-			vs.m[id] = viewEntry{seq: old.seq}
+		if old, ok := vs.m.Peek(id); ok {
+			vs.m.Add(id, viewEntry{seq: old.seq})
 		}
 		vs.mu.Unlock()
 		return nil
@@ -97,10 +98,10 @@ func (vs *views) put(v wire.View) {
 	}
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
-	if old, ok := vs.m[v.ActivityID]; ok && old.seq > v.Seq {
+	if old, ok := vs.m.Peek(v.ActivityID); ok && old.seq > v.Seq {
 		return
 	}
-	vs.m[v.ActivityID] = viewEntry{seq: v.Seq, sv: sv}
+	vs.m.Add(v.ActivityID, viewEntry{seq: v.Seq, sv: sv})
 }
 
 // watchViews keeps s.views current until ctx ends.

@@ -3,6 +3,8 @@ package ingest
 import (
 	"testing"
 
+	lru "github.com/hashicorp/golang-lru/v2"
+
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -10,7 +12,8 @@ import (
 // ingest out of order (a delayed put, a frozen allocator waking up). A view
 // of an older state that arrives after a newer clear is ignored.
 func TestLateViewNeverOverridesANewerClear(t *testing.T) {
-	vs := views{m: make(map[int64]viewEntry)}
+	cache, _ := lru.New[int64, viewEntry](8)
+	vs := views{m: cache}
 	full := wire.View{ActivityID: 7, Capacity: 1, Confirmed: 1, Seq: 100, Complete: true, Holders: []int64{1}}
 	vs.put(full)
 	if vs.get(7) == nil {

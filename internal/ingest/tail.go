@@ -35,12 +35,10 @@ import (
 // decide claims at once.
 const DefaultTailReplay = 100_000
 
-// DefaultTailActivities bounds the activities whose last change the tail
-// keeps; a forgotten activity counts as changed at the highest sequence
-// forgotten, which only sends its claims to the allocator.
-const DefaultTailActivities = 200_000
-
-// tail follows the request stream; see above.
+// tail follows the request stream; see above. It keeps the last change of
+// at most Options.ActivityCache activities: a forgotten activity counts as
+// changed at the highest sequence forgotten, which only sends its claims to
+// the allocator.
 type tail struct {
 	mu sync.Mutex
 	// from is the first stream sequence from which the tail has seen every

@@ -67,6 +67,17 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		writeError(w, http.StatusTooManyRequests, msgRateLimited)
 		return
 	}
+	if op == wire.OpOpen && s.opens != nil && !s.opens.Allow() {
+		w.Header()["Retry-After"] = []string{"1"}
+		writeError(w, http.StatusTooManyRequests, msgOpenRateLimited)
+		return
+	}
+	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
+		s.metrics.waitersRefused.Inc()
+		w.Header()["Retry-After"] = []string{"1"}
+		writeError(w, http.StatusServiceUnavailable, msgTooManyWaiters)
+		return
+	}
 	if s.users != nil && op != wire.OpOpen {
 		if ok, wait := s.users.allow(user, time.Now()); !ok {
 			w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}

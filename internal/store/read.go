@@ -202,3 +202,62 @@ func WholeValue(ctx context.Context, q DBTX, partition int, seq uint64, col, hea
 	}
 	return b.String(), nil
 }
+
+// GetResults reads the recorded results of many requests at once, as
+// GetResult reads one: the ones found are in the map.
+func GetResults(ctx context.Context, q DBTX, ids []string) (map[string]wire.Result, error) {
+	out := make(map[string]wire.Result, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	in := "(?" + strings.Repeat(",?", len(ids)-1) + ")"
+	rows, err := q.QueryContext(ctx, "SELECT "+resultColumns+", partition_id, promoted_parts FROM processed_request WHERE request_id IN "+in, args...)
+	if err != nil {
+		return nil, fmt.Errorf("get results: %w", err)
+	}
+	for rows.Next() {
+		r, err := scanResult(ctx, q, rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("get results: %w", err)
+		}
+		out[r.RequestID] = r
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("get results: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("get results: %w", err)
+	}
+	if len(out) == len(ids) {
+		return out, nil
+	}
+	// The rest may have been refused: the first rejection of each.
+	rows, err = q.QueryContext(ctx, "SELECT request_id, seq, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
+		" WHERE request_id IN "+in+" ORDER BY seq DESC", args...)
+	if err != nil {
+		return nil, fmt.Errorf("get rejections: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r := wire.Result{State: wire.StateDone, Outcome: wire.OutcomeRejected}
+		var (
+			op             sql.NullString
+			activity, user sql.NullInt64
+		)
+		if err := rows.Scan(&r.RequestID, &r.Seq, &op, &activity, &user, &r.Reason, &r.AppliedAt); err != nil {
+			return nil, fmt.Errorf("get rejections: %w", err)
+		}
+		if _, done := out[r.RequestID]; done && out[r.RequestID].Outcome != wire.OutcomeRejected {
+			continue
+		}
+		r.Op, r.ActivityID, r.UserID = op.String, activity.Int64, user.Int64
+		r.AppliedAt = r.AppliedAt.UTC()
+		out[r.RequestID] = r // descending: the first rejection is written last
+	}
+	return out, rows.Err()
+}
