@@ -6,7 +6,7 @@ PKGS  := ./...
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-faults lint bench demo clean reset
+.PHONY: help build run test test-short test-faults lint bench bench-memory demo clean reset
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,9 @@ reset: build ## start the make-run stack over empty: drop its database (ALLOT_MY
 bench: build ## one run, side by side: allocator drain vs the seed designs, and an HTTP burst vs the Redis-gated seed design
 	./$(BIN)/bench -bin $(BIN)
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
+
+bench-memory: build ## each process's resident memory over 1,000,000 requests to 200,000 activities (must stay flat once the caches are full)
+	./$(BIN)/bench -bin $(BIN) -memory
 
 test-faults: ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
 	$(GO) test -count=1 -v -timeout 10m ./internal/faults/
