@@ -26,6 +26,9 @@ type Env struct {
 	OpenRate        float64       `envconfig:"INGEST_OPEN_RATE" default:"50" desc:"opens and resizes per second of this instance, 429 beyond; -1 = no cap"`
 	CommitMinBatch  int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+	MetricsAddr     string        `envconfig:"INGEST_METRICS_ADDR" desc:"serve /metrics also on a listener of its own, without a token (e.g. :9092); empty = only on the API listener"`
+	BadAuthRate     float64       `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond before any token is verified; -1 = no limit"`
+	AuthEnv
 	bus.RetentionEnv
 }
 
@@ -67,6 +70,17 @@ func (e Env) Validate() error {
 	if e.CommitMinBatch == 0 || e.CommitMinBatch < -1 || e.CommitMinBatch > DefaultCommitMaxBatch {
 		return fmt.Errorf("ALLOT_INGEST_COMMIT_MIN_BATCH must be -1 (never batch) or between 1 and %d, got %d", DefaultCommitMaxBatch, e.CommitMinBatch)
 	}
+	if e.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(e.MetricsAddr); err != nil {
+			return fmt.Errorf("ALLOT_INGEST_METRICS_ADDR must be host:port or :port, got %q", e.MetricsAddr)
+		}
+	}
+	if e.BadAuthRate == 0 || (e.BadAuthRate < 0 && e.BadAuthRate != -1) {
+		return fmt.Errorf("ALLOT_INGEST_BAD_AUTH_RATE must be positive, or -1 for no limit, got %g", e.BadAuthRate)
+	}
+	if err := e.AuthEnv.Validate(e.HTTPAddr); err != nil {
+		return err
+	}
 	return e.RetentionEnv.Validate()
 }
 
@@ -87,8 +101,12 @@ func (e Env) RunConfig() RunConfig {
 			ActivityCache:  e.ActivityCache,
 			MaxWaiters:     e.MaxWaiters,
 			OpenRate:       e.OpenRate,
+			BadAuthRate:    e.BadAuthRate,
 			Retention:      e.RetentionEnv.Apply(bus.StreamConfig{}),
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
+		MetricsAddr:     e.MetricsAddr,
+		Auth:            e.AuthEnv.Config(),
+		AuthOff:         e.AuthEnv.Off(),
 	}
 }

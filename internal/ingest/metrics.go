@@ -20,6 +20,7 @@ type metrics struct {
 	commitBatch     prometheus.Histogram
 	resultQueries   prometheus.Counter
 	waitersRefused  prometheus.Counter
+	authFailures    *prometheus.CounterVec // reason: missing, invalid, flood
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -66,8 +67,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "allot_ingest_shed_missed_total",
 			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
 		}, []string{"reason"}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_auth_failures_total",
+			Help: "Requests refused before their handler: no token (missing), a token that failed verification (invalid), or too many such from one address (flood).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused, m.authFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

@@ -169,27 +169,44 @@ func TestRequestIDChecksum(t *testing.T) {
 	t.Parallel()
 	g := newIDIssuer("")
 	other := newIDIssuer("another secret")
-	for range 1000 {
-		id, err := g.New()
+	const n = 1000
+	foreign, stranger := 0, 0
+	for i := range n {
+		owner := int64(i + 1)
+		id, err := g.New(owner)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 			t.Fatalf("%s: version %d variant %s, want 7 RFC4122", id, id.Version(), id.Variant())
 		}
-		if !g.Issued(id) {
-			t.Fatalf("%s: checksum does not verify", id)
+		if !g.Issued(id) || !g.Owned(id, owner) {
+			t.Fatalf("%s: checksum or owner tag does not verify", id)
 		}
+		// 16-bit checks: a match by chance is 1 in 65,536.
 		if other.Issued(id) {
-			t.Fatalf("%s verifies under another secret", id)
+			foreign++
 		}
-		for _, i := range []int{0, 7, 11, 12, 15} {
+		if g.Owned(id, owner+1) {
+			stranger++
+		}
+		for _, i := range []int{0, 7, 11, 12, 13} {
 			bad := id
 			bad[i] ^= 0x01
-			if g.Issued(bad) {
+			if g.Issued(bad) && g.Owned(bad, owner) {
 				t.Fatalf("%s with byte %d flipped still verifies", id, i)
 			}
 		}
+		for _, i := range []int{14, 15} {
+			bad := id
+			bad[i] ^= 0x01
+			if !g.Issued(bad) || g.Owned(bad, owner) {
+				t.Fatalf("%s with owner byte %d flipped: issued %v (want true), owned %v (want false)", id, i, g.Issued(bad), g.Owned(bad, owner))
+			}
+		}
+	}
+	if foreign > 3 || stranger > 3 {
+		t.Fatalf("of %d ids, %d verify under another secret and %d for another owner; want at most 3 each (1 in 65,536 by chance)", n, foreign, stranger)
 	}
 	if g.Issued(uuid.New()) {
 		t.Fatal("a random v4 verifies")

@@ -3,6 +3,7 @@ package ingest
 import (
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"hash"
 	"sync"
@@ -20,11 +21,20 @@ import (
 // same on every instance.
 const DefaultIDSecret = "allot-ingest-request-id-checksum-v1"
 
-// idIssuer mints and checks request ids: UUIDv7s whose last 4 bytes are a
-// truncated HMAC-SHA256 of their first 12 bytes. The version nibble (byte 6)
-// and the variant bits (byte 8) lie in the first 12 bytes, so the result is
-// still a valid, time-ordered UUIDv7; it keeps 30 random bits besides the
-// 48-bit millisecond time and the 12-bit sub-millisecond sequence.
+// idIssuer mints and checks request ids: UUIDv7s whose last 4 bytes are
+// two truncated HMAC-SHA256s of their first 12 bytes: bytes 12-13 say that
+// ingest issued the id (Issued), bytes 14-15 bind it to the user the request
+// is for (Owned; 0 for an open), so that a pending id another user asks
+// about reads 404 like an id never issued, with no table of ids. The
+// version nibble (byte 6) and the variant bits (byte 8) lie in the first 12
+// bytes, so the result is still a valid, time-ordered UUIDv7; it keeps 30
+// random bits besides the 48-bit millisecond time and the 12-bit
+// sub-millisecond sequence. Sixteen bits each are enough for what they
+// guard: a guessed id reads "pending" instead of 404 once in 65,536
+// guesses, and a user reads "pending" for another user's pending id (whose
+// id they must already know) once in 65,536; a done result is checked
+// against its recorded user_id exactly. Ids minted before the owner tag
+// existed pass Issued (their bytes 12-13 are the same), not Owned.
 type idIssuer struct {
 	macs sync.Pool // hash.Hash, keyed HMAC-SHA256, Reset before use
 }
@@ -37,33 +47,53 @@ func newIDIssuer(secret string) *idIssuer {
 	return &idIssuer{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
 }
 
-// sum writes the checksum of id[:12] into out.
-func (g *idIssuer) sum(id *uuid.UUID, out []byte) {
+// sum writes the issuer checksum of id[:12] into out[0:2] and the owner
+// tag of id[:12] and owner into out[2:4].
+func (g *idIssuer) sum(id *uuid.UUID, owner int64, out []byte) {
 	mac := g.macs.Get().(hash.Hash)
+	var buf [sha256.Size]byte
 	mac.Reset()
 	mac.Write(id[:12])
-	var buf [sha256.Size]byte
-	copy(out, mac.Sum(buf[:0])[:4])
+	copy(out[0:2], mac.Sum(buf[:0])[:2])
+	mac.Reset()
+	mac.Write(id[:12])
+	var o [9]byte
+	o[0] = 'o' // keeps the owner tag's input apart from the issuer checksum's
+	binary.BigEndian.PutUint64(o[1:], uint64(owner))
+	mac.Write(o[:])
+	copy(out[2:4], mac.Sum(buf[:0])[:2])
 	g.macs.Put(mac)
 }
 
-// New returns a fresh request id.
-func (g *idIssuer) New() (uuid.UUID, error) {
+// New returns a fresh request id for a request of owner (the request's
+// user_id).
+func (g *idIssuer) New(owner int64) (uuid.UUID, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("new request id: %w", err)
 	}
-	g.sum(&id, id[12:16])
+	g.sum(&id, owner, id[12:16])
 	return id, nil
 }
 
-// Issued reports whether id carries a valid checksum: ingest minted it (with
-// the same secret), so it exists in JetStream or its publish failed.
+// Issued reports whether id carries a valid issuer checksum: ingest minted
+// it (with the same secret), so it exists in JetStream or its publish
+// failed.
 func (g *idIssuer) Issued(id uuid.UUID) bool {
 	if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 		return false
 	}
 	var want [4]byte
-	g.sum(&id, want[:])
-	return hmac.Equal(want[:], id[12:16])
+	g.sum(&id, 0, want[:])
+	return hmac.Equal(want[:2], id[12:14])
+}
+
+// Owned reports whether id was issued for a request of owner.
+func (g *idIssuer) Owned(id uuid.UUID, owner int64) bool {
+	if !g.Issued(id) {
+		return false
+	}
+	var want [4]byte
+	g.sum(&id, owner, want[:])
+	return hmac.Equal(want[2:], id[14:16])
 }

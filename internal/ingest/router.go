@@ -102,22 +102,24 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 	rt.routes[routeReady] = newRoute("/readyz",
 		endpoint{method: http.MethodGet, h: s.handleReady})
 	rt.routes[routeMetrics] = newRoute("/metrics",
-		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, _, _ string) {
+		endpoint{method: http.MethodGet, h: s.guard(operator, func(w http.ResponseWriter, r *http.Request, _, _ string) {
 			metricsHandler.ServeHTTP(w, r)
-		}})
+		})})
 	rt.routes[routeActivity] = newRoute("/v1/activities/{activity}",
-		endpoint{method: http.MethodPut, h: s.writeHandler(wire.OpOpen)},
-		endpoint{method: http.MethodGet, h: s.handleActivity})
+		endpoint{method: http.MethodPut, h: s.guard(admin, s.writeHandler(wire.OpOpen))},
+		endpoint{method: http.MethodGet, h: s.guard(anyCaller, s.handleActivity)})
 	rt.routes[routeSignup] = newRoute("/v1/activities/{activity}/signups/{user}",
-		endpoint{method: http.MethodPost, h: s.writeHandler(wire.OpJoin)},
-		endpoint{method: http.MethodDelete, h: s.writeHandler(wire.OpCancel)},
-		endpoint{method: http.MethodGet, h: s.handleSignup})
+		endpoint{method: http.MethodPost, h: s.guard(self, s.writeHandler(wire.OpJoin))},
+		endpoint{method: http.MethodDelete, h: s.guard(self, s.writeHandler(wire.OpCancel))},
+		endpoint{method: http.MethodGet, h: s.guard(self, s.handleSignup)})
 	rt.routes[routeClaim] = newRoute("/v1/activities/{activity}/claims/{user}",
-		endpoint{method: http.MethodPost, h: s.writeHandler(wire.OpClaim)})
+		endpoint{method: http.MethodPost, h: s.guard(self, s.writeHandler(wire.OpClaim))})
 	rt.routes[routeRequest] = newRoute("/v1/requests/{request_id}",
-		endpoint{method: http.MethodGet, h: s.handlePoll})
+		endpoint{method: http.MethodGet, h: s.guard(anyCaller, s.handlePoll)})
 	// The live operator page: / for browsers only, so that an API client
-	// still gets the contract's JSON 404 there.
+	// still gets the contract's JSON 404 there. The page and its assets are
+	// a static shell holding no data (a browser cannot send a bearer token
+	// when it navigates); the feed that fills it needs allot:operator.
 	rt.routes[routePage] = newRoute("/",
 		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, _, _ string) {
 			if !ui.AcceptsHTML(r) {
@@ -131,14 +133,14 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 			s.ui.ServeAsset(w, r, name)
 		}})
 	rt.routes[routeLive] = newRoute("/v1/activities/{activity}/live",
-		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, a, _ string) {
+		endpoint{method: http.MethodGet, h: s.guard(operator, func(w http.ResponseWriter, r *http.Request, a, _ string) {
 			activity, err := parseID(a, "activity")
 			if err != nil {
 				writeInputError(w, err)
 				return
 			}
 			s.ui.ServeLive(w, r, activity)
-		}})
+		})})
 	return rt
 }
 

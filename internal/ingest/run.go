@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
 )
 
@@ -39,6 +41,14 @@ type RunConfig struct {
 	// ShutdownTimeout bounds the graceful shutdown; default
 	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+	// MetricsAddr, when set, serves /metrics also on a listener of its own,
+	// without a token (ALLOT_INGEST_METRICS_ADDR).
+	MetricsAddr string
+	// Auth configures bearer tokens. With neither a key nor a JWKS URL,
+	// Run serves without authentication only when AuthOff is set or the
+	// listener is on a loopback address, and says so; else it refuses.
+	Auth    auth.Config
+	AuthOff bool
 }
 
 // Run serves the ingest API on cfg.HTTPAddr until ctx ends, then shuts down
@@ -61,16 +71,55 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	}
 	opts := cfg.Options
 	opts.Gatherer = reg
+	ln := cfg.Listener
+	addr := cfg.HTTPAddr
+	if ln != nil {
+		addr = ln.Addr().String()
+	}
+	switch {
+	case len(cfg.Auth.HS256Key) > 0 || cfg.Auth.JWKSURL != "":
+		v, err := auth.New(cfg.Auth)
+		if err != nil {
+			return fmt.Errorf("ingest: %w", err)
+		}
+		defer v.Close()
+		opts.Auth = v
+		log.InfoContext(ctx, "authentication on: bearer tokens required",
+			slog.Bool("hs256", len(cfg.Auth.HS256Key) > 0), slog.String("jwks_url", cfg.Auth.JWKSURL),
+			slog.String("issuer", cfg.Auth.Issuer), slog.String("audience", cfg.Auth.Audience))
+	case cfg.AuthOff:
+		log.WarnContext(ctx, "authentication off (ALLOT_AUTH=none): anyone who reaches ingest may act for any user")
+	case loopback(addr):
+		log.WarnContext(ctx, "authentication off: no key is set and ingest listens on a loopback address only; set ALLOT_AUTH_HS256_KEY (at least 32 bytes) or ALLOT_AUTH_JWKS_URL to require bearer tokens",
+			slog.String("addr", addr))
+	default:
+		if ln != nil {
+			ln.Close() //nolint:errcheck
+		}
+		return fmt.Errorf("ingest: %w", errOpenNotLoopback(addr))
+	}
 	svc, err := New(db, nc, js, log, reg, opts)
 	if err != nil {
 		return err
 	}
-	ln := cfg.Listener
 	if ln == nil {
 		ln, err = net.Listen("tcp", cfg.HTTPAddr)
 		if err != nil {
 			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
 		}
+	}
+	if cfg.MetricsAddr != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsAddr)
+		if err != nil {
+			ln.Close() //nolint:errcheck
+			return fmt.Errorf("ingest: listen on %s (ALLOT_INGEST_METRICS_ADDR): %w", cfg.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go msrv.Serve(mln) //nolint:errcheck // ends with Close below
+		defer msrv.Close() //nolint:errcheck
+		log.InfoContext(ctx, "ingest metrics listening", slog.String("addr", mln.Addr().String()))
 	}
 	// Serve at once, not ready, while JetStream is waited for: a cluster
 	// that has just formed may take a while to create R3 streams, and that

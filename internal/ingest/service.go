@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
+	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/ingest/ui"
 	"github.com/allot-dev/allot/internal/wire"
@@ -119,6 +120,14 @@ type Options struct {
 	// OpenRate caps opens and resizes per second of this instance (burst
 	// twice that); beyond, 429. Negative: no cap. Default DefaultOpenRate.
 	OpenRate float64
+	// Auth verifies bearer tokens; nil serves without authentication
+	// (ALLOT_AUTH=none, or a loopback listener without a key: Run decides).
+	Auth *auth.Verifier
+	// BadAuthRate is how many requests per second (burst
+	// DefaultBadAuthBurst) one client address may send that fail
+	// authentication; beyond, 429 before any token is verified. Negative:
+	// no limit. Default DefaultBadAuthRate.
+	BadAuthRate float64
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -178,6 +187,7 @@ func (o Options) withDefaults() (Options, error) {
 	o.ActivityCache = cmp.Or(o.ActivityCache, DefaultActivityCache)
 	o.MaxWaiters = cmp.Or(o.MaxWaiters, DefaultMaxWaiters)
 	o.OpenRate = cmp.Or(o.OpenRate, DefaultOpenRate)
+	o.BadAuthRate = cmp.Or(o.BadAuthRate, DefaultBadAuthRate)
 	if o.TailReplay == 0 {
 		o.TailReplay = DefaultTailReplay
 	}
@@ -215,6 +225,7 @@ type Service struct {
 	waiters *waiters
 	limiter *rate.Limiter // nil when RateLimit is off
 	users   *userLimiter  // nil when UserRate is off
+	badAuth *badAuth      // nil without authentication or with BadAuthRate < 0
 	metrics *metrics
 	handler http.Handler
 	ui      *ui.Server // the live operator page and its feed
@@ -290,6 +301,9 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.RateLimit > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(opts.RateLimit), opts.RateBurst)
+	}
+	if opts.Auth != nil && opts.BadAuthRate > 0 {
+		s.badAuth = newBadAuth(opts.BadAuthRate)
 	}
 	if opts.UserRate > 0 {
 		s.users = newUserLimiter(opts.UserRate, cmp.Or(opts.UserBurst, max(1, int(2*opts.UserRate))))

@@ -58,6 +58,23 @@ func (l *userLimiter) allow(user int64, now time.Time) (bool, time.Duration) {
 	return false, time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
 }
 
+// peek reports whether user has a token at now without taking it, or how
+// long until one is due.
+func (l *userLimiter) peek(user int64, now time.Time) (bool, time.Duration) {
+	sh := &l.shards[uint64(user)%uint64(len(l.shards))]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	b := sh.m[user]
+	if b == nil {
+		return true, 0
+	}
+	tokens := min(l.burst, b.tokens+now.Sub(b.last).Seconds()*l.rate)
+	if tokens >= 1 {
+		return true, 0
+	}
+	return false, time.Duration((1 - tokens) / l.rate * float64(time.Second))
+}
+
 // sweep drops the buckets that have refilled: they hold no state worth
 // keeping. If none has, the oldest half goes.
 func (l *userLimiter) sweep(sh *userShard, now time.Time) {

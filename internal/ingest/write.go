@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"math"
 	"net/http"
@@ -79,7 +80,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		return
 	}
 	if s.users != nil && op != wire.OpOpen {
-		if ok, wait := s.users.allow(user, time.Now()); !ok {
+		if ok, wait := s.users.allow(limitKey(r.Context(), user), time.Now()); !ok {
 			w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}
 			writeError(w, http.StatusTooManyRequests, msgUserRateLimited)
 			return
@@ -94,7 +95,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 	}
 
 	ctx := r.Context()
-	uid, err := s.ids.New()
+	uid, err := s.ids.New(user)
 	if err != nil {
 		s.log.ErrorContext(ctx, "mint request id", slog.Any("err", err))
 		writeError(w, http.StatusInternalServerError, msgInternal)
@@ -119,7 +120,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 	repeat := false
 	if hasKey {
 		path := canonicalPath(op, activity, user)
-		boundID, boundData, again, err := s.claimKey(ctx, key, op, path, id, data)
+		boundID, boundData, again, err := s.claimKey(ctx, keyScope(ctx), key, op, path, id, data)
 		if err != nil {
 			if _, ok := errors.AsType[*inputError](err); ok { // 422: the key is bound elsewhere
 				writeInputError(w, err)
@@ -183,6 +184,29 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		}
 	}
 	writeAck(w, id)
+}
+
+// limitKey is whose per-user write budget a write spends: the caller's
+// subject when authentication is on (so that changing the path's user
+// changes nothing), else the path's user.
+func limitKey(ctx context.Context, user int64) int64 {
+	id, ok := caller(ctx)
+	if !ok {
+		return user
+	}
+	if id.User != 0 {
+		return id.User
+	}
+	h := fnv.New64a()
+	h.Write([]byte(id.Subject))     //nolint:errcheck // a hash does not fail
+	return -int64(h.Sum64()>>1) - 1 // negative: never a user id
+}
+
+// keyScope is the scope of the caller's idempotency keys: its subject, or
+// "" when authentication is off.
+func keyScope(ctx context.Context) string {
+	id, _ := caller(ctx)
+	return id.Subject
 }
 
 // canonicalPath is the path of a write, built from the parsed ids so that
@@ -338,13 +362,21 @@ type idemRecord struct {
 // returns the request id and message to publish, and repeat=true when they
 // are an earlier write's; an *inputError (422) when the key is bound to
 // another op or path; bus.ErrUnavailable when the bucket does not answer. Keys are stored as hex(sha256(key)): any printable
-// key becomes a valid KV key of fixed length.
-func (s *Service) claimKey(ctx context.Context, key, op, path, id string, data []byte) (string, []byte, bool, error) {
+// key becomes a valid KV key of fixed length. A non-empty scope (the
+// caller's subject) is hashed in before the key, so that two callers' keys
+// never meet: one cannot learn or replay another's request by guessing a
+// key.
+func (s *Service) claimKey(ctx context.Context, scope, key, op, path, id string, data []byte) (string, []byte, bool, error) {
 	kv := s.bucket()
 	if kv == nil {
 		return "", nil, false, fmt.Errorf("%w: ingest is not started", bus.ErrUnavailable)
 	}
-	sum := sha256.Sum256([]byte(key))
+	var sum [sha256.Size]byte
+	if scope == "" {
+		sum = sha256.Sum256([]byte(key)) // as before authentication existed
+	} else {
+		sum = sha256.Sum256([]byte("sub:" + scope + "\x00" + key))
+	}
 	k := hex.EncodeToString(sum[:])
 	val, err := json.Marshal(idemRecord{RequestID: id, Op: op, Path: path, Msg: data})
 	if err != nil {

@@ -1,0 +1,155 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/allot-dev/allot/internal/auth"
+)
+
+// Who may call what (shared/CONTRACT.md, "Identity and access"). Each
+// route's handler is wrapped in one policy (guard), so that the policy does
+// not depend on how the routes are matched.
+type policy int
+
+const (
+	// public: no token needed (/healthz, /readyz, the page's static shell).
+	public policy = iota
+	// anyCaller: any valid token (activity state, polls: the poll itself
+	// checks the request's owner).
+	anyCaller
+	// self: the path's {user} must be the token's sub, or allot:admin.
+	self
+	// admin: allot:admin.
+	admin
+	// operator: allot:operator (the live feed, /metrics).
+	operator
+)
+
+// Sentences of the answers of authentication and authorization.
+const (
+	msgNoToken      = "This request needs a bearer token in the Authorization header."
+	msgBadToken     = "The bearer token is invalid or expired."
+	msgNotYours     = "This token may not act for or read another user."
+	msgNeedAdmin    = "This request needs a token with the allot:admin scope."
+	msgNeedOperator = "This request needs a token with the allot:operator scope."
+	msgAuthFlood    = "Too many requests with invalid tokens from this address; retry after the time in the Retry-After header."
+)
+
+// callerKey is the context key of the verified Identity.
+type callerKey struct{}
+
+// caller returns the verified identity of the request, and false when
+// authentication is off (every caller may do everything).
+func caller(ctx context.Context) (auth.Identity, bool) {
+	id, ok := ctx.Value(callerKey{}).(auth.Identity)
+	return id, ok
+}
+
+// DefaultBadAuthRate and DefaultBadAuthBurst bound the requests with a
+// missing or invalid token per client address: checking a signature costs
+// CPU (RSA more than HMAC), so a flood of bad tokens is cut before it is
+// verified.
+const (
+	DefaultBadAuthRate  = 5
+	DefaultBadAuthBurst = 50
+)
+
+// badAuth limits, per client address, the requests that fail
+// authentication. The address's bucket is looked at before verifying and
+// charged only by a failure, so that a client whose tokens are good is
+// never slowed down by it.
+type badAuth struct {
+	l    *userLimiter
+	seed maphash.Seed
+}
+
+func newBadAuth(rate float64) *badAuth {
+	return &badAuth{l: newUserLimiter(rate, max(DefaultBadAuthBurst, int(10*rate))), seed: maphash.MakeSeed()}
+}
+
+// clientKey hashes the client address of r (the peer, not a header a
+// client could forge) into the limiter's key space.
+func (b *badAuth) clientKey(r *http.Request) int64 {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return int64(maphash.String(b.seed, host))
+}
+
+// guard wraps h in p. With authentication off, every request passes and
+// carries no identity.
+func (s *Service) guard(p policy, h func(http.ResponseWriter, *http.Request, string, string)) func(http.ResponseWriter, *http.Request, string, string) {
+	if s.opts.Auth == nil || p == public {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request, a, b string) {
+		var key int64
+		if s.badAuth != nil {
+			key = s.badAuth.clientKey(r)
+			if ok, wait := s.badAuth.l.peek(key, time.Now()); !ok {
+				s.metrics.authFailures.WithLabelValues("flood").Inc()
+				w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}
+				writeError(w, http.StatusTooManyRequests, msgAuthFlood)
+				return
+			}
+		}
+		id, err := s.authenticate(r, p)
+		if err != nil {
+			if s.badAuth != nil {
+				s.badAuth.l.allow(key, time.Now())
+			}
+			msg, reason := msgBadToken, "invalid"
+			if errors.Is(err, auth.ErrNoToken) {
+				msg, reason = msgNoToken, "missing"
+			}
+			s.metrics.authFailures.WithLabelValues(reason).Inc()
+			if s.log.Enabled(r.Context(), slog.LevelDebug) {
+				s.log.DebugContext(r.Context(), "authentication failed", slog.String("path", r.URL.Path), slog.Any("err", err))
+			}
+			w.Header()["Www-Authenticate"] = []string{`Bearer realm="allot"`}
+			writeError(w, http.StatusUnauthorized, msg)
+			return
+		}
+		switch p {
+		case admin:
+			if !id.Admin {
+				writeError(w, http.StatusForbidden, msgNeedAdmin)
+				return
+			}
+		case operator:
+			if !id.Operator {
+				writeError(w, http.StatusForbidden, msgNeedOperator)
+				return
+			}
+		case self:
+			// A malformed {user} is left to the handler: a 400 says more.
+			if user, err := parseID(b, "user"); err == nil && !id.ActsFor(user) {
+				writeError(w, http.StatusForbidden, msgNotYours)
+				return
+			}
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, id)), a, b)
+	}
+}
+
+// authenticate verifies the request's bearer token. The live feed also
+// takes it as ?access_token= (RFC 6750 section 2.3), because a browser's
+// EventSource cannot send headers.
+func (s *Service) authenticate(r *http.Request, p policy) (auth.Identity, error) {
+	id, err := s.opts.Auth.Authenticate(r)
+	if errors.Is(err, auth.ErrNoToken) && p == operator {
+		if tok := r.URL.Query().Get("access_token"); tok != "" {
+			return s.opts.Auth.Verify(r.Context(), tok)
+		}
+	}
+	return id, err
+}
