@@ -6,7 +6,7 @@ PKGS  := ./...
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-faults lint bench bench-memory demo clean reset
+.PHONY: help build run test test-short test-faults lint bench bench-memory demo clean reset token
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ test-short: ## the quick tests only
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+token: ## print a development bearer token: make -s token USER=1 [SCOPE=allot:admin] (signed with ALLOT_AUTH_HS256_KEY)
+	@$(GO) run ./internal/cmd/token -user '$(if $(filter command line,$(origin USER)),$(USER))' -scope '$(SCOPE)'
 
 clean: ## remove build output; the stack's data stays (see reset)
 	rm -rf $(BIN)

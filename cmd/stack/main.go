@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -62,6 +63,9 @@ func (c *cfg) Validate() error {
 	return c.AllocatorEnv.Validate()
 }
 
+// defaultHTTPAddr is make run's ingest address: loopback only.
+const defaultHTTPAddr = "127.0.0.1:8080"
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:])
@@ -74,6 +78,11 @@ func run(ctx context.Context, args []string) int {
 	reset := flags.Bool("reset", false, "delete the embedded NATS store and the database named in ALLOT_MYSQL_DSN, then exit")
 	if code := config.ParseFlags(flags, args); code >= 0 {
 		return code
+	}
+	// make run serves this machine only: on a loopback address ingest may
+	// run without authentication (it says so), anywhere else it needs a key.
+	if _, set := os.LookupEnv("ALLOT_HTTP_ADDR"); !set {
+		os.Setenv("ALLOT_HTTP_ADDR", defaultHTTPAddr) //nolint:errcheck // a valid name and value
 	}
 	var c cfg
 	if err := config.Load(&c); err != nil {
@@ -155,8 +164,8 @@ func run(ctx context.Context, args []string) int {
 			cancel() // one part stopping stops the stack
 		}()
 	}
-	fmt.Fprintf(os.Stderr, "\nallot is up: http://localhost%s  (NATS %s, MySQL %s)\nCtrl-C stops everything.\n\n",
-		c.HTTPAddr, natsURL, config.MaskDSN(c.MySQLDSN))
+	fmt.Fprintf(os.Stderr, "\nallot is up: %s  (NATS %s, MySQL %s)\n%s\nCtrl-C stops everything.\n\n",
+		httpURL(c.HTTPAddr), natsURL, config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthEnv))
 	wg.Wait()
 	close(errs)
 	code := 0
@@ -192,4 +201,21 @@ func resetStack(ctx context.Context, c cfg, out io.Writer) int {
 	}
 	fmt.Fprintf(out, "%s: dropped database %s and deleted the NATS store %s; the next start begins empty\n", binary, name, dir)
 	return 0
+}
+
+// httpURL is the URL a browser on this machine opens for addr.
+func httpURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || host == "0.0.0.0" || host == "::" || host == "127.0.0.1" {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// authLine says whether the API needs tokens, and how to switch them on.
+func authLine(a ingest.AuthEnv) string {
+	if a.HS256Key != "" || a.JWKSURL != "" {
+		return "Authentication is on: send Authorization: Bearer <token> (make token USER=1 mints one for ALLOT_AUTH_HS256_KEY)."
+	}
+	return "Authentication is off (loopback only). To require bearer tokens: ALLOT_AUTH_HS256_KEY=<32+ bytes> make run, then TOKEN=$(make -s token USER=1)."
 }

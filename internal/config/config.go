@@ -70,10 +70,19 @@ func Load(spec interface{ Validate() error }) error {
 	return spec.Validate()
 }
 
-// MaskDSN hides the password of a go-sql-driver DSN.
+// MaskDSN hides the password of a go-sql-driver DSN, also of one that
+// does not parse (everything between the first ':' and the last '@' before
+// the address).
 func MaskDSN(dsn string) string {
 	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil || cfg.Passwd == "" {
+	if err != nil {
+		at := strings.LastIndex(dsn, "@")
+		if colon := strings.IndexByte(dsn, ':'); at > 0 && colon >= 0 && colon < at {
+			return dsn[:colon+1] + "*****" + dsn[at:]
+		}
+		return dsn
+	}
+	if cfg.Passwd == "" {
 		return dsn
 	}
 	cfg.Passwd = "*****"
@@ -104,7 +113,7 @@ func printStruct(w io.Writer, v reflect.Value, seen map[string]bool) {
 		switch {
 		case name == "MYSQL_DSN":
 			val = MaskDSN(val)
-		case strings.Contains(name, "SECRET") || strings.Contains(name, "PASSWORD"):
+		case strings.Contains(name, "SECRET") || strings.Contains(name, "PASSWORD") || strings.HasSuffix(name, "_KEY"):
 			if val != "" {
 				val = "*****"
 			}
