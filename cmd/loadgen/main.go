@@ -14,13 +14,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/loadgen"
 )
 
@@ -80,6 +83,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with every figure instead of text")
 	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr when it is a terminal (never with -json)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "give up on the rehearsal after this long (0 = never)")
+	fs.StringVar(&c.Token, "token", os.Getenv("ALLOT_TOKEN"), "bearer token for an ingest that requires one, with allot:admin (default ALLOT_TOKEN); "+
+		"with ALLOT_AUTH_HS256_KEY set instead, loadgen mints an admin token for the open and one token per simulated user")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
@@ -115,7 +120,40 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if err := c.Validate(); err != nil {
 		return bad(strings.TrimPrefix(err.Error(), loadgen.ErrConfig.Error()+": "))
 	}
+	if key := os.Getenv("ALLOT_AUTH_HS256_KEY"); c.Token == "" && key != "" {
+		if err := mintTokens(c, key); err != nil {
+			return bad(err.Error())
+		}
+	}
 	return o, nil
+}
+
+// mintTokens gives c an admin token and a token per user, signed with the
+// ingest's HS256 key: each simulated user then spends its own rate limit,
+// as real users do. Tokens are minted once per user, on first use.
+func mintTokens(c *loadgen.Config, key string) error {
+	mint := func(sub string, scopes ...string) (string, error) {
+		return auth.MintHS256([]byte(key), auth.Claims{Subject: sub, Scopes: scopes, TTL: 24 * time.Hour,
+			Issuer: os.Getenv("ALLOT_AUTH_ISSUER"), Audience: os.Getenv("ALLOT_AUTH_AUDIENCE")})
+	}
+	admin, err := mint("loadgen", auth.ScopeAdmin)
+	if err != nil {
+		return fmt.Errorf("ALLOT_AUTH_HS256_KEY: %w", err)
+	}
+	c.Token = admin
+	var tokens sync.Map // user -> token
+	c.UserToken = func(user int64) string {
+		if t, ok := tokens.Load(user); ok {
+			return t.(string)
+		}
+		t, err := mint(strconv.FormatInt(user, 10))
+		if err != nil {
+			return admin // the key was good a moment ago; never happens
+		}
+		tokens.Store(user, t)
+		return t
+	}
+	return nil
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, stderrIsTerminal bool) int {

@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/allot-dev/allot/internal/auth"
 )
 
 func TestFlagErrorsExit2(t *testing.T) {
@@ -135,5 +138,34 @@ func TestRunUnreachableExit2(t *testing.T) {
 		&stdout, &stderr, false)
 	if code != 2 || !strings.Contains(stderr.String(), "open the activity") {
 		t.Fatalf("exit %d, want 2 with one clear line; stderr:\n%s", code, stderr.String())
+	}
+}
+
+// TestTokens: -token (or ALLOT_TOKEN) is sent as is; with
+// ALLOT_AUTH_HS256_KEY instead, loadgen mints an admin token for the open
+// and one token per simulated user, whose sub is that user.
+func TestTokens(t *testing.T) {
+	t.Setenv("ALLOT_TOKEN", "")
+	t.Setenv("ALLOT_AUTH_HS256_KEY", "")
+	o, err := parseFlags([]string{"-activity", "1", "-capacity", "1", "-token", "abc"}, io.Discard)
+	if err != nil || o.cfg.Token != "abc" || o.cfg.UserToken != nil {
+		t.Fatalf("-token abc: token %q, per-user %v, err %v; want abc and no per-user tokens", o.cfg.Token, o.cfg.UserToken != nil, err)
+	}
+	key := "loadgen-test-key-0123456789abcdef0123"
+	t.Setenv("ALLOT_AUTH_HS256_KEY", key)
+	o, err = parseFlags([]string{"-activity", "1", "-capacity", "1"}, io.Discard)
+	if err != nil || o.cfg.Token == "" || o.cfg.UserToken == nil {
+		t.Fatalf("with a key: token %q, per-user %v, err %v; want both", o.cfg.Token, o.cfg.UserToken != nil, err)
+	}
+	v, err := auth.New(auth.Config{HS256Key: []byte(key)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer v.Close()
+	if id, err := v.Verify(context.Background(), o.cfg.Token); err != nil || !id.Admin {
+		t.Fatalf("the open's token: %+v, %v; want an admin", id, err)
+	}
+	if id, err := v.Verify(context.Background(), o.cfg.UserToken(42)); err != nil || id.User != 42 || id.Admin {
+		t.Fatalf("user 42's token: %+v, %v; want user 42 without scopes", id, err)
 	}
 }

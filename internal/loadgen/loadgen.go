@@ -59,6 +59,14 @@ type Config struct {
 	MaxRetries int
 	// RequestTimeout bounds one HTTP exchange (default Wait + 30s).
 	RequestTimeout time.Duration
+	// Token, when set, is sent as a bearer token on the open and the state
+	// reads, and on every write and poll that UserToken does not cover.
+	// Against an ingest that requires tokens it needs allot:admin.
+	Token string
+	// UserToken, when set, gives the bearer token of user's writes and
+	// polls: each simulated user then spends its own rate limit, as real
+	// users do.
+	UserToken func(user int64) string
 	// Client overrides the HTTP client; by default one is built whose
 	// transport keeps Concurrency idle connections to the server.
 	Client *http.Client

@@ -34,6 +34,8 @@ type worker struct {
 	body bytes.Buffer // response body, reused
 	url  []byte       // request URL, reused
 	ans  answer
+	// token is the bearer token of the exchanges in progress.
+	token string
 
 	statuses   map[int]int
 	outcomes   [len(outcomeNames)]int
@@ -53,6 +55,7 @@ func (r *runner) newWorker(id uint64) *worker {
 		rng:      rand.New(rand.NewPCG(r.cfg.Seed, id)),
 		url:      make([]byte, 0, 128),
 		statuses: make(map[int]int, 4),
+		token:    r.cfg.Token,
 	}
 }
 
@@ -85,6 +88,11 @@ func (e *errStatus) Error() string {
 func (w *worker) do(ctx context.Context, i int) {
 	r := w.r
 	op, user := r.plan.ops[i], r.plan.users[i]
+	w.token = r.cfg.Token
+	if r.cfg.UserToken != nil {
+		w.token = r.cfg.UserToken(user)
+	}
+	defer func() { w.token = r.cfg.Token }()
 	w.url = append(w.url[:0], r.prefix[op]...)
 	w.url = strconv.AppendInt(w.url, user, 10)
 	w.url = append(w.url, r.writeQuery...)
@@ -196,6 +204,9 @@ func (w *worker) exchange(ctx context.Context, method, url string, body []byte) 
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if w.token != "" {
+		req.Header.Set("Authorization", "Bearer "+w.token)
 	}
 	resp, err := w.r.client.Do(req)
 	if err != nil {
