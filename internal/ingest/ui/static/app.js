@@ -10,6 +10,7 @@
   const CHART_SPAN_MIN_MS = 30 * 1000;
   const CHART_SPAN_MAX_MS = 10 * 60 * 1000;
   const RETRY_MS = 3000;
+  const TOKEN_KEY = 'allot.token';
   const KINDS = ['granted', 'confirmed', 'promoted', 'waitlisted', 'cancelled', 'sold_out', 'opened', 'resized'];
   const SVG_NS = 'http://www.w3.org/2000/svg';
 
@@ -106,7 +107,13 @@
 
   function connect() {
     setStatus('connecting', 'connecting…');
-    const src = new EventSource('/v1/activities/' + activity + '/live');
+    // EventSource cannot send an Authorization header, so the token (kept
+    // for this tab only, in sessionStorage) rides in ?access_token=, which
+    // ingest accepts on the live feed only.
+    let url = '/v1/activities/' + activity + '/live';
+    const tok = sessionStorage.getItem(TOKEN_KEY);
+    if (tok) url += '?access_token=' + encodeURIComponent(tok);
+    const src = new EventSource(url);
     es = src;
     src.addEventListener('state', (m) => { if (es === src) onState(JSON.parse(m.data)); });
     src.addEventListener('event', (m) => { if (es === src) onEvent(m.data); });
@@ -115,9 +122,10 @@
     src.onerror = () => {
       if (es !== src) return;
       if (src.readyState === EventSource.CLOSED) {
-        // An HTTP error (503: too many pages, broker or database down):
-        // EventSource gives up, so retry by hand.
-        setStatus('down', 'feed unavailable, retrying');
+        // An HTTP error (401/403: no token or no allot:operator; 503: too
+        // many pages, broker or database down): EventSource gives up, so
+        // retry by hand.
+        setStatus('down', sessionStorage.getItem(TOKEN_KEY) ? 'feed unavailable, retrying' : 'feed unavailable (a token may be required), retrying');
         src.close();
         es = null;
         retryTimer = setTimeout(connect, RETRY_MS);
@@ -362,6 +370,8 @@
     });
     $('pick').addEventListener('submit', (e) => {
       e.preventDefault();
+      const tok = $('token-input').value.trim();
+      if (tok) sessionStorage.setItem(TOKEN_KEY, tok); else sessionStorage.removeItem(TOKEN_KEY);
       const a = parseActivity($('activity-input').value);
       if (!a) {
         showBanner('An activity id is a whole number from 1 to 9223372036854775807.', 'warn');
@@ -377,6 +387,7 @@
     setInterval(updateRate, 500);
     setInterval(() => { if (points.length) drawChart(); }, 1000);
 
+    $('token-input').value = sessionStorage.getItem(TOKEN_KEY) || '';
     const a = parseActivity(new URLSearchParams(location.search).get('activity'));
     renderFeed();
     drawChart();
