@@ -1,0 +1,138 @@
+package ingest
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+)
+
+// TestAuthEnvSecureByDefault: with no key, ingest runs open only on a
+// loopback address or with ALLOT_AUTH=none; otherwise one line refuses.
+func TestAuthEnvSecureByDefault(t *testing.T) {
+	t.Parallel()
+	key := strings.Repeat("k", auth.MinHS256Key)
+	tests := []struct {
+		name string
+		env  AuthEnv
+		addr string
+		want string // "" = valid; else a part of the one-line error
+	}{
+		{name: "no key, all interfaces", addr: ":8080", want: "refusing to serve :8080 without authentication"},
+		{name: "no key, 0.0.0.0", addr: "0.0.0.0:8080", want: "refusing"},
+		{name: "no key, a public address", addr: "10.1.2.3:8080", want: "refusing"},
+		{name: "no key, 127.0.0.1", addr: "127.0.0.1:8080"},
+		{name: "no key, ::1", addr: "[::1]:8080"},
+		{name: "no key, localhost", addr: "localhost:8080"},
+		{name: "none, all interfaces", env: AuthEnv{Mode: "none"}, addr: ":8080"},
+		{name: "HS256 key", env: AuthEnv{HS256Key: key}, addr: ":8080"},
+		{name: "JWKS", env: AuthEnv{JWKSURL: "https://idp.example/jwks"}, addr: ":8080"},
+		{name: "short key", env: AuthEnv{HS256Key: "short"}, addr: ":8080", want: "at least 32 bytes"},
+		{name: "none with a key", env: AuthEnv{Mode: "none", HS256Key: key}, addr: ":8080", want: "contradicts"},
+		{name: "unknown mode", env: AuthEnv{Mode: "off"}, addr: "127.0.0.1:8080", want: "must be empty or none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.env.Validate(tt.addr)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("Validate = %v, want valid", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Fatalf("Validate = %v, want an error containing %q", err, tt.want)
+			case err != nil && strings.Contains(err.Error(), "\n"):
+				t.Fatalf("Validate = %q, want one line", err)
+			}
+		})
+	}
+}
+
+// TestRunRefusesOpenNonLoopback: Run itself refuses a listener that is not
+// loopback when no key is set, before serving anything.
+func TestRunRefusesOpenNonLoopback(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry()}, db.DB, nc, nil)
+	if err == nil || !strings.Contains(err.Error(), "without authentication") {
+		t.Fatalf("Run on 0.0.0.0 without a key = %v, want a refusal", err)
+	}
+}
+
+// TestRunMetricsListener: with authentication on, /metrics on the API
+// listener needs allot:operator, and ALLOT_INGEST_METRICS_ADDR serves it
+// on a listener of its own without a token.
+func TestRunMetricsListener(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := free.Addr().String()
+	free.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() {
+		ran <- Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry(), ShutdownTimeout: 5 * time.Second,
+			MetricsAddr: metricsAddr, Auth: auth.Config{HS256Key: []byte(testKey)}}, db.DB, nc, nil)
+	}()
+	defer func() {
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	get := func(url, tok string) int {
+		r, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok != "" {
+			r.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	api := "http://" + ln.Addr().String()
+	eventually(t, 20*time.Second, "Run serves /readyz", func() bool { return get(api+"/readyz", "") == http.StatusOK })
+	op := signHS(t, testKey, jwt.MapClaims{"sub": "ops", "scope": auth.ScopeOperator, "exp": time.Now().Add(time.Hour).Unix()})
+	for _, c := range []struct {
+		what, url, tok string
+		want           int
+	}{
+		{"API /metrics without a token", api + "/metrics", "", http.StatusUnauthorized},
+		{"API /metrics with allot:operator", api + "/metrics", op, http.StatusOK},
+		{"metrics listener without a token", "http://" + metricsAddr + "/metrics", "", http.StatusOK},
+	} {
+		if got := get(c.url, c.tok); got != c.want {
+			t.Errorf("%s: %d, want %d", c.what, got, c.want)
+		}
+	}
+}
