@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/auth"
