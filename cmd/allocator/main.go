@@ -82,7 +82,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		log.InfoContext(ctx, "schema migrated; exiting (-migrate-only)")
 		return 0
 	}
-	nc, err := bus.Connect(c.NATSURL, binary, log)
+	nopts, err := c.NATSOptions()
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return 2

@@ -140,7 +140,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer db.Close()
-	nc, err := bus.Connect(c.NATSURL, binary, log)
+	nopts, err := c.NATSOptions()
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return exitError
+	}
+	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return exitError

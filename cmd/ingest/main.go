@@ -65,9 +65,13 @@ func run(ctx context.Context) int {
 	}
 	defer db.Close()
 
-	nc, err := bus.Connect(c.NATSURL, binary, log)
+	nopts, err := c.NATSOptions()
 	if err != nil {
-		return fail(fmt.Errorf("NATS is unreachable at %s: %v — start nats-server -js or use `make run`", c.NATSURL, cause(err)))
+		return fail(err)
+	}
+	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
+	if err != nil {
+		return fail(fmt.Errorf("NATS is unreachable at %s: %v — start nats-server -js or use `make run`", config.MaskURL(c.NATSURL), cause(err)))
 	}
 	defer drain(nc, log)
 

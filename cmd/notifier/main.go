@@ -163,7 +163,12 @@ func run(ctx context.Context, stderr io.Writer) int {
 	}
 	config.Print(stderr, binary, &c)
 	log := c.Logger(stderr, binary)
-	nc, err := bus.Connect(c.NATSURL, binary, log)
+	nopts, err := c.NATSOptions()
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return 2

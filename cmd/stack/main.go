@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
@@ -131,7 +133,14 @@ func run(ctx context.Context, args []string) int {
 		}
 		defer db.Close()
 		plog := c.Logger(os.Stderr, name)
-		nc, err := bus.Connect(natsURL, name, plog)
+		var nopts []nats.Option
+		if c.NATSURL != "" { // the embedded server needs no credentials
+			if nopts, err = c.NATSOptions(); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+				return 2
+			}
+		}
+		nc, err := bus.Connect(natsURL, name, plog, nopts...)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 			return 2
@@ -165,7 +174,7 @@ func run(ctx context.Context, args []string) int {
 		}()
 	}
 	fmt.Fprintf(os.Stderr, "\nallot is up: %s  (NATS %s, MySQL %s)\n%s\nCtrl-C stops everything.\n\n",
-		httpURL(c.HTTPAddr), natsURL, config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthEnv))
+		httpURL(c.HTTPAddr), config.MaskURL(natsURL), config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthEnv))
 	wg.Wait()
 	close(errs)
 	code := 0

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -22,22 +23,36 @@ var ErrUnavailable = errors.New("the message broker is unavailable")
 
 // Connect dials url and keeps reconnecting for ever, so a broker restart is
 // survived without the caller's help. It fails fast when the first dial fails.
-func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(-1), // fail publishes while down: no silent buffering
-		nats.Timeout(5*time.Second),
+		nats.Timeout(5 * time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("nats disconnected", slog.Any("err", err))
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info("nats reconnected", slog.String("url", c.ConnectedUrl()))
+			log.Info("nats reconnected", slog.String("url", c.ConnectedUrlRedacted()))
 		}),
-	)
+		// A permissions violation (a subject this process's NATS user may
+		// not use) is a deployment error worth a loud line.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			attrs := []any{slog.Any("err", err)}
+			if sub != nil {
+				attrs = append(attrs, slog.String("subject", sub.Subject))
+			}
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				log.Error("nats permissions violation: this process's NATS user may not use the subject", attrs...)
+				return
+			}
+			log.Warn("nats async error", attrs...)
+		}),
+	}, extra...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: connect %s: %w", ErrUnavailable, url, err)
+		return nil, fmt.Errorf("%w: connect %s: %w", ErrUnavailable, redact(url), err)
 	}
 	return nc, nil
 }
@@ -293,4 +308,16 @@ func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfi
 		return nil, fmt.Errorf("%w: ensure bucket %s: %w", ErrUnavailable, wire.ViewBucket, err)
 	}
 	return kv, nil
+}
+
+// redact hides the secrets of a NATS URL list's userinfo, for errors.
+func redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := neturl.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			u.User = neturl.User("*****")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }

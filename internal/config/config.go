@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"reflect"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/kelseyhightower/envconfig"
+	"github.com/nats-io/nats.go"
 )
 
 // Prefix is the environment variable prefix of every setting.
@@ -22,10 +24,15 @@ const Prefix = "ALLOT"
 
 // Common is embedded in each binary's config struct.
 type Common struct {
-	NATSURL       string `envconfig:"NATS_URL" desc:"NATS server URL; empty = the embedded server of make run"`
-	MySQLDSN      string `envconfig:"MYSQL_DSN" default:"root@tcp(127.0.0.1:3306)/allot?parseTime=true" desc:"go-sql-driver DSN"`
-	MySQLMaxConns int    `envconfig:"MYSQL_MAX_CONNS" default:"16" desc:"MySQL pool size per process"`
-	LogLevel      string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	NATSURL        string `envconfig:"NATS_URL" desc:"NATS server URL, may carry user:password@ (masked when printed); empty = the embedded server of make run"`
+	NATSCreds      string `envconfig:"NATS_CREDS" desc:"NATS credentials file (JWT and nkey seed, as nsc writes it); empty = the URL's userinfo or none"`
+	NATSNKey       string `envconfig:"NATS_NKEY_SEED_FILE" desc:"file holding this process's NATS nkey seed (nkey authentication)"`
+	NATSTLSCA      string `envconfig:"NATS_TLS_CA" desc:"CA file that verifies the NATS server's certificate (tls:// URLs)"`
+	NATSTLSCert    string `envconfig:"NATS_TLS_CERT" desc:"client certificate file for NATS mutual TLS"`
+	NATSTLSKeyFile string `envconfig:"NATS_TLS_KEY_FILE" desc:"client key file for NATS mutual TLS"`
+	MySQLDSN       string `envconfig:"MYSQL_DSN" default:"root@tcp(127.0.0.1:3306)/allot?parseTime=true" desc:"go-sql-driver DSN"`
+	MySQLMaxConns  int    `envconfig:"MYSQL_MAX_CONNS" default:"16" desc:"MySQL pool size per process"`
+	LogLevel       string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -43,7 +50,56 @@ func (c Common) Validate() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return err
 	}
+	if (c.NATSTLSCert == "") != (c.NATSTLSKeyFile == "") {
+		return errors.New("ALLOT_NATS_TLS_CERT and ALLOT_NATS_TLS_KEY_FILE go together: set both or neither")
+	}
+	if c.NATSCreds != "" && c.NATSNKey != "" {
+		return errors.New("ALLOT_NATS_CREDS and ALLOT_NATS_NKEY_SEED_FILE are two ways to authenticate: set one")
+	}
 	return nil
+}
+
+// NATSOptions are the connection options of ALLOT_NATS_CREDS,
+// ALLOT_NATS_NKEY_SEED_FILE and the TLS files. A user and password (or a
+// token) in ALLOT_NATS_URL need none: nats.go reads them from the URL.
+func (c Common) NATSOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	if c.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(c.NATSCreds))
+	}
+	if c.NATSNKey != "" {
+		o, err := nats.NkeyOptionFromSeed(c.NATSNKey)
+		if err != nil {
+			return nil, fmt.Errorf("ALLOT_NATS_NKEY_SEED_FILE: %w", err)
+		}
+		opts = append(opts, o)
+	}
+	if c.NATSTLSCA != "" {
+		opts = append(opts, nats.RootCAs(c.NATSTLSCA))
+	}
+	if c.NATSTLSCert != "" {
+		opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKeyFile))
+	}
+	return opts, nil
+}
+
+// MaskURL hides the password (or the token) in a URL's userinfo, and in
+// each of a comma-separated list of URLs, as NATS URLs may be.
+func MaskURL(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil || u.User == nil {
+			continue
+		}
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "*****")
+		} else {
+			u.User = url.User("*****") // a bare token
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }
 
 // ParseLevel turns ALLOT_LOG_LEVEL into a slog level.
@@ -113,6 +169,8 @@ func printStruct(w io.Writer, v reflect.Value, seen map[string]bool) {
 		switch {
 		case name == "MYSQL_DSN":
 			val = MaskDSN(val)
+		case strings.HasSuffix(name, "_URL"):
+			val = MaskURL(val)
 		case strings.Contains(name, "SECRET") || strings.Contains(name, "PASSWORD") || strings.HasSuffix(name, "_KEY"):
 			if val != "" {
 				val = "*****"
