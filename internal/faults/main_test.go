@@ -71,7 +71,16 @@ func build(dir string) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go %s in %s: %w\n%s", strings.Join(args, " "), root, err, stderr.String())
 	}
-	fmt.Printf("faults: built allocator, ingest, natsd in %s (race detector %t, %s)\n", dir, buildRace(), time.Since(start).Round(time.Millisecond))
+	// The real nats-server, from the module the embedded server comes
+	// from, for the permissions scenario (deploy/nats/accounts.conf).
+	cmd = exec.Command(goBin, "build", "-o", filepath.Join(dir, "nats-server"), "github.com/nats-io/nats-server/v2")
+	cmd.Dir = root
+	stderr.Reset()
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("go build nats-server in %s: %w\n%s", root, err, stderr.String())
+	}
+	fmt.Printf("faults: built allocator, ingest, natsd, nats-server in %s (race detector %t, %s)\n", dir, buildRace(), time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

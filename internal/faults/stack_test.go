@@ -72,6 +72,9 @@ type stackConfig struct {
 	// cluster, when set, runs this many natsd processes as one JetStream
 	// cluster instead of one server (see startCluster).
 	cluster int
+	// natsPermissions runs the real nats-server with deploy/nats's users
+	// and permissions, each process connecting as its role (permissions_test.go).
+	natsPermissions bool
 	// lostPubAcks accepts results for requests ingest answered 503, at
 	// most one per 503: when a stream leader dies after a quorum stored a
 	// message but before its PubAck reached ingest, ingest times out and
@@ -96,9 +99,15 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 		s.db = dbtest.New(t)
 	}
 
-	if cfg.cluster > 0 {
+	// roleURL is the NATS URL a process of role connects with.
+	roleURL := func(string) string { return s.natsURL }
+	switch {
+	case cfg.natsPermissions:
+		s.must(s.startNATSWithPermissions())
+		roleURL = s.roleURL
+	case cfg.cluster > 0:
 		s.must(s.startCluster(cfg.cluster))
-	} else {
+	default:
 		natsPort := freePort(t)
 		s.natsAddr = fmt.Sprintf("127.0.0.1:%d", natsPort)
 		s.natsURL = "nats://" + s.natsAddr
@@ -113,13 +122,13 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	}
 
 	common := []string{
-		"ALLOT_NATS_URL=" + s.natsURL,
 		"ALLOT_MYSQL_DSN=" + s.db.DSN,
 		"ALLOT_LOG_LEVEL=info",
 	}
 	for i := range cfg.allocators {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := newProc(t, fmt.Sprintf("allocator-%d", i+1), "allocator", append(append(slices.Clone(common),
+			"ALLOT_NATS_URL="+roleURL("allocator"),
 			"ALLOT_METRICS_ADDR="+addr,
 			"ALLOT_MYSQL_MAX_CONNS=4",
 		), cfg.allocEnv...))
@@ -131,6 +140,7 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s.ingestURL = "http://" + httpAddr
 	s.ingest = newProc(t, "ingest", "ingest", append(append(slices.Clone(common),
+		"ALLOT_NATS_URL="+roleURL("ingest"),
 		"ALLOT_HTTP_ADDR="+httpAddr,
 		"ALLOT_MYSQL_MAX_CONNS=8",
 		"ALLOT_INGEST_SHUTDOWN_TIMEOUT=10s",
