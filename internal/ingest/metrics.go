@@ -19,6 +19,7 @@ type metrics struct {
 	earlyMissed     *prometheus.CounterVec // reason
 	commitBatch     prometheus.Histogram
 	resultQueries   prometheus.Counter
+	tailWait        prometheus.Histogram
 	waitersRefused  prometheus.Counter
 	authFailures    *prometheus.CounterVec // reason: missing, invalid, flood
 }
@@ -55,6 +56,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Requests published together as one atomic batch (group commit).",
 			Buckets: prometheus.ExponentialBuckets(16, 2, 7),
 		}),
+		tailWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "allot_ingest_tail_wait_seconds",
+			Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (early answers).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+		}),
 		resultQueries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_ingest_result_queries_total",
 			Help: "MySQL queries that read results for polls and waiting handlers (each gathers up to 500 reads).",
@@ -72,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Requests refused before their handler: no token (missing), a token that failed verification (invalid), or too many such from one address (flood).",
 		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused, m.authFailures} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused, m.tailWait, m.authFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

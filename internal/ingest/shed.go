@@ -141,10 +141,12 @@ const DefaultEarlyWait = time.Second
 // top of this file). candidate is the view seen before publishing; the
 // newest view is tried first. It reports whether it decided.
 func (s *Service) answerEarly(ctx context.Context, id string, activity, user int64, seq uint64, candidate *shedView) (wire.Result, bool) {
+	start := time.Now()
 	if !s.tail.waitPast(ctx, seq, s.opts.EarlyWait) {
 		s.metrics.earlyMissed.WithLabelValues("tail_behind").Inc()
 		return wire.Result{}, false
 	}
+	s.metrics.tailWait.Observe(time.Since(start).Seconds())
 	var sv *shedView
 	for _, c := range []*shedView{s.views.get(activity), candidate} {
 		if c != nil && s.tail.settled(activity, c.v.Seq, seq) {
