@@ -168,6 +168,11 @@ func TestScenario11NATSPermissions(t *testing.T) {
 			}
 			m.notes = append(m.notes, fmt.Sprintf("audit_as_audit_user=ok(%d replayed)", rep.Replayed))
 			m.notes = append(m.notes, fmt.Sprintf("notifier_dead_letters=%d", s.notifyAsNotifier(t)))
+			batches := s.ingestMetric(t, "allot_ingest_commit_batch_size_count")
+			if batches == "" || batches == "0" {
+				t.Errorf("ingest published no atomic batch (allot_ingest_commit_batch_size_count %q): the batch path went unproven", batches)
+			}
+			m.notes = append(m.notes, "ingest_batches="+batches)
 		},
 	})
 }
@@ -325,4 +330,27 @@ func (s *stack) notifyAsNotifier(t *testing.T) int {
 		t.Errorf("the notifier user: %v (%d dead letters)", err, got)
 	}
 	return int(got)
+}
+
+// ingestMetric is the value of the unlabelled series name on ingest's
+// /metrics ("" when absent).
+func (s *stack) ingestMetric(t *testing.T, name string) string {
+	t.Helper()
+	resp, err := s.http.Get(s.ingestURL + "/metrics")
+	if err != nil {
+		t.Errorf("ingest /metrics: %v", err)
+		return ""
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Errorf("ingest /metrics: %v", err)
+		return ""
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
