@@ -65,7 +65,7 @@ func (s *stack) startNATSWithPermissions() error {
 	}
 	var env []string
 	for _, r := range natsRoles {
-		env = append(env, "ALLOT_NATS_"+strings.ToUpper(r)+"_PASSWORD="+rolePassword(r))
+		env = append(env, "NATS_"+strings.ToUpper(r)+"_PASSWORD="+rolePassword(r))
 	}
 	s.natsd = newProc(t, "nats-server", "nats-server", env, "-c", filepath.Join(dir, "nats.conf"))
 	s.natsURL = s.roleURL("admin")

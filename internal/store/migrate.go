@@ -32,22 +32,27 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 	}
 	defer conn.ExecContext(context.WithoutCancel(ctx), "SELECT RELEASE_LOCK('allot_migrate')") //nolint:errcheck
 
-	if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migration (
-		version VARCHAR(255) NOT NULL PRIMARY KEY,
-		applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB`); err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
 	names, err := fs.Glob(migrations.FS, "*.sql")
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
 	sort.Strings(names)
-	for _, name := range names {
-		var n int
-		if err := conn.QueryRowContext(ctx, "SELECT COUNT(*) FROM schema_migration WHERE version = ?", name).Scan(&n); err != nil {
-			return fmt.Errorf("migrate %s: %w", name, err)
+	// Read what is applied before any DDL: a process whose MySQL user has
+	// no DDL rights (the allocator in a least-privilege deployment, after
+	// the migration step) then starts without touching the schema.
+	applied, err := appliedMigrations(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if applied == nil {
+		if _, err := conn.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migration (
+		version VARCHAR(255) NOT NULL PRIMARY KEY,
+		applied_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)) ENGINE=InnoDB`); err != nil {
+			return fmt.Errorf("migrate: %w", err)
 		}
-		if n > 0 {
+	}
+	for _, name := range names {
+		if applied[name] {
 			continue
 		}
 		body, err := fs.ReadFile(migrations.FS, name)
@@ -66,6 +71,31 @@ func Migrate(ctx context.Context, db *sql.DB) error {
 		}
 	}
 	return nil
+}
+
+// appliedMigrations returns the versions recorded in schema_migration, or
+// nil when the table does not exist yet.
+func appliedMigrations(ctx context.Context, conn *sql.Conn) (map[string]bool, error) {
+	rows, err := conn.QueryContext(ctx, "SELECT version FROM schema_migration")
+	if me, ok := errors.AsType[*mysql.MySQLError](err); ok && me.Number == 1146 { // no such table
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("migrate: read schema_migration: %w", err)
+	}
+	defer rows.Close()
+	applied := map[string]bool{}
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, fmt.Errorf("migrate: read schema_migration: %w", err)
+		}
+		applied[v] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("migrate: read schema_migration: %w", err)
+	}
+	return applied, nil
 }
 
 // alreadyThere reports an ALTER that adds what exists already (a column,
