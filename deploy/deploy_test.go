@@ -596,12 +596,16 @@ func (w *world) checkCompose(doc any) []string {
 	return problems
 }
 
+// composeDefaults matches compose's ${NAME:-default} interpolation; the
+// checks see the default (the passwords in the URLs and DSNs use it).
+var composeDefaults = regexp.MustCompile(`\$\{[A-Za-z0-9_]+:-([^}]*)\}`)
+
 // checkEndpoints checks that NATS and MySQL addresses name compose services.
 // A process that does not need NATS (the migration step) may leave
 // ALLOT_NATS_URL unset.
 func (w *world) checkEndpoints(p process, b *binary, services map[string]any, needsNATS bool, problems *[]string) {
 	if v, ok := p.env["ALLOT_NATS_URL"]; ok {
-		u, err := url.Parse(v)
+		u, err := url.Parse(composeDefaults.ReplaceAllString(v, "$1"))
 		if err != nil || u.Scheme != "nats" || services[u.Hostname()] == nil {
 			*problems = append(*problems, fmt.Sprintf("%s: ALLOT_NATS_URL %q does not name a compose service", p.where, v))
 		}
@@ -1126,7 +1130,7 @@ func TestChecksCatchBreakage(t *testing.T) {
 		{"readiness on the wrong port", "k8s", "path: /readyz\n              port: metrics", "path: /readyz\n              port: 8080", "want /readyz on port 9091"},
 		{"misspelled ConfigMap key", "k8s", "ALLOT_BATCH_WAIT: 2ms", "ALLOT_BATCH_WAITT: 2ms", "ALLOT_BATCH_WAITT is not read by allocator"},
 		{"ingest-only key in the shared ConfigMap", "k8s", "ALLOT_LOG_LEVEL: info", "ALLOT_SHED: \"true\"\n  ALLOT_LOG_LEVEL: info", "ALLOT_SHED is not read by allocator"},
-		{"missing Secret", "k8s", "metadata:\n  name: allot-mysql\n", "metadata:\n  name: allot-mysql-old\n", "no Secret allot-mysql"},
+		{"missing Secret", "k8s", "metadata:\n  name: allot-allocator\n  labels:\n    app.kubernetes.io/name: allot\n    app.kubernetes.io/component: allocator\ntype: Opaque", "metadata:\n  name: allot-allocator-old\n  labels:\n    app.kubernetes.io/name: allot\n    app.kubernetes.io/component: allocator\ntype: Opaque", "no Secret allot-allocator"},
 		{"grace period below shutdown", "k8s", // the first one is ingest's
 			"terminationGracePeriodSeconds: 40", "terminationGracePeriodSeconds: 20", "terminationGracePeriodSeconds 20, want more than 25s"},
 		{"R1 against a 3-node cluster", "k8s", "ALLOT_STREAM_REPLICAS: \"3\"", "ALLOT_STREAM_REPLICAS: \"1\"", "ALLOT_STREAM_REPLICAS=1"},

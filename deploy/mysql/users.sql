@@ -17,7 +17,7 @@
 -- TLS: require it per user (ALTER USER … REQUIRE SSL) and add tls=true (or a
 -- registered custom config) to the DSN; see deploy/README.md.
 
-SET @q = CONCAT('CREATE DATABASE IF NOT EXISTS ', @db);
+SET @q = CONCAT('CREATE DATABASE IF NOT EXISTS `', @db, '`');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
@@ -26,7 +26,7 @@ SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_migrate''@''%'' IDENTIFIED BY
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
-SET @q = CONCAT('GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX, REFERENCES ON ', @db, '.* TO ''allot_migrate''@''%''');
+SET @q = CONCAT('GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX, REFERENCES ON `', @db, '`.* TO ''allot_migrate''@''%''');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
@@ -35,7 +35,7 @@ SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_allocator''@''%'' IDENTIFIED 
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
-SET @q = CONCAT('GRANT SELECT, INSERT, UPDATE, DELETE ON ', @db, '.* TO ''allot_allocator''@''%''');
+SET @q = CONCAT('GRANT SELECT, INSERT, UPDATE, DELETE ON `', @db, '`.* TO ''allot_allocator''@''%''');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
@@ -44,7 +44,7 @@ SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_ingest''@''%'' IDENTIFIED BY 
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
-SET @q = CONCAT('GRANT SELECT ON ', @db, '.* TO ''allot_ingest''@''%''');
+SET @q = CONCAT('GRANT SELECT ON `', @db, '`.* TO ''allot_ingest''@''%''');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
@@ -53,7 +53,7 @@ SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_audit''@''%'' IDENTIFIED BY '
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
-SET @q = CONCAT('GRANT SELECT ON ', @db, '.* TO ''allot_audit''@''%''');
+SET @q = CONCAT('GRANT SELECT ON `', @db, '`.* TO ''allot_audit''@''%''');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
