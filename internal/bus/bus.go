@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -310,13 +309,14 @@ func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfi
 	return kv, nil
 }
 
-// redact hides the secrets of a NATS URL list's userinfo, for errors.
+// redact hides the userinfo of each URL of a NATS URL list, for errors.
 func redact(urls string) string {
 	parts := strings.Split(urls, ",")
 	for i, p := range parts {
-		if u, err := neturl.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
-			u.User = neturl.User("*****")
-			parts[i] = u.String()
+		if scheme, rest, ok := strings.Cut(p, "://"); ok {
+			if at := strings.LastIndex(rest, "@"); at >= 0 { // a password may hold @
+				parts[i] = scheme + "://*****" + rest[at:]
+			}
 		}
 	}
 	return strings.Join(parts, ",")

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"reflect"
 	"strings"
@@ -84,20 +83,26 @@ func (c Common) NATSOptions() ([]nats.Option, error) {
 }
 
 // MaskURL hides the password (or the token) in a URL's userinfo, and in
-// each of a comma-separated list of URLs, as NATS URLs may be.
+// each of a comma-separated list of URLs, as NATS URLs may be:
+// nats://ingest:*****@host:4222, nats://*****@host:4222 for a token.
 func MaskURL(s string) string {
 	parts := strings.Split(s, ",")
 	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil || u.User == nil {
+		scheme, rest, ok := strings.Cut(p, "://")
+		if !ok {
 			continue
 		}
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "*****")
-		} else {
-			u.User = url.User("*****") // a bare token
+		// The last @: a password may hold @ or / (NATS URLs have no path).
+		host := rest
+		at := strings.LastIndex(host, "@")
+		if at < 0 {
+			continue
 		}
-		parts[i] = u.String()
+		masked := "*****"
+		if user, _, hasPass := strings.Cut(host[:at], ":"); hasPass {
+			masked = user + ":*****"
+		}
+		parts[i] = scheme + "://" + masked + rest[at:]
 	}
 	return strings.Join(parts, ",")
 }

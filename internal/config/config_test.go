@@ -10,9 +10,10 @@ func TestMaskURL(t *testing.T) {
 	t.Parallel()
 	tests := []struct{ name, in, want string }{
 		{"no userinfo", "nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
-		{"user and password", "nats://ingest:s3cret@nats:4222", "nats://ingest:%2A%2A%2A%2A%2A@nats:4222"},
-		{"token", "nats://tok3n@nats:4222", "nats://%2A%2A%2A%2A%2A@nats:4222"},
-		{"a list", "nats://a:pw1@n1:4222,nats://a:pw2@n2:4222", "nats://a:%2A%2A%2A%2A%2A@n1:4222,nats://a:%2A%2A%2A%2A%2A@n2:4222"},
+		{"user and password", "nats://ingest:s3cret@nats:4222", "nats://ingest:*****@nats:4222"},
+		{"token", "nats://tok3n@nats:4222", "nats://*****@nats:4222"},
+		{"a password with @ and /", "nats://ingest:p@ss/w@nats:4222", "nats://ingest:*****@nats:4222"},
+		{"a list", "nats://a:pw1@n1:4222,nats://a:pw2@n2:4222", "nats://a:*****@n1:4222,nats://a:*****@n2:4222"},
 	}
 	for _, tt := range tests {
 		if got := MaskURL(tt.in); got != tt.want {
