@@ -15,7 +15,7 @@ build: ## build every binary into ./bin
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-run: build ## the whole stack on this machine: embedded NATS, migrations, allocator, ingest on :8080
+run: build ## the whole stack on this machine: embedded NATS, migrations, allocator, ingest on 127.0.0.1:8080 (no tokens on loopback)
 	./$(BIN)/stack
 
 test: ## every test, against real MariaDB/MySQL and a real embedded JetStream server (race detector on)

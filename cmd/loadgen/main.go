@@ -83,7 +83,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with every figure instead of text")
 	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr when it is a terminal (never with -json)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "give up on the rehearsal after this long (0 = never)")
-	fs.StringVar(&c.Token, "token", os.Getenv("ALLOT_TOKEN"), "bearer token for an ingest that requires one, with allot:admin (default ALLOT_TOKEN); "+
+	fs.StringVar(&c.Token, "token", "", "bearer token for an ingest that requires one, with allot:admin (default ALLOT_TOKEN); "+
 		"with ALLOT_AUTH_HS256_KEY set instead, loadgen mints an admin token for the open and one token per simulated user")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -119,6 +119,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if err := c.Validate(); err != nil {
 		return bad(strings.TrimPrefix(err.Error(), loadgen.ErrConfig.Error()+": "))
+	}
+	if c.Token == "" {
+		c.Token = os.Getenv("ALLOT_TOKEN") // not the flag's default: -h would print it
 	}
 	if key := os.Getenv("ALLOT_AUTH_HS256_KEY"); c.Token == "" && key != "" {
 		if err := mintTokens(c, key); err != nil {

@@ -151,6 +151,11 @@ func TestTokens(t *testing.T) {
 	if err != nil || o.cfg.Token != "abc" || o.cfg.UserToken != nil {
 		t.Fatalf("-token abc: token %q, per-user %v, err %v; want abc and no per-user tokens", o.cfg.Token, o.cfg.UserToken != nil, err)
 	}
+	t.Setenv("ALLOT_TOKEN", "from-env")
+	if o, err := parseFlags([]string{"-activity", "1", "-capacity", "1"}, io.Discard); err != nil || o.cfg.Token != "from-env" {
+		t.Fatalf("ALLOT_TOKEN: token %q, err %v; want from-env", o.cfg.Token, err)
+	}
+	t.Setenv("ALLOT_TOKEN", "")
 	key := "loadgen-test-key-0123456789abcdef0123"
 	t.Setenv("ALLOT_AUTH_HS256_KEY", key)
 	o, err = parseFlags([]string{"-activity", "1", "-capacity", "1"}, io.Discard)
