@@ -269,6 +269,7 @@ func TestAuthPollOwner(t *testing.T) {
 		t.Fatalf("owner reads %+v, want pending", got)
 	}
 	poll("pending, admin", admin, http.StatusOK)
+	poll("pending, a service token that is no user", tokenFor(t, "ops", auth.ScopeOperator), http.StatusNotFound)
 
 	h.insertResult(wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpJoin, ActivityID: 4, UserID: 5,
 		Outcome: "CONFIRMED", Status: ptr("CONFIRMED"), AppliedAt: time.Now().UTC()})

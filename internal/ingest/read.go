@@ -68,7 +68,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 		return
 	}
 	// A pending id's owner is known only from its owner tag (requestid.go).
-	if !s.ids.Issued(uid) || (authed && !who.Admin && !s.ids.Owned(uid, who.User)) {
+	if !s.ids.Issued(uid) || (authed && !who.Admin && (who.User == 0 || !s.ids.Owned(uid, who.User))) {
 		unknown()
 		return
 	}
