@@ -61,3 +61,25 @@ func TestPrintMasksSecrets(t *testing.T) {
 		t.Errorf("the printout hides the JWKS URL, which is no secret:\n%s", b.String())
 	}
 }
+
+// TestValidateHidesThePassword: the one-line error of a DSN that does not
+// parse never shows its password.
+func TestValidateHidesThePassword(t *testing.T) {
+	t.Parallel()
+	for _, dsn := range []string{
+		"allot:s3cret@tcp(db:3306",
+		"allot:s3cret@tcp(db:3306)/allot?parseTime=maybe",
+		"allot:s3cret@tcp(db:3306)allot",
+		"allot:s3cret@tcp(db:3306)/allot?tls=nosuchconfig",
+	} {
+		c := Common{MySQLDSN: dsn, MySQLMaxConns: 1, LogLevel: "info"}
+		err := c.Validate()
+		if err == nil {
+			t.Errorf("Validate(%q) = nil, want an error", dsn)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Validate(%q) = %q shows the password", dsn, err)
+		}
+	}
+}
