@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -88,7 +89,7 @@ func run(ctx context.Context, args []string) int {
 
 	if err := store.EnsureDatabase(ctx, c.MySQLDSN); err != nil {
 		if errors.Is(err, store.ErrUnreachable) {
-			fmt.Fprintf(os.Stderr, "%s: %v\n  start MariaDB/MySQL first, e.g. `sudo start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` (or `sudo service mariadb start`), or point ALLOT_MYSQL_DSN at one\n", binary, err)
+			fmt.Fprintf(os.Stderr, "%s: %v\n  `make run` starts a private MariaDB/MySQL when none answers; or start one yourself, or point ALLOT_MYSQL_DSN at one\n", binary, err)
 		} else {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		}
@@ -155,8 +156,8 @@ func run(ctx context.Context, args []string) int {
 			cancel() // one part stopping stops the stack
 		}()
 	}
-	fmt.Fprintf(os.Stderr, "\nallot is up: http://localhost%s  (NATS %s, MySQL %s)\nCtrl-C stops everything.\n\n",
-		c.HTTPAddr, natsURL, config.MaskDSN(c.MySQLDSN))
+	fmt.Fprintf(os.Stderr, "\nallot is up: %s  (NATS %s, MySQL %s)\nCtrl-C stops everything.\n\n",
+		baseURL(c.HTTPAddr), natsURL, config.MaskDSN(c.MySQLDSN))
 	wg.Wait()
 	close(errs)
 	code := 0
@@ -169,6 +170,20 @@ func run(ctx context.Context, args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "allot stopped.")
 	return code
+}
+
+// baseURL is the URL a browser on this machine opens for the listen
+// address addr: a wildcard host (":8080", "0.0.0.0:8080", "[::]:8080")
+// reads localhost, a named host stays as it is.
+func baseURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // resetStack deletes the embedded server's store and the database, for a
