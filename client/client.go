@@ -116,7 +116,9 @@ func (e *APIError) Error() string {
 }
 
 // Is makes a 404 match ErrNotFound.
-func (e *APIError) Is(target error) bool { return target == ErrNotFound && e.Status == http.StatusNotFound }
+func (e *APIError) Is(target error) bool {
+	return target == ErrNotFound && e.Status == http.StatusNotFound
+}
 
 // temporary reports whether the same request may succeed later: nothing
 // was stored (429, 503) or the server failed (5xx).

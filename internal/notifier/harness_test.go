@@ -17,9 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
