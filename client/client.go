@@ -34,6 +34,7 @@ type Client struct {
 	token      string
 	wait       time.Duration
 	maxRetries int
+	netRetries int
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	observe    func(Exchange)
@@ -72,6 +73,12 @@ func WithRetries(n int, min, max time.Duration) Option {
 	return func(c *Client) { c.maxRetries, c.minBackoff, c.maxBackoff = n, min, max }
 }
 
+// WithNetRetries bounds the attempts of one call after a transport error
+// (connection refused or reset, timeout), within WithRetries' bound
+// (default 3). The same key makes a resend safe whether or not the first
+// attempt reached the server.
+func WithNetRetries(n int) Option { return func(c *Client) { c.netRetries = n } }
+
 // WithObserver calls f after every HTTP round trip, from the calling
 // goroutine: for metrics and load reports.
 func WithObserver(f func(Exchange)) Option { return func(c *Client) { c.observe = f } }
@@ -88,6 +95,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		hc:         &http.Client{},
 		wait:       10 * time.Second,
 		maxRetries: 10,
+		netRetries: 3,
 		minBackoff: 50 * time.Millisecond,
 		maxBackoff: 5 * time.Second,
 	}
@@ -298,6 +306,7 @@ func (c *Client) waitQuery() string {
 // with the same key and body, honouring Retry-After, and decodes a 2xx
 // body into out.
 func (c *Client) call(ctx context.Context, method, path, key string, body []byte, out any) (int, error) {
+	netErrs := 0
 	for attempt := 0; ; attempt++ {
 		start := time.Now()
 		status, data, retryAfter, err := c.roundTrip(ctx, method, path, key, body)
@@ -307,6 +316,8 @@ func (c *Client) call(ctx context.Context, method, path, key string, body []byte
 		switch {
 		case err != nil:
 			// Sent or not, the same key makes a resend safe.
+			netErrs++
+			retry = retry && netErrs <= c.netRetries
 		case status >= 200 && status < 300:
 			c.report(Exchange{method, path, status, nil, false, elapsed})
 			if err := json.Unmarshal(data, out); err != nil {
