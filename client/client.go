@@ -35,6 +35,7 @@ type Client struct {
 	wait       time.Duration
 	maxRetries int
 	netRetries int
+	noKeys     bool
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	observe    func(Exchange)
@@ -78,6 +79,13 @@ func WithRetries(n int, min, max time.Duration) Option {
 // (default 3). The same key makes a resend safe whether or not the first
 // attempt reached the server.
 func WithNetRetries(n int) Option { return func(c *Client) { c.netRetries = n } }
+
+// WithoutKeys sends writes without an Idempotency-Key unless Write.Key
+// is set. Retrying a 429 or 503 stays safe (nothing was stored), but a
+// write resent after a transport error may be applied twice, so use it
+// with WithNetRetries(0): it is for load tests of the unkeyed path (a keyed
+// claim is never shed).
+func WithoutKeys() Option { return func(c *Client) { c.noKeys = true } }
 
 // WithObserver calls f after every HTTP round trip, from the calling
 // goroutine: for metrics and load reports.
@@ -220,7 +228,7 @@ func (c *Client) Submit(ctx context.Context, w Write) (*Result, Ack, error) {
 	if err != nil {
 		return nil, Ack{}, err
 	}
-	if w.Key == "" {
+	if w.Key == "" && !c.noKeys {
 		w.Key = NewKey()
 	}
 	var res Result

@@ -200,3 +200,20 @@ func TestNewRefusesABadURL(t *testing.T) {
 		}
 	}
 }
+
+func TestWithoutKeys(t *testing.T) {
+	s, c := fake(t, answer(200, done), answer(200, done))
+	WithoutKeys()(c)
+	if _, err := c.Join(context.Background(), 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(context.Background(), Write{Op: OpJoin, Activity: 1, User: 2, Key: "mine"}); err != nil {
+		t.Fatal(err)
+	}
+	if k := s.seen[0].Header.Get("Idempotency-Key"); k != "" {
+		t.Errorf("WithoutKeys sent key %q", k)
+	}
+	if k := s.seen[1].Header.Get("Idempotency-Key"); k != "mine" {
+		t.Errorf("an explicit key was sent as %q", k)
+	}
+}

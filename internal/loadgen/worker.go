@@ -38,11 +38,13 @@ func (r *runner) newWorker(uint64) *worker {
 	// 429 and 5xx are retried (nothing was stored); a transport error is
 	// reported at once, as a failure of the burst.
 	retries := client.WithRetries(r.cfg.MaxRetries, 5*time.Millisecond, time.Second)
-	noNetRetry := client.WithNetRetries(0)
+	// No Idempotency-Key: the burst measures the path most clients take,
+	// where a claim for a full activity can be answered at once.
+	noNetRetry, noKeys := client.WithNetRetries(0), client.WithoutKeys()
 	hc := client.WithHTTPClient(r.client)
 	// The URL was validated by Config.Validate.
-	w.c, _ = client.New(r.cfg.BaseURL, hc, retries, noNetRetry, observe, client.WithWait(r.cfg.Wait))
-	w.o, _ = client.New(r.cfg.BaseURL, hc, retries, noNetRetry, observe, client.WithWait(r.cfg.OpenWait))
+	w.c, _ = client.New(r.cfg.BaseURL, hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.Wait))
+	w.o, _ = client.New(r.cfg.BaseURL, hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.OpenWait))
 	return w
 }
 
