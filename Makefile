@@ -33,9 +33,15 @@ test: devdb ## every test, against real MariaDB/MySQL (started if none answers) 
 test-short: devdb ## the quick tests only
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -short -count=1 $(PKGS)
 
-lint: ## gofmt and go vet
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
+
+lint: ## gofmt, go vet and golangci-lint (.golangci.yml; installed with go install when missing)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@$(GOLANGCI_LINT) version 2>/dev/null | grep -q '$(patsubst v%,%,$(GOLANGCI_LINT_VERSION))' || \
+		$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	$(GOLANGCI_LINT) run $(PKGS)
 
 clean: ## remove build output; the stack's data stays (see reset)
 	rm -rf $(BIN)

@@ -83,14 +83,16 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+			w.Write([]byte(`{"status":"ok"}`)) //nolint:errcheck // the client is gone; nothing to do
+		})
 		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 			if !nc.IsConnected() || db.PingContext(r.Context()) != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
-				w.Write([]byte(`{"error":"nats or mysql is unreachable."}`))
+				w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
 				return
 			}
-			w.Write([]byte(`{"status":"ready"}`))
+			w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
 		})
 		ln, err := net.Listen("tcp", cfg.MetricsAddr)
 		if err != nil {

@@ -11,7 +11,7 @@ func TestRedisCommands(t *testing.T) {
 	r := newRedis(t)
 	ctx := context.Background()
 	key := NewGate(r, "").Key(1)
-	t.Cleanup(func() { r.Del(context.Background(), key) })
+	t.Cleanup(func() { r.Del(context.Background(), key) }) //nolint:errcheck // best effort
 	if err := r.Set(ctx, key, 3, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestRedisConcurrentDecr(t *testing.T) {
 	t.Cleanup(func() { r.Close() }) // after the DEL below: cleanups run last-in first-out
 	ctx := context.Background()
 	key := NewGate(r, "").Key(2)
-	t.Cleanup(func() { r.Del(context.Background(), key) })
+	t.Cleanup(func() { r.Del(context.Background(), key) }) //nolint:errcheck // best effort
 	if err := r.Set(ctx, key, 1000, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -123,7 +123,7 @@ func TestEnsureStartsAPrivateServer(t *testing.T) {
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
-			db.Stop()
+			db.Stop() //nolint:errcheck // cleanup after a failure
 		}
 	})
 	if db.Action != StartPrivate || !db.Owned() {
@@ -170,7 +170,7 @@ func TestEnsureStartsAPrivateServer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("restart: %v; log: %s", err, log.String())
 	}
-	defer db2.Stop()
+	defer db2.Stop() //nolint:errcheck // cleanup
 	if strings.Contains(log.String(), "initialising") {
 		t.Errorf("the data directory was initialised twice: %s", log.String())
 	}

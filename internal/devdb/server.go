@@ -47,7 +47,7 @@ type DB struct {
 	Action Action
 
 	cmd    *exec.Cmd
-	exited chan error
+	exited chan struct{} // closed when the server process has exited
 	dir    string
 	log    io.Writer
 }
@@ -316,8 +316,9 @@ func startPrivate(ctx context.Context, server string, o Options) (*DB, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", server, err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	db := &DB{DSN: pointAt(o.DSN, port), Action: StartPrivate, cmd: cmd, dir: o.Dir, log: o.Log}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -325,7 +326,8 @@ func startPrivate(ctx context.Context, server string, o Options) (*DB, error) {
 			break
 		}
 		select {
-		case err := <-exited:
+		case <-exited:
+			err := waitErr
 			log, _ := os.ReadFile(filepath.Join(o.Dir, "mysqld.log"))
 			return nil, fmt.Errorf("%s stopped at start (%v): %s", server, err, lastLines(string(log), 5))
 		case <-time.After(200 * time.Millisecond):

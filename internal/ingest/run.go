@@ -74,7 +74,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	err = svc.Start(startCtx)
 	cancel()
 	if err != nil {
-		ln.Close() //nolint:errcheck
+		ln.Close()
 		return err
 	}
 	defer svc.Stop()
@@ -100,7 +100,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := srv.Shutdown(shCtx); err != nil {
-		srv.Close() //nolint:errcheck
+		srv.Close()
 		return fmt.Errorf("ingest: graceful shutdown: %w", err)
 	}
 	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
