@@ -25,6 +25,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/notifier"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -182,6 +183,13 @@ func run(ctx context.Context, stderr io.Writer) int {
 		return 2
 	}
 
+	parts := []lifecycle.Part{{Name: "notifier", Run: func(ctx context.Context) error {
+		defer context.AfterFunc(ctx, func() {
+			log.Info("notifier stopping: finishing the attempts in flight")
+			n.Stop()
+		})()
+		return n.Wait()
+	}}}
 	if c.NotifyMetricsAddr != "" {
 		ln, err := net.Listen("tcp", c.NotifyMetricsAddr)
 		if err != nil {
@@ -195,23 +203,11 @@ func run(ctx context.Context, stderr io.Writer) int {
 			w.Write([]byte(`{"status":"ok"}`)) //nolint:errcheck // the client is gone; nothing to do
 		})
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			srv.Shutdown(sctx) //nolint:errcheck
-		}()
+		parts = append(parts, lifecycle.HTTPServer("metrics", srv, ln, 5*time.Second, nil))
 	}
-
-	done := make(chan error, 1)
-	go func() { done <- n.Wait() }()
-	select {
-	case <-ctx.Done():
-		log.Info("notifier stopping: finishing the attempts in flight")
-		n.Stop()
-		return 0
-	case err := <-done:
+	if err := lifecycle.Run(ctx, parts...); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 1
 	}
+	return 0
 }

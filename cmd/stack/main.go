@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
@@ -28,6 +27,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -110,11 +110,7 @@ func run(ctx context.Context, args []string) int {
 	}
 
 	// Each part gets its own pool and connection, as separate processes would.
-	type part struct {
-		name string
-		run  func(context.Context) error
-	}
-	var parts []part
+	var parts []lifecycle.Part
 	for _, name := range []string{"allocator", "ingest"} {
 		db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
 		if err != nil {
@@ -131,37 +127,21 @@ func run(ctx context.Context, args []string) int {
 		defer nc.Drain() //nolint:errcheck
 		switch name {
 		case "allocator":
-			parts = append(parts, part{name, func(ctx context.Context) error {
+			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {
 				return allocator.Run(ctx, c.AllocatorEnv.RunConfig(), db, nc, plog)
 			}})
 		case "ingest":
-			parts = append(parts, part{name, func(ctx context.Context) error {
+			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {
 				return ingest.Run(ctx, c.IngestEnv.RunConfig(), db, nc, plog)
 			}})
 		}
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(parts))
-	for _, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// A part stopped because another one failed only echoes that.
-			if err := p.run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				errs <- fmt.Errorf("%s: %w", p.name, err)
-			}
-			cancel() // one part stopping stops the stack
-		}()
-	}
 	fmt.Fprintf(os.Stderr, "\nallot is up: %s  (NATS %s, MySQL %s)\nCtrl-C stops everything.\n\n",
 		baseURL(c.HTTPAddr), natsURL, config.MaskDSN(c.MySQLDSN))
-	wg.Wait()
-	close(errs)
+	// One part stopping stops the stack; the first error is the one said.
 	code := 0
-	for err := range errs {
+	if err := lifecycle.Run(ctx, parts...); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, store.ErrStreamReplaced) {
 			fmt.Fprintf(os.Stderr, "  the NATS store (%s) and the database no longer belong together: restore the store, or start over with both empty: make reset\n", c.NATSStore)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -79,7 +81,22 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	}
 	log.InfoContext(ctx, "allocator running", slog.Int("partitions", len(all)),
 		slog.Int("batch_size", all[0].cfg.BatchSize), slog.Duration("batch_wait", all[0].cfg.BatchWait))
-	var srv *http.Server
+	stopOnce := sync.OnceFunc(stopAll)
+	// The partitions run until ctx ends or the first of them fails; the
+	// metrics server runs alongside (the first error wins, see lifecycle).
+	parts := []lifecycle.Part{{Name: "allocator", Run: func(ctx context.Context) error {
+		done := make(chan error, len(all))
+		for _, a := range all {
+			go func() { done <- a.Wait() }()
+		}
+		select {
+		case <-ctx.Done():
+			log.Info("allocator stopping: finishing the batches in hand")
+			return nil
+		case err := <-done:
+			return err
+		}
+	}}}
 	if cfg.MetricsAddr != "" {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -99,25 +116,12 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			stopAll()
 			return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
 		}
-		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		// The partitions stop first, so /readyz and /metrics see them drain.
+		parts = append(parts, lifecycle.HTTPServer("metrics", srv, ln, 5*time.Second, stopOnce))
 	}
-	done := make(chan error, len(all))
-	for _, a := range all {
-		go func() { done <- a.Wait() }()
-	}
-	var err error
-	select {
-	case <-ctx.Done():
-		log.Info("allocator stopping: finishing the batches in hand")
-	case err = <-done:
-	}
-	stopAll()
-	if srv != nil {
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(shutdownCtx) //nolint:errcheck
-	}
+	err := lifecycle.Run(ctx, parts...)
+	stopOnce()
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}

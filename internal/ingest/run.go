@@ -3,7 +3,6 @@ package ingest
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/allot-dev/allot/internal/lifecycle"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: in-flight publishes
@@ -80,31 +81,19 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	defer svc.Stop()
 
 	srv := newHTTPServer(svc.Handler(), svc.opts, log)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 	log.InfoContext(ctx, "ingest listening", slog.String("addr", ln.Addr().String()))
-
-	select {
-	case err := <-served:
-		return fmt.Errorf("ingest: serve: %w", err)
-	case <-ctx.Done():
-	}
 	timeout := cfg.ShutdownTimeout
 	if timeout <= 0 {
 		timeout = DefaultShutdownTimeout
 	}
-	log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
 	// Cut waits first: a handler waiting 30s for a result would otherwise
 	// hold the shutdown; it answers "pending" now, which is true.
-	svc.endWaits()
-	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	if err := srv.Shutdown(shCtx); err != nil {
-		srv.Close()
-		return fmt.Errorf("ingest: graceful shutdown: %w", err)
+	cutWaits := func() {
+		log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
+		svc.endWaits()
 	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("ingest: serve: %w", err)
+	if err := lifecycle.Run(ctx, lifecycle.HTTPServer("ingest", srv, ln, timeout, cutWaits)); err != nil {
+		return err
 	}
 	log.InfoContext(ctx, "ingest stopped")
 	return nil
