@@ -71,8 +71,11 @@ func HTTPServer(name string, srv *http.Server, ln net.Listener, timeout time.Dur
 		defer cancel()
 		if err := srv.Shutdown(sctx); err != nil {
 			srv.Close()
-			<-served
-			return fmt.Errorf("graceful shutdown: %w", err)
+			err = fmt.Errorf("graceful shutdown: %w", err)
+			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+				err = errors.Join(err, fmt.Errorf("serve: %w", serr))
+			}
+			return err
 		}
 		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serve: %w", err)
