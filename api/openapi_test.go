@@ -31,6 +31,7 @@ import (
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/waitfor"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -380,21 +381,14 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(lonely, exchange{routeRequest, "GET", "/v1/requests/" + pid, nil, "", 200, mustConform})
 	d.do(lonely, exchange{routeRequest, "GET", "/v1/requests/" + pid + "?wait=100ms", nil, "", 200, mustConform})
 	lonelyNS.Stop()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitfor.True(t, 10*time.Second, "/readyz answers 503 after NATS stopped", func() bool {
 		resp, err := http.Get(lonely + "/readyz")
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode == 503 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz still answers 200 ten seconds after NATS stopped")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
 	d.do(lonely, exchange{"/readyz", "GET", "/readyz", nil, "", 503, mustConform})
 	d.do(lonely, exchange{routeActivity, "PUT", "/v1/activities/8001", nil, cap1, 503, mustConform})
 	d.do(lonely, exchange{routeSignup, "POST", "/v1/activities/8001/signups/1", nil, "", 503, mustConform})

@@ -15,6 +15,7 @@ import (
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/waitfor"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -86,8 +87,8 @@ func TestAgainstTheStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	kinds := map[client.EventKind]int{}
-	deadline := time.Now().Add(10 * time.Second)
-	for kinds[client.EventWaitlisted] < 2 && time.Now().Before(deadline) {
+	// Events are relayed after the commit: wait for the last one.
+	waitfor.True(t, 10*time.Second, "two waitlisted events relayed", func() bool {
 		clear(kinds)
 		info, err := stream.Info(ctx)
 		if err != nil {
@@ -107,8 +108,8 @@ func TestAgainstTheStack(t *testing.T) {
 			}
 			kinds[ev.Kind]++
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return kinds[client.EventWaitlisted] >= 2
+	})
 	for _, k := range []client.EventKind{client.EventOpened, client.EventConfirmed, client.EventWaitlisted,
 		client.EventCancelled, client.EventPromoted, client.EventSoldOut} {
 		if kinds[k] == 0 {

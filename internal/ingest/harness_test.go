@@ -18,6 +18,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/waitfor"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -152,13 +153,7 @@ func accepted(t *testing.T, what string, resp *http.Response, body []byte) strin
 // eventually polls cond until it holds or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.True(t, timeout, what, cond)
 }
 
 // subjectMsgs is the number of messages stored on subject in the request

@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/waitfor"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -180,13 +181,7 @@ func (e *env) deadLetters() []*jetstream.RawStreamMsg {
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.True(t, timeout, what, cond)
 }
 
 // answer is what the receiver does with one call.

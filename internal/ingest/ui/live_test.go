@@ -21,6 +21,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/waitfor"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -299,13 +300,7 @@ func eqPtr(a, b *uint64) bool { return (a == nil) == (b == nil) && (a == nil || 
 
 func waitFor(t *testing.T, timeout time.Duration, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s: %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.True(t, timeout, what, ok)
 }
 
 func TestLiveSendsStateThenTheActivitysEventsInOrder(t *testing.T) {
