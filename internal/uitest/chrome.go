@@ -57,7 +57,7 @@ func Launch(ctx context.Context, path, profileDir string, width, height int) (*B
 	_, err := chromedp.Call(page, cdplog.Enable, cdp.Empty{})
 	stop()
 	if err != nil {
-		b.Close() //nolint:errcheck // the start failed; that error is the one to report
+		b.Close() // the start failed; that error is the one to report
 		return nil, fmt.Errorf("start %s: %w", path, err)
 	}
 	return b, nil
