@@ -97,7 +97,7 @@ func loadWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	w.built = map[string]bool{}
-	for _, m := range regexp.MustCompile(`\./(cmd|deploy)/([a-z0-9_-]+)`).FindAllStringSubmatch(string(df), -1) {
+	for _, m := range regexp.MustCompile(`\./(cmd|internal/cmd)/([a-z0-9_-]+)`).FindAllStringSubmatch(string(df), -1) {
 		w.built[m[2]] = true
 	}
 	return w
@@ -974,8 +974,8 @@ func TestDockerfile(t *testing.T) {
 	df := readFile(t, "Dockerfile")
 	for name := range w.built {
 		dir := filepath.Join(w.root, "cmd", name)
-		if name == "probe" {
-			dir = filepath.Join(w.root, "deploy", "probe")
+		if name == "probe" { // a tool of the image, not a product binary
+			dir = filepath.Join(w.root, "internal", "cmd", "probe")
 		}
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			t.Errorf("Dockerfile builds %s, but %s is not a directory", name, dir)
