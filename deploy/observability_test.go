@@ -16,6 +16,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -92,6 +93,8 @@ func registeredMetrics(t *testing.T) *recorder {
 	if _, err := notifier.New(nc, log, rec, notifier.Config{}); err != nil {
 		t.Fatal(err)
 	}
+	// What each binary's Run adds to the constructors' metrics.
+	rec.MustRegister(buildinfo.Collector())
 	if len(rec.labels) < 10 {
 		t.Fatalf("only %d metrics recorded: the recorder no longer reads Desc", len(rec.labels))
 	}

@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/lifecycle"
@@ -149,6 +151,10 @@ func (c *cfg) notifierConfig() notifier.Config {
 }
 
 func main() {
+	// No flags but -version and -h: the settings are ALLOT_ variables.
+	if code := config.ParseFlags(flag.NewFlagSet(binary, flag.ContinueOnError), os.Args[1:]); code >= 0 {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Stderr))
@@ -172,7 +178,7 @@ func run(ctx context.Context, stderr io.Writer) int {
 	defer nc.Drain() //nolint:errcheck
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	n, err := notifier.New(nc, log, reg, c.notifierConfig())
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)

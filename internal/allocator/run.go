@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
 )
@@ -40,7 +41,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		return err
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	var all []*Allocator
 	// Partitions spread over the live allocator processes; without the
 	// membership bucket every process pulls on every partition, which is
