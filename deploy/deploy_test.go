@@ -986,6 +986,26 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("Dockerfile does not build %s", name)
 		}
 	}
+	// The image says what it is (OCI annotations), and the binaries are
+	// linked with the version and revision of the build arguments, into
+	// variables that exist.
+	for _, l := range []string{"title", "description", "source", "licenses", "version", "revision", "created"} {
+		if !strings.Contains(df, "org.opencontainers.image."+l+"=") {
+			t.Errorf("Dockerfile: no org.opencontainers.image.%s label", l)
+		}
+	}
+	bi, err := os.ReadFile(filepath.Join(w.root, "internal", "buildinfo", "buildinfo.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile(`-X github.com/allot-dev/allot/internal/buildinfo\.([a-z]+)=`).FindAllStringSubmatch(df, -1) {
+		if !regexp.MustCompile(`var [a-z, ]*\b` + m[1] + `\b[a-z, ]* string`).Match(bi) {
+			t.Errorf("Dockerfile links buildinfo.%s, which internal/buildinfo does not declare as a string var", m[1])
+		}
+	}
+	if !strings.Contains(df, "buildinfo.revision=${REVISION}") {
+		t.Error("Dockerfile: the binaries are not linked with the REVISION build argument")
+	}
 	lines := strings.Split(df, "\n")
 	var froms []string
 	var user string

@@ -27,8 +27,25 @@ type Info struct {
 	GoVersion string
 }
 
+// version and revision, when set at link time (-ldflags -X, as
+// deploy/Dockerfile does from its build arguments), win over what
+// debug.ReadBuildInfo says: an image is built without .git.
+var version, revision string
+
 // Read returns the running binary's build information.
 func Read() Info {
+	in := fromBuild()
+	if version != "" {
+		in.Version = version
+	}
+	if revision != "" {
+		in.Revision = revision
+	}
+	return in
+}
+
+// fromBuild is Read without the link-time values.
+func fromBuild() Info {
 	in := Info{Version: "(devel)", Revision: "unknown", GoVersion: runtime.Version()}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {

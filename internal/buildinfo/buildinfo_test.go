@@ -37,3 +37,11 @@ func TestCollector(t *testing.T) {
 		t.Errorf("%s = %v %v", MetricName, m.GetGauge().GetValue(), labels)
 	}
 }
+
+func TestLinkTimeValuesWin(t *testing.T) {
+	defer func(v, r string) { version, revision = v, r }(version, revision)
+	version, revision = "v1.2.3", "abc123"
+	if in := Read(); in.Version != "v1.2.3" || in.Revision != "abc123" {
+		t.Errorf("Read = %+v, want the link-time version and revision", in)
+	}
+}
