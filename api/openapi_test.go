@@ -307,9 +307,11 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(u, exchange{routeActivity, "PUT", "/v1/activities/9001?wait=5s", nil, `{"capacity": 0}`, 200, mustConform}) // REJECTED: below confirmed
 	d.do(u, exchange{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), nil, "", 200, mustConform})           // done
 	d.do(u, exchange{routeActivity, "GET", "/v1/activities/9003", nil, "", 200, mustConform})                        //
-	d.do(u, exchange{"/healthz", "GET", "/healthz", nil, "", 200, mustConform})                                      //
-	d.do(u, exchange{"/readyz", "GET", "/readyz", nil, "", 200, mustConform})                                        //
-	d.do(u, exchange{"/metrics", "GET", "/metrics", nil, "", 200, mustConform})                                      //
+	bearer := map[string]string{"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI1In0.c2ln"}
+	d.do(u, exchange{routeSignup, "GET", "/v1/activities/9003/signups/5", bearer, "", 200, mustConform}) // optional Authorization
+	d.do(u, exchange{"/healthz", "GET", "/healthz", nil, "", 200, mustConform})                          //
+	d.do(u, exchange{"/readyz", "GET", "/readyz", nil, "", 200, mustConform})                            //
+	d.do(u, exchange{"/metrics", "GET", "/metrics", nil, "", 200, mustConform})                          //
 
 	// Bad input: 400, and the spec refuses the request as well.
 	for _, x := range []exchange{
