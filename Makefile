@@ -10,7 +10,7 @@ DEVDB := ./$(BIN)/devdb
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build devdb run test test-short test-faults lint bench demo clean reset
+.PHONY: help build devdb run test test-short test-faults lint bench bench-memory demo clean reset
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ reset: build ## start the make-run stack over empty: drop its database (ALLOT_MY
 bench: build ## one run, side by side: allocator drain vs the seed designs, and an HTTP burst vs the Redis-gated seed design
 	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN)
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
+
+bench-memory: build ## each process's resident memory over 1,000,000 requests to 200,000 activities (must stay flat once the caches are full)
+	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN) -memory
 
 test-faults: devdb ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -count=1 -v -timeout 10m ./internal/faults/

@@ -31,7 +31,7 @@ import (
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/store"
-	"github.com/allot-dev/allot/internal/waitfor"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -383,7 +383,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(lonely, exchange{routeRequest, "GET", "/v1/requests/" + pid, nil, "", 200, mustConform})
 	d.do(lonely, exchange{routeRequest, "GET", "/v1/requests/" + pid + "?wait=100ms", nil, "", 200, mustConform})
 	lonelyNS.Stop()
-	waitfor.True(t, 10*time.Second, "/readyz answers 503 after NATS stopped", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "/readyz answers 503 after NATS stopped", func() bool {
 		resp, err := http.Get(lonely + "/readyz")
 		if err != nil {
 			t.Fatal(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/store"
-	"github.com/allot-dev/allot/internal/waitfor"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -88,7 +88,7 @@ func TestAgainstTheStack(t *testing.T) {
 	}
 	kinds := map[client.EventKind]int{}
 	// Events are relayed after the commit: wait for the last one.
-	waitfor.True(t, 10*time.Second, "two waitlisted events relayed", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "two waitlisted events relayed", func() bool {
 		clear(kinds)
 		info, err := stream.Info(ctx)
 		if err != nil {

@@ -1,7 +1,11 @@
 // Command audit replays ALLOT_REQUESTS through the allocation domain and
 // checks MySQL against it. Wiring only: the audit lives in internal/audit.
 //
-//	audit [-activity 1,2,3] [-from-seq N | -from-time RFC3339] [-json]
+//	audit [-activity 1,2,3] [-from-seq N | -from-time RFC3339 | -from-checkpoint] [-json]
+//
+// -from-checkpoint starts from the allocator's oldest checkpoint that the
+// request stream still reaches back to (what an audit needs once retention
+// has removed older requests); the report says which range it verified.
 //
 // Exit status: 0 when every decision and row matches, 1 when anything
 // diverges, 2 when the audit could not run (bad flags or configuration,
@@ -80,6 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&activities, "activity", "", "comma-separated activity ids to audit (default: all)")
 	fs.Uint64Var(&f.opts.FromSeq, "from-seq", 0, "compare only from this stream sequence on (the state is still replayed from the start)")
 	fs.StringVar(&fromTS, "from-time", "", "compare only from the first request stored at or after this RFC3339 time")
+	fs.BoolVar(&f.opts.FromCheckpoint, "from-checkpoint", false, "start from the allocator's oldest checkpoint the stream still reaches back to, instead of from sequence 1")
 	fs.BoolVar(&f.asJSON, "json", false, "print the report as one JSON object")
 	version := buildinfo.Flag(fs)
 	if err := fs.Parse(args); err != nil {
@@ -107,6 +112,9 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 			return f, fmt.Errorf("-from-time: %q is not an RFC3339 time (e.g. 2025-01-31T18:00:00Z)", fromTS)
 		}
 		f.opts.FromTime = t
+	}
+	if f.opts.FromCheckpoint && (f.opts.FromSeq > 0 || !f.opts.FromTime.IsZero()) {
+		return f, errors.New("-from-checkpoint excludes -from-seq and -from-time: give one")
 	}
 	if f.opts.FromSeq > 0 && !f.opts.FromTime.IsZero() {
 		return f, errors.New("-from-seq and -from-time exclude each other: give one")

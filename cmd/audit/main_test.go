@@ -40,6 +40,8 @@ func TestParseFlags(t *testing.T) {
 		{name: "from time", args: []string{"-from-time", "2025-01-31T18:00:00Z"},
 			want: audit.Options{FromTime: time.Date(2025, 1, 31, 18, 0, 0, 0, time.UTC)}},
 		{name: "seq and time", args: []string{"-from-seq", "1", "-from-time", "2025-01-31T18:00:00Z"}, wantErr: "exclude each other"},
+		{name: "from checkpoint", args: []string{"-from-checkpoint", "-json"}, want: audit.Options{FromCheckpoint: true}, json: true},
+		{name: "checkpoint and seq", args: []string{"-from-checkpoint", "-from-seq", "4"}, wantErr: "-from-checkpoint excludes"},
 		{name: "bad activity", args: []string{"-activity", "1,x"}, wantErr: `"x" is not a positive activity id`},
 		{name: "zero activity", args: []string{"-activity", "0"}, wantErr: "not a positive activity id"},
 		{name: "bad time", args: []string{"-from-time", "yesterday"}, wantErr: "not an RFC3339 time"},
@@ -177,6 +179,13 @@ func TestBinary(t *testing.T) {
 		var rep audit.Report
 		if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || !rep.OK || rep.Compared != 3 {
 			t.Fatalf("exit %d, report %+v (%v), want 0, OK, 3 compared\n%s", code, rep, err, out)
+		}
+	})
+	t.Run("from checkpoint", func(t *testing.T) {
+		// No checkpoint yet and the stream whole: verified from seq 1.
+		code, out, _ := runBin(t, env, "-from-checkpoint")
+		if code != 0 || !strings.Contains(out, "verified:             seq 1..") {
+			t.Fatalf("exit %d, want 0 and the verified range\n%s", code, out)
 		}
 	})
 	t.Run("tampered", func(t *testing.T) {

@@ -1,171 +1,20 @@
-package allocation
+package allocation_test
 
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"reflect"
 	"testing"
 
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// ref is a naive reference model of one activity: the live signups in a
-// slice ordered by queue_seq, every question answered by a linear scan. It
-// shares no code with the package, so agreeing with it means something.
-type ref struct {
-	id, capacity, confirmed int64
-	nextSeq                 uint64
-	live                    []Signup
-}
-
-func (r *ref) find(user int64) int {
-	for i, s := range r.live {
-		if s.UserID == user {
-			return i
-		}
-	}
-	return -1
-}
-
-func (r *ref) position(user int64) int64 {
-	var n int64
-	for _, s := range r.live {
-		if s.Status == wire.StatusWaiting {
-			n++
-			if s.UserID == user {
-				return n
-			}
-		}
-	}
-	return 0
-}
-
-func (r *ref) firstWaiter() int {
-	for i, s := range r.live {
-		if s.Status == wire.StatusWaiting {
-			return i
-		}
-	}
-	return -1
-}
-
-func (r *ref) promote(d *Decision) {
-	i := r.firstWaiter()
-	r.live[i].Status = wire.StatusConfirmed
-	r.confirmed++
-	d.PromotedUserIDs = append(d.PromotedUserIDs, r.live[i].UserID)
-	d.Events = append(d.Events, Event{Kind: wire.EventPromoted, UserID: r.live[i].UserID})
-	d.Changed = append(d.Changed, r.live[i])
-}
-
-func (r *ref) clone() *ref {
-	if r == nil {
-		return nil
-	}
-	c := *r
-	c.live = append([]Signup(nil), r.live...)
-	return &c
-}
-
-var errRefInvalid = errors.New("ref: invalid")
-
-// refApply is the reference for Apply; it mutates r in place like Apply.
-func refApply(r *ref, req Request, seq uint64) (*ref, Decision, error) {
-	valid := seq != 0 && seq != math.MaxUint64 && req.ActivityID > 0
-	switch req.Op {
-	case wire.OpOpen:
-		valid = valid && req.UserID == 0 && req.Capacity >= 0 && req.Capacity <= wire.MaxCapacity
-	case wire.OpJoin, wire.OpCancel, wire.OpClaim:
-		valid = valid && req.UserID > 0
-	default:
-		valid = false
-	}
-	if r != nil {
-		valid = valid && req.ActivityID == r.id && seq >= r.nextSeq
-	}
-	if !valid {
-		return r, Decision{}, errRefInvalid
-	}
-	if r == nil {
-		if req.Op != wire.OpOpen {
-			return nil, Decision{Outcome: wire.OutcomeNoSuchActivity}, nil
-		}
-		return &ref{id: req.ActivityID, capacity: req.Capacity, nextSeq: seq + 1},
-			Decision{Outcome: wire.OutcomeOpened, Events: []Event{{Kind: wire.EventOpened}}, Changes: true}, nil
-	}
-	r.nextSeq = seq + 1
-	var d Decision
-	u := req.UserID
-	i := -1
-	if req.Op != wire.OpOpen {
-		i = r.find(u)
-	}
-	switch {
-	case req.Op == wire.OpOpen && req.Capacity < r.confirmed:
-		d.Outcome = wire.OutcomeRejected
-	case req.Op == wire.OpOpen && req.Capacity == r.capacity:
-		d.Outcome = wire.OutcomeResized
-	case req.Op == wire.OpOpen:
-		d = Decision{Outcome: wire.OutcomeResized, Changes: true, Events: []Event{{Kind: wire.EventResized}}}
-		r.capacity = req.Capacity
-		n := 0
-		for r.confirmed < r.capacity && r.firstWaiter() >= 0 {
-			r.promote(&d)
-			n++
-		}
-		if n > 0 && r.confirmed == r.capacity {
-			d.Events = append(d.Events, Event{Kind: wire.EventSoldOut})
-		}
-	case i >= 0 && r.live[i].Status == wire.StatusWaiting && req.Op != wire.OpCancel:
-		d = Decision{Outcome: wire.OutcomeAlreadyWaiting, Status: wire.StatusWaiting, Position: r.position(u)}
-	case i >= 0 && req.Op == wire.OpJoin:
-		d = Decision{Outcome: wire.OutcomeAlreadyConfirmed, Status: wire.StatusConfirmed}
-	case i >= 0 && req.Op == wire.OpClaim:
-		d = Decision{Outcome: wire.OutcomeAlreadyOwned, Status: wire.StatusConfirmed}
-	case i >= 0: // cancel
-		s := r.live[i]
-		r.live = append(r.live[:i], r.live[i+1:]...)
-		wasConfirmed := s.Status == wire.StatusConfirmed
-		s.Status = wire.StatusCancelled
-		d = Decision{Outcome: wire.OutcomeCancelled, Status: wire.StatusCancelled, Changes: true,
-			Events: []Event{{Kind: wire.EventCancelled, UserID: u}}, Changed: []Signup{s}}
-		if wasConfirmed {
-			r.confirmed--
-			if r.firstWaiter() >= 0 {
-				r.promote(&d)
-			}
-		}
-	case req.Op == wire.OpCancel:
-		d.Outcome = wire.OutcomeNotSignedUp
-	case r.confirmed < r.capacity: // join or claim takes a seat
-		kind, outcome := wire.EventConfirmed, wire.OutcomeConfirmed
-		if req.Op == wire.OpClaim {
-			kind, outcome = wire.EventGranted, wire.OutcomeGranted
-		}
-		s := Signup{UserID: u, Status: wire.StatusConfirmed, QueueSeq: seq}
-		r.live = append(r.live, s)
-		r.confirmed++
-		d = Decision{Outcome: outcome, Status: wire.StatusConfirmed, Changes: true,
-			Events: []Event{{Kind: kind, UserID: u}}, Changed: []Signup{s}}
-		if r.confirmed == r.capacity {
-			d.Events = append(d.Events, Event{Kind: wire.EventSoldOut})
-		}
-	case req.Op == wire.OpClaim:
-		d.Outcome = wire.OutcomeSoldOut
-	default: // join waits
-		s := Signup{UserID: u, Status: wire.StatusWaiting, QueueSeq: seq}
-		r.live = append(r.live, s)
-		d = Decision{Outcome: wire.OutcomeWaiting, Status: wire.StatusWaiting, Position: r.position(u),
-			Changes: true, Events: []Event{{Kind: wire.EventWaitlisted, UserID: u}}, Changed: []Signup{s}}
-	}
-	return r, d, nil
-}
-
 // checkInvariants verifies the contract's invariants on a, computed by brute
 // force from its public accessors only.
-func checkInvariants(a *Activity) error {
+func checkInvariants(a *allocation.Activity) error {
 	if a == nil {
 		return nil
 	}
@@ -223,7 +72,7 @@ func checkInvariants(a *Activity) error {
 
 // checkDecision verifies properties of one decision against the live
 // signups before (prev) and the activity after.
-func checkDecision(prev []Signup, a *Activity, req Request, seq uint64, d Decision) error {
+func checkDecision(prev []allocation.Signup, a *allocation.Activity, req allocation.Request, seq uint64, d allocation.Decision) error {
 	if a == nil {
 		return nil
 	}
@@ -314,8 +163,8 @@ var fuzzOps = [8]string{
 // decodeStep turns three fuzz bytes into a request and a seq, given the
 // last global seq and the activities' fences. About one step in sixteen is
 // malformed on purpose.
-func decodeStep(b0, b1, b2 byte, last uint64, fence func(int64) uint64) (Request, uint64) {
-	req := Request{Op: fuzzOps[b0%8], ActivityID: int64(b0/8%3) + 1}
+func decodeStep(b0, b1, b2 byte, last uint64, fence func(int64) uint64) (allocation.Request, uint64) {
+	req := allocation.Request{Op: fuzzOps[b0%8], ActivityID: int64(b0/8%3) + 1}
 	if req.Op == wire.OpOpen {
 		req.Capacity = int64(b1 % 5)
 	} else {
@@ -390,9 +239,9 @@ func FuzzApply(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, data []byte) {
 		const maxSteps = 400
-		acts := map[int64]*Activity{}
-		twins := map[int64]*Activity{}
-		refs := map[int64]*ref{}
+		acts := map[int64]*allocation.Activity{}
+		twins := map[int64]*allocation.Activity{}
+		refs := map[int64]*refmodel.Activity{}
 		var last uint64
 		fence := func(id int64) uint64 {
 			if a := acts[id]; a != nil {
@@ -410,18 +259,18 @@ func FuzzApply(f *testing.F) {
 			// Now and then the twin is thrown away and restored from the
 			// rows a store would hold, to check Restore round trips.
 			if a != nil && (twins[id] == nil || data[step+1]&0x40 != 0) {
-				tw, err := Restore(a.ID, a.Capacity, a.Confirmed, a.NextSeq, a.Live())
+				tw, err := allocation.Restore(a.ID, a.Capacity, a.Confirmed, a.NextSeq, a.Live())
 				if err != nil {
 					t.Fatalf("step %d: Restore of a reachable state: %v", step/3, err)
 				}
 				twins[id] = tw
 			}
 
-			got, d, err := Apply(a, req, seq)
-			rgot, rd, rerr := refApply(r, req, seq)
-			tgot, td, terr := Apply(twins[id], req, seq)
+			got, d, err := allocation.Apply(a, req, seq)
+			rgot, rd, rerr := refmodel.Apply(r, req, seq)
+			tgot, td, terr := allocation.Apply(twins[id], req, seq)
 
-			if (err != nil) != (rerr != nil) || (err != nil && !errors.Is(err, ErrInvalidRequest)) {
+			if (err != nil) != (rerr != nil) || (err != nil && !errors.Is(err, allocation.ErrInvalidRequest)) {
 				t.Fatalf("step %d %+v seq %d: err %v, reference %v", step/3, req, seq, err, rerr)
 			}
 			if (err != nil) != (terr != nil) {
@@ -444,12 +293,12 @@ func FuzzApply(f *testing.F) {
 				t.Fatalf("step %d: activity %v, reference %v", step/3, got, rgot)
 			}
 			if got != nil {
-				if !reflect.DeepEqual(got.Live(), rgot.live) && len(rgot.live)+len(got.Live()) > 0 {
-					t.Fatalf("step %d: Live %+v, reference %+v", step/3, got.Live(), rgot.live)
+				if !reflect.DeepEqual(got.Live(), rgot.Live) && len(rgot.Live)+len(got.Live()) > 0 {
+					t.Fatalf("step %d: Live %+v, reference %+v", step/3, got.Live(), rgot.Live)
 				}
-				if got.Capacity != rgot.capacity || got.Confirmed != rgot.confirmed || got.NextSeq != rgot.nextSeq {
+				if got.Capacity != rgot.Capacity || got.Confirmed != rgot.Confirmed || got.NextSeq != rgot.NextSeq {
 					t.Fatalf("step %d: counters %d/%d/%d, reference %d/%d/%d", step/3,
-						got.Capacity, got.Confirmed, got.NextSeq, rgot.capacity, rgot.confirmed, rgot.nextSeq)
+						got.Capacity, got.Confirmed, got.NextSeq, rgot.Capacity, rgot.Confirmed, rgot.NextSeq)
 				}
 			}
 			if err := checkInvariants(got); err != nil {

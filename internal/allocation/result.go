@@ -36,6 +36,10 @@ func ResultOf(req wire.Request, seq uint64, d Decision, after *Activity) wire.Re
 		if after != nil {
 			c := after.Capacity
 			r.Capacity = &c
+			if d.Outcome == wire.OutcomeRejected && req.Capacity != nil {
+				r.Reason = "capacity " + strconv.FormatInt(*req.Capacity, 10) + " is below the " +
+					strconv.FormatInt(after.Confirmed, 10) + " seats already taken"
+			}
 		}
 	}
 	return r

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,6 +35,9 @@ type Config struct {
 	// Replicas is ALLOT_STREAM_REPLICAS for the streams and buckets the
 	// allocator ensures; 0 keeps what they have.
 	Replicas int
+	// Retention bounds the streams (its Requests and Events; ALLOT_REQUESTS_MAX_AGE
+	// and the others); zero keeps what they have.
+	Retention bus.StreamConfig
 	// Prefers, when set, says whether this process should pull on a
 	// partition (Members.Prefers); nil pulls on every partition.
 	Prefers func(partition int) bool
@@ -47,10 +51,25 @@ type Config struct {
 	BatchWait time.Duration
 	// AckWait is the consumer's redelivery timeout (default 30s).
 	AckWait time.Duration
+	// CheckpointInterval is how often the partition's state is
+	// checkpointed for the audit (default DefaultCheckpointInterval;
+	// negative: never). See checkpoints.
+	CheckpointInterval time.Duration
 	// IdleCheck is how often an idle allocator looks for a gap between its
 	// fence and the stream (default 1s), which a crashed peer leaves behind.
 	IdleCheck time.Duration
+	// CacheActivities bounds the activities whose live state the allocator
+	// keeps between batches (default DefaultCacheActivities); the least
+	// recently used is dropped and reloaded from MySQL when next needed.
+	// Four times as many full activities are tracked for their views.
+	CacheActivities int
+	// PieceBytes bounds a piece of a long promoted or event list in MySQL
+	// (0: derived from the server's max_allowed_packet; tests set it low).
+	PieceBytes int
 }
+
+// DefaultCacheActivities is Config.CacheActivities' default.
+const DefaultCacheActivities = 10_000
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize <= 0 {
@@ -62,8 +81,14 @@ func (c Config) withDefaults() Config {
 	if c.AckWait <= 0 {
 		c.AckWait = 30 * time.Second
 	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
+	}
 	if c.IdleCheck <= 0 {
 		c.IdleCheck = time.Second
+	}
+	if c.CacheActivities <= 0 {
+		c.CacheActivities = DefaultCacheActivities
 	}
 	c.Partitions = max(c.Partitions, 1)
 	if c.PinnedTTL <= 0 {
@@ -82,6 +107,8 @@ type Hooks struct {
 	// BeforeConfirm runs in the post-commit goroutine before it confirms a
 	// batch's acks: a slow broker round trip, for tests of the ordering.
 	BeforeConfirm func()
+	// Stopping runs when Stop begins: a slow drain, for tests of shutdown.
+	Stopping func()
 }
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.
@@ -103,12 +130,19 @@ type Allocator struct {
 	// views holds the views of full activities for ingest's shedding;
 	// viewFull says which activities have one.
 	views    jetstream.KeyValue
-	viewFull map[int64]bool
+	viewFull *lru.Cache[int64, struct{}]
+	// viewDropped holds the activities viewFull forgot: their keys are
+	// deleted with the next views, so no view outlives the tracking.
+	viewDropped  []int64
+	viewClearing bool
+	// viewsStale says the views must be rebuilt before the next batch: this
+	// allocator has (re)started pulling or was newly pinned.
+	viewsStale bool
 
 	// cache holds each activity's live state between batches. An entry is
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
-	cache map[int64]*allocation.Activity
+	cache *lru.Cache[int64, *allocation.Activity]
 	// lastFence and lastDseq are where this allocator's last commit left
 	// the fence and the last delivery it handled (0: unknown).
 	lastFence, lastDseq uint64
@@ -119,8 +153,10 @@ type Allocator struct {
 	// already applied before deciding; set only to redo a batch that ran
 	// into one.
 	checkDuplicates bool
-	// single makes a transaction apply one message only: isolate's mode.
+	// single makes a transaction apply one message only: isolate's mode;
+	// tried is then the stream sequence of the message it tried last.
 	single bool
+	tried  uint64
 	// post carries what follows a commit but need not hold up the next
 	// batch (confirming the acks, telling waiting clients) to postLoop, in
 	// commit order.
@@ -148,12 +184,22 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	}
 	m := newMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"partition": strconv.Itoa(cfg.Partition)}, reg))
 	log = log.With(slog.Int("partition", cfg.Partition))
-	return &Allocator{
+	a := &Allocator{
 		cfg: cfg, db: db, nc: nc, js: js, log: log, m: m, hooks: hooks,
-		relay:    newRelay(db, js, log, m, cfg.Partition),
-		cache:    make(map[int64]*allocation.Activity),
-		viewFull: make(map[int64]bool),
-	}, nil
+		relay: newRelay(db, js, log, m, cfg.Partition),
+	}
+	// Both callbacks run in the apply loop, which alone uses the caches.
+	if a.cache, err = lru.New[int64, *allocation.Activity](cfg.CacheActivities); err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	if a.viewFull, err = lru.NewWithEvict(4*cfg.CacheActivities, func(id int64, _ struct{}) {
+		if !a.viewClearing {
+			a.viewDropped = append(a.viewDropped, id)
+		}
+	}); err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	return a, nil
 }
 
 // Start ensures the streams, the durable consumer and the fence row, then
@@ -167,7 +213,8 @@ func (a *Allocator) Start(ctx context.Context) error {
 
 // prepare ensures everything the apply loop needs.
 func (a *Allocator) prepare(ctx context.Context) error {
-	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas}); err != nil {
+	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas,
+		Requests: a.cfg.Retention.Requests, Events: a.cfg.Retention.Events}); err != nil {
 		return err
 	}
 	st, err := a.js.Stream(ctx, wire.RequestStream)
@@ -195,8 +242,8 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{Replicas: a.cfg.Replicas}); err != nil {
 		return err
 	}
-	if err := a.repairViews(ctx); err != nil {
-		return fmt.Errorf("allocator: repair views: %w", err)
+	if err := a.rebuildViews(ctx); err != nil {
+		return fmt.Errorf("allocator: rebuild views: %w", err)
 	}
 	return nil
 }
@@ -226,12 +273,20 @@ func (a *Allocator) launch(ctx context.Context) error {
 		a.relay.run(runCtx)
 	}()
 	go a.watch(runCtx, 2*time.Second)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.checkpoints(runCtx)
+	}()
 	return nil
 }
 
 // Stop finishes the batch in hand (commit and ack), stops the relay and
 // returns once both have exited.
 func (a *Allocator) Stop() {
+	if a.hooks.Stopping != nil {
+		a.hooks.Stopping()
+	}
 	if a.cancel != nil {
 		a.cancel()
 	}
@@ -307,6 +362,7 @@ func (a *Allocator) run(ctx context.Context) error {
 			mu.Lock()
 			iter = it
 			mu.Unlock()
+			a.viewsStale = true
 			if ctx.Err() != nil {
 				break
 			}
@@ -331,6 +387,11 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		if len(msgs) > 0 {
 			if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
+				if pin != a.pinID {
+					// Newly pinned here: this allocator takes the
+					// partition, and with it the views of its activities.
+					a.viewsStale = true
+				}
 				a.pinID = pin
 			}
 		} else if ctx.Err() != nil || !a.holdsPartition(ctx) {
@@ -394,6 +455,13 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 		context.AfterFunc(hctx, func() { t.Stop() })
 	})
 	defer stop()
+	if a.viewsStale && a.views != nil {
+		if err := a.rebuildViews(hctx); err != nil {
+			a.log.WarnContext(ctx, "rebuild views; claims go through the stream until it succeeds", slog.Any("err", err))
+		} else {
+			a.viewsStale = false
+		}
+	}
 	backoff := 100 * time.Millisecond
 	for {
 		err := a.handle(hctx, msgs)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
@@ -195,6 +196,17 @@ func TestRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The fault took effect: the two messages were delivered again (each
+	// delivery, a redelivery too, takes the next consumer sequence), not
+	// read afresh by a consumer created anew.
+	info, err := cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if redelivered := info.Delivered.Consumer - last; redelivered < 2 {
+		t.Fatalf("%d redeliveries (consumer sequence %d over %d messages), want 2: the crash between commit and ack was not exercised",
+			redelivered, info.Delivered.Consumer, last)
+	}
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 2 {
 		t.Fatalf("results = %d, want 2 (one per request)", n)
 	}
@@ -332,15 +344,26 @@ func TestBatchSizesDecideIdentically(t *testing.T) {
 	t.Parallel()
 	reqs := mixedBurst(1500, 3, 40, 120)
 	var want []string
-	for _, size := range []int{1, 7, 500} {
-		t.Run(fmt.Sprint(size), func(t *testing.T) {
+	for _, c := range []struct{ size, cache int }{{1, 0}, {7, 0}, {500, 0}, {7, 1}} {
+		t.Run(fmt.Sprintf("batch %d cache %d", c.size, c.cache), func(t *testing.T) {
 			e := newEnv(t)
 			var last uint64
 			for _, r := range reqs {
 				last = e.publish(r, "")
 			}
-			e.start(Config{BatchSize: size}, Hooks{})
+			a := e.start(Config{BatchSize: c.size, CacheActivities: c.cache}, Hooks{})
 			e.waitFence(last)
+			if c.cache > 0 {
+				// A cache of one over three activities: reloads from
+				// MySQL all along, the same decisions.
+				a.Stop()
+				if n := a.cache.Len(); n > c.cache {
+					t.Fatalf("the cache holds %d activities, bounded at %d", n, c.cache)
+				}
+				if loads := testutil.ToFloat64(a.m.cacheLoads); loads < 10 {
+					t.Fatalf("%v loads from MySQL with a cache of one over three activities", loads)
+				}
+			}
 			got := make([]string, len(reqs))
 			for i, r := range reqs {
 				res := e.result(r.RequestID)
@@ -354,7 +377,7 @@ func TestBatchSizesDecideIdentically(t *testing.T) {
 			}
 			for i := range got {
 				if got[i] != want[i] {
-					t.Fatalf("request %d (%s): batch size %d decided %q, batch size 1 decided %q", i, reqs[i].Op, size, got[i], want[i])
+					t.Fatalf("request %d (%s): batch size %d, cache %d decided %q, batch size 1 decided %q", i, reqs[i].Op, c.size, c.cache, got[i], want[i])
 				}
 			}
 		})
@@ -549,15 +572,25 @@ func TestBadRequestInsideAFilledGap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	held := 0
 	for range batch.Messages() {
+		held++
+	}
+	if held != 4 {
+		t.Fatalf("the dead consumer holds %d messages, want 4: no gap to fill", held)
 	}
 	late := []wire.Request{req(wire.OpJoin, 1, 3), req(wire.OpJoin, 1, 4)}
 	var last uint64
 	for _, r := range late {
 		last = e.publish(r, "")
 	}
-	e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
+	a := e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
 	e.waitFence(last)
+	// The held messages are not redelivered within AckWait: the allocator
+	// applied them only because it read the gap from the stream.
+	if filled := testutil.ToFloat64(a.m.gapFilled); filled < float64(held) {
+		t.Fatalf("%v messages read from the stream to fill the gap, want at least %d", filled, held)
+	}
 
 	want := map[int64]string{1: wire.OutcomeConfirmed, 2: wire.OutcomeConfirmed, 3: wire.OutcomeWaiting, 4: wire.OutcomeWaiting}
 	for _, r := range append(early, late...) {

@@ -99,10 +99,18 @@ func (a *Allocator) isolate(ctx context.Context, items []item) error {
 	a.single = true
 	defer func() { a.single = false }()
 	for {
+		a.tried = 0
 		out, err := a.applyOnce(ctx, items)
-		if err != nil && store.Rejectable(err) {
-			a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Any("err", err))
-			out, err = a.rejectNext(ctx, items, err)
+		if err != nil && store.Rejectable(err) && a.tried != 0 {
+			a.log.ErrorContext(ctx, "request cannot be applied; rejecting it", slog.Uint64("seq", a.tried), slog.Any("err", err))
+			var rejected bool
+			out, rejected, err = a.reject(ctx, items, a.tried, err)
+			if err == nil && !rejected {
+				// The partition moved on under another allocator: the
+				// message that failed is no longer next. Apply again.
+				a.log.WarnContext(ctx, "the refused request is no longer next; applying again", slog.Uint64("seq", a.tried))
+				continue
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("apply request: %w", err)
@@ -147,7 +155,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 	if errors.Is(err, errRetryChecked) {
 		// A request was stored twice: apply the batch again, looking up
 		// every request first. The cache holds the rolled-back decisions.
-		clear(a.cache)
+		a.cache.Purge()
 		a.checkDuplicates = true
 		defer func() { a.checkDuplicates = false }()
 		return a.applyOnce(ctx, items)
@@ -156,7 +164,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 		// The cache may hold decisions that were rolled back; the next
 		// transaction sees their NextSeq disagree with the row and reloads,
 		// but dropping them now keeps memory honest.
-		clear(a.cache)
+		a.cache.Purge()
 		return out, err
 	}
 	a.m.txSeconds.Observe(time.Since(start).Seconds())
@@ -189,6 +197,9 @@ func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item) (outc
 	}
 	if a.single && len(work) > 1 {
 		work = work[:1]
+	}
+	if a.single && len(work) == 1 {
+		a.tried = work[0].seq
 	}
 	out := outcome{fence: fence, rejected: map[uint64]string{}}
 	if len(work) == 0 {
@@ -264,6 +275,18 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 
 // noteCommitted remembers, after a commit, where this allocator left the
 // fence and the last delivery it handled, for the next contiguous check.
+//
+// Only a first delivery may stand for "every delivery up to here is
+// covered": first deliveries come in stream order, so one of stream
+// sequence s ≤ fence numbered d says every first delivery numbered below d
+// is of a message at or below s. A redelivery says nothing of the kind:
+// its number is the next free one, past deliveries this allocator may
+// never have seen (dropped on the way, or made to another allocator) of
+// messages above the fence. Counting it made the next first delivery look
+// contiguous and the fence jump over those messages (issue 10, item 2).
+// So lastDseq is the highest-numbered first delivery of the covered run
+// (the items up to the fence, none read from the stream); without one it
+// is 0 and the next batch is proven by a walk.
 func (a *Allocator) noteCommitted(items []item, out outcome) {
 	a.lastFence = out.fence
 	a.lastDseq = 0
@@ -271,7 +294,9 @@ func (a *Allocator) noteCommitted(items []item, out outcome) {
 		if it.msg == nil || it.seq > out.fence {
 			return // a walk or a partial batch: prove the next batch again
 		}
-		a.lastDseq = max(a.lastDseq, it.dseq)
+		if it.delivered == 1 {
+			a.lastDseq = max(a.lastDseq, it.dseq)
+		}
 	}
 }
 
@@ -293,8 +318,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			err = bus.CheckSubject(it.subject, req.ActivityID, a.cfg.Partitions)
 		}
 		if err != nil {
-			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error()})
-			out.rejected[it.seq] = err.Error()
+			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error(), Request: req})
+			out.reject(it.seq, req, err.Error(), now)
 			continue
 		}
 		reqs = append(reqs, valid{it, req})
@@ -339,7 +364,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		changed = make(map[int64]bool)
 		rowsOut = make([]store.ResultRow, 0, len(reqs))
 	)
-	out.results = make([]wire.Result, 0, len(reqs))
+	out.results = slices.Grow(out.results, len(reqs))
 	for _, r := range reqs {
 		if done[r.req.RequestID] {
 			continue
@@ -353,8 +378,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			Op: r.req.Op, ActivityID: r.req.ActivityID, UserID: r.req.UserID, Capacity: capacity,
 		}, r.seq)
 		if err != nil {
-			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error()})
-			out.rejected[r.seq] = err.Error()
+			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
+			out.reject(r.seq, r.req, err.Error(), now)
 			continue
 		}
 		done[r.req.RequestID] = true // a repeat later in this batch is skipped too
@@ -383,7 +408,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	for _, id := range actIDs {
 		if act := acts[id]; act != nil && touched[id] {
 			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq})
-			a.cache[id] = act
+			a.cache.Add(id, act)
 			if changed[id] {
 				out.changed = append(out.changed, act)
 			}
@@ -406,7 +431,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return out, err
 	}
-	if err := store.InsertResults(ctx, tx, rowsOut); err != nil {
+	if err := store.InsertResults(ctx, tx, rowsOut, a.cfg.PieceBytes); err != nil {
 		return out, err
 	}
 	if err := store.InsertRejected(ctx, tx, rejected, now); err != nil {
@@ -425,10 +450,10 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map[int64]store.ActivityRow) (*allocation.Activity, error) {
 	row, ok := rows[id]
 	if !ok {
-		delete(a.cache, id)
+		a.cache.Remove(id)
 		return nil, nil
 	}
-	if c := a.cache[id]; c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed {
+	if c, _ := a.cache.Get(id); c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed {
 		a.m.cacheHits.Inc()
 		return c, nil
 	}
@@ -441,16 +466,24 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	if err != nil {
 		return nil, fmt.Errorf("activity %d in mysql breaks an invariant: %w", id, err)
 	}
-	a.cache[id] = act
+	a.cache.Add(id, act)
 	return act, nil
 }
 
-// rejectNext records the next message of the partition after the fence,
-// found as applyTx finds it, as rejected for cause, and moves the fence
-// onto it, in a transaction of its own.
-func (a *Allocator) rejectNext(ctx context.Context, items []item, cause error) (outcome, error) {
-	out := outcome{rejected: map[uint64]string{}}
+// reject records the message at stream sequence seq, the one a
+// transaction of its own just failed on, as rejected for cause, and moves
+// the fence onto it, in a transaction of its own. It checks under the
+// fence's lock that seq is still the partition's next message: if another
+// allocator applied it meanwhile, nothing is rejected (rejected false) and
+// the caller applies again, so a valid request is never rejected for an
+// earlier transaction's cause.
+func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause error) (outcome, bool, error) {
+	var (
+		out      outcome
+		rejected bool
+	)
 	err := store.WithTx(ctx, a.db, store.TxOptions{}, func(tx *sql.Tx) error {
+		out, rejected = outcome{rejected: map[uint64]string{}}, false
 		fence, err := store.LockPartition(ctx, tx, a.cfg.Partition)
 		if err != nil {
 			return err
@@ -467,19 +500,43 @@ func (a *Allocator) rejectNext(ctx context.Context, items []item, cause error) (
 				return err
 			}
 		}
-		if len(work) == 0 {
+		if len(work) == 0 || work[0].seq != seq {
 			return nil
 		}
 		next := work[0]
+		now := time.Now().UTC()
+		req, _ := wire.DecodeRequest(next.subject, next.data) // what can be read of it names the rejection
 		reason := "cannot be applied: " + cause.Error()
-		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason}}, time.Now().UTC()); err != nil {
+		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason, Request: req}}, now); err != nil {
 			return err
 		}
-		out.rejected[next.seq] = reason
+		out.reject(next.seq, req, reason, now)
 		out.fence, out.last = next.seq, next.seq
+		rejected = true
 		return store.SetPartition(ctx, tx, a.cfg.Partition, out.fence)
 	})
-	return out, err
+	return out, rejected, err
+}
+
+// reject notes that the message at seq was refused for reason, and, when
+// it names a request, the REJECTED result its waiting client is told.
+func (o *outcome) reject(seq uint64, req wire.Request, reason string, at time.Time) {
+	o.rejected[seq] = reason
+	if req.RequestID == "" {
+		return
+	}
+	o.results = append(o.results, wire.Result{RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
+		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: wire.OutcomeRejected, Seq: seq,
+		AppliedAt: at, Reason: truncateReason(reason)})
+}
+
+// truncateReason cuts reason as rejected_message.reason keeps it, so that a
+// notified result and a polled one say the same.
+func truncateReason(reason string) string {
+	if len(reason) <= 255 {
+		return reason
+	}
+	return reason[:255]
 }
 
 // afterCommit acknowledges what the commit covered, terminates rejected
@@ -585,8 +642,18 @@ func (a *Allocator) postOne(p postCommit) {
 func (a *Allocator) publishResults(results []wire.Result) {
 	const chunk = 1000
 	for lo := 0; lo < len(results); lo += chunk {
-		b, err := json.Marshal(wire.ResultBatch{Results: results[lo:min(lo+chunk, len(results))]})
-		if err == nil {
+		part := results[lo:min(lo+chunk, len(results))]
+		b, err := json.Marshal(wire.ResultBatch{Results: part})
+		if err == nil && int64(len(b)) > a.nc.MaxPayload() && len(part) > 1 {
+			// A huge result (a resize promoting many) would take the
+			// others' notices down with it: one at a time, and one too big
+			// for a message is read from MySQL by its waiter.
+			for _, r := range part {
+				a.publishResults([]wire.Result{r})
+			}
+			continue
+		}
+		if err == nil && int64(len(b)) <= a.nc.MaxPayload() {
 			a.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // best effort by design
 		}
 	}

@@ -3,18 +3,23 @@ package allocator
 import (
 	"fmt"
 	"time"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is the allocator's part of a binary's configuration, read from
 // ALLOT_ variables (embed it in the binary's envconfig struct).
 // cmd/allocator and the `make run` launcher share it.
 type Env struct {
-	Partitions  int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
-	PinnedTTL   time.Duration `envconfig:"PINNED_TTL" default:"5s" desc:"failover time: how long a partition stays pinned to an allocator that stopped pulling"`
-	BatchSize   int           `envconfig:"BATCH_SIZE" default:"2000" desc:"most requests per allocator transaction"`
-	BatchWait   time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
-	MetricsAddr string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
-	Replicas    int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets"`
+	Partitions         int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
+	PinnedTTL          time.Duration `envconfig:"PINNED_TTL" default:"5s" desc:"failover time: how long a partition stays pinned to an allocator that stopped pulling"`
+	BatchSize          int           `envconfig:"BATCH_SIZE" default:"2000" desc:"most requests per allocator transaction"`
+	BatchWait          time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
+	MetricsAddr        string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
+	Replicas           int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets (never lowered on an existing one)"`
+	CheckpointInterval time.Duration `envconfig:"CHECKPOINT_INTERVAL" default:"6h" desc:"how often each partition's state is checkpointed for audit -from-checkpoint; 0 = never"`
+	Cache              int           `envconfig:"ALLOCATOR_CACHE_ACTIVITIES" default:"10000" desc:"activities whose live state each partition's allocator keeps between batches (LRU); the rest is reloaded from MySQL"`
+	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -31,17 +36,33 @@ func (e Env) Validate() error {
 	if e.BatchSize < 1 || e.BatchSize > 10_000 {
 		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", e.BatchSize)
 	}
+	if e.Cache < 1 || e.Cache > 10_000_000 {
+		return fmt.Errorf("ALLOT_ALLOCATOR_CACHE_ACTIVITIES must be between 1 and 10000000, got %d", e.Cache)
+	}
 	if e.BatchWait < 0 || e.BatchWait > time.Second {
 		return fmt.Errorf("ALLOT_BATCH_WAIT must be between 0 and 1s, got %s", e.BatchWait)
 	}
-	return nil
+	if e.CheckpointInterval < 0 {
+		return fmt.Errorf("ALLOT_CHECKPOINT_INTERVAL must not be negative, got %s", e.CheckpointInterval)
+	}
+	return e.RetentionEnv.Validate()
 }
 
 // RunConfig turns the settings into what Run takes.
 func (e Env) RunConfig() RunConfig {
 	return RunConfig{
 		Config: Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait,
-			Replicas: e.Replicas},
+			Replicas: e.Replicas, CacheActivities: e.Cache, Retention: e.RetentionEnv.Apply(bus.StreamConfig{}),
+			CheckpointInterval: checkpointInterval(e.CheckpointInterval)},
 		MetricsAddr: e.MetricsAddr,
 	}
+}
+
+// checkpointInterval maps ALLOT_CHECKPOINT_INTERVAL (0 = never) to
+// Config.CheckpointInterval (0 = the default, negative = never).
+func checkpointInterval(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

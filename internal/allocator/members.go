@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // MembersBucket is the KV bucket where allocator processes announce
@@ -41,13 +43,17 @@ type Members struct {
 
 // JoinMembers announces this process and keeps its view of the live ones.
 func JoinMembers(ctx context.Context, js jetstream.JetStream, log *slog.Logger, replicas int, beat, ttl time.Duration) (*Members, error) {
+	replicas, err := bus.KeepReplicas(ctx, js, bus.KeyValueStream(MembersBucket), replicas)
+	if err != nil {
+		return nil, err
+	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      MembersBucket,
 		Description: "allot: live allocator processes, for spreading partitions",
 		History:     1,
 		TTL:         ttl,
 		Storage:     jetstream.MemoryStorage,
-		Replicas:    max(replicas, 1),
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return nil, err

@@ -16,9 +16,11 @@ type metrics struct {
 	txRetries       prometheus.Counter
 	rejected        prometheus.Counter
 	gapFilled       prometheus.Counter
+	viewRebuilds    prometheus.Counter
 	cacheHits       prometheus.Counter
 	cacheLoads      prometheus.Counter
 	eventsPublished prometheus.Counter
+	badEntries      prometheus.Counter
 	acceptToApply   prometheus.Histogram
 	pending         prometheus.Gauge
 	backlog         prometheus.Gauge
@@ -43,6 +45,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
 		}),
+		viewRebuilds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_view_rebuilds_total",
+			Help: "Rebuilds of this partition's views from MySQL: at start and whenever the allocator takes the partition.",
+		}),
 		gapFilled: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",
 		}),
@@ -55,6 +61,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_events_published_total", Help: "Outbox events relayed to ALLOT_EVENTS.",
 		}),
+		badEntries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_outbox_bad_entries_total",
+			Help: "Outbox entries the relay could not read and skipped (recorded in outbox_skipped).",
+		}),
 		acceptToApply: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
@@ -66,8 +76,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_outbox_backlog_requests", Help: "Applied requests whose events are not yet relayed to ALLOT_EVENTS.",
 		}),
 	}
-	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled,
-		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply)
+	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled, m.viewRebuilds,
+		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply, m.badEntries)
 	return m
 }
 

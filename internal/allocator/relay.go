@@ -3,8 +3,10 @@ package allocator
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,10 +22,10 @@ import (
 // request caused, written in the business transaction. The relay walks a
 // partition's rows in seq order behind a cursor (event_relay), publishes
 // with Nats-Msg-Id = event_id, and moves the cursor once JetStream has
-// acknowledged every event. After a crash it resumes at the cursor; events
-// published but not yet covered by the cursor are published again with the
-// same derived event_id, which the stream's duplicate window and consumers'
-// dedupe by event_id absorb.
+// acknowledged every event, holding no lock or connection meanwhile. After
+// a crash it resumes at the cursor; events published but not yet covered
+// by the cursor are published again with the same derived event_id, which
+// the stream's duplicate window and consumers' dedupe by event_id absorb.
 type Relay struct {
 	db        *sql.DB
 	js        jetstream.JetStream
@@ -34,6 +36,9 @@ type Relay struct {
 	done      chan struct{}
 	batch     int
 	period    time.Duration
+	// awaitingAcks, when set, runs while a pass's publishes await their
+	// PubAcks: a test's look at what the relay holds then.
+	awaitingAcks func()
 }
 
 func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics, partition int) *Relay {
@@ -90,38 +95,160 @@ func (r *Relay) drain(ctx context.Context, limit time.Duration) {
 	}
 }
 
-// once relays one chunk; more reports whether a full chunk was read.
+// relayBytes bounds the events one pass reads, relayWindow how many
+// publishes await their PubAck at a time.
+const (
+	relayBytes  = 4 << 20
+	relayWindow = 1000
+)
+
+// once relays one chunk; more reports whether there may be more to relay.
+//
+// It holds no lock and no connection while it waits for PubAcks: it reads
+// the cursor and the outbox, publishes, and then moves the cursor only if
+// it is still where it was read (store.AdvanceRelay). Two relays of one
+// partition (a handover) may both publish a chunk; the copies carry the
+// same Nats-Msg-Id and are dropped as duplicates.
+//
+// A request whose event list is stored in pieces is relayed one piece per
+// pass, so a resize that promotes a million waiters moves through the
+// relay like a thousand ordinary batches.
 func (r *Relay) once(ctx context.Context) (more bool, err error) {
-	var sent int
-	err = store.WithTx(ctx, r.db, store.TxOptions{Attempts: 3, Isolation: sql.LevelReadCommitted}, func(tx *sql.Tx) error {
-		sent, more = 0, false
-		cursor, err := store.LockRelay(ctx, tx, r.partition)
-		if err != nil {
-			return err
-		}
-		rows, last, err := store.PendingOutbox(ctx, tx, r.partition, cursor, r.batch)
-		if err != nil || last == cursor {
-			return err
-		}
-		var futures []jetstream.PubAckFuture
-		for _, row := range rows {
-			events, err := allocation.DecodeEvents(row.Events)
+	from, err := store.ReadRelay(ctx, r.db, r.partition)
+	if err != nil {
+		return false, err
+	}
+	rows, last, err := store.PendingOutbox(ctx, r.db, r.partition, from.Seq, r.batch, relayBytes)
+	if err != nil || last == from.Seq {
+		return false, err
+	}
+	var (
+		events []wire.Event
+		skips  []skip
+	)
+	to := store.RelayCursor{Seq: last}
+	for i, row := range rows {
+		if row.EventParts > 0 || from.Piece > 0 {
+			if i > 0 {
+				// What comes before it first; then it, piece by piece.
+				to = store.RelayCursor{Seq: row.Seq - 1}
+				break
+			}
+			events, to, skips, err = r.piece(ctx, row, from)
 			if err != nil {
-				return fmt.Errorf("request %s: %w", row.RequestID, err)
+				return false, err
 			}
-			for i, e := range events {
-				ev := wire.Event{
-					EventID: wire.EventID(row.RequestID, i), Kind: e.Kind, ActivityID: row.ActivityID,
-					UserID: e.UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
-				}
-				msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
-				msg.Data = ev.AppendJSON(make([]byte, 0, 256))
-				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.EventID))
-				if err != nil {
-					return fmt.Errorf("publish event %s: %w", ev.EventID, err)
-				}
-				futures = append(futures, f)
+			break
+		}
+		evs, sk := decode(row, row.Events, 0)
+		events, skips = append(events, evs...), append(skips, sk...)
+	}
+	if err := r.publish(ctx, events); err != nil {
+		return false, err
+	}
+	r.m.eventsPublished.Add(float64(len(events)))
+	moved, err := store.AdvanceRelay(ctx, r.db, r.partition, from, to)
+	if err != nil {
+		return false, err
+	}
+	if !moved {
+		r.log.InfoContext(ctx, "outbox relay: another relay moved the cursor; its events and these are the same",
+			slog.Uint64("from_seq", from.Seq))
+		return true, nil
+	}
+	// Said once the cursor has passed them, so that a pass that failed
+	// and runs again does not count them twice.
+	for _, sk := range skips {
+		r.bad(ctx, sk)
+	}
+	return true, nil
+}
+
+// skip is an outbox entry the relay could not read, and why.
+type skip struct {
+	row    store.OutboxRow
+	reason string
+}
+
+// piece returns the events of the piece of row the cursor from is at, and
+// where the cursor goes once they are relayed.
+func (r *Relay) piece(ctx context.Context, row store.OutboxRow, from store.RelayCursor) ([]wire.Event, store.RelayCursor, []skip, error) {
+	next := store.RelayCursor{Seq: from.Seq, Piece: from.Piece + 1}
+	if from.Piece >= row.EventParts {
+		next = store.RelayCursor{Seq: row.Seq}
+	}
+	if from.Piece == 0 {
+		evs, skips := decode(row, row.Events, 0)
+		return evs, next, skips, nil
+	}
+	data, first, err := store.OutboxPiece(ctx, r.db, r.partition, row.Seq, from.Piece)
+	if errors.Is(err, sql.ErrNoRows) {
+		// A piece that is not there cannot be relayed by waiting: record
+		// it and go on with the next request.
+		return nil, store.RelayCursor{Seq: row.Seq},
+			[]skip{{row, fmt.Sprintf("piece %d of %d of the event list is missing", from.Piece, row.EventParts)}}, nil
+	}
+	if err != nil {
+		return nil, from, nil, err
+	}
+	evs, skips := decode(row, data, first)
+	return evs, next, skips, nil
+}
+
+// decode turns the encoded events of row (a piece whose first event has
+// index first) into events. An entry it cannot read (say, a list cut short
+// by an older version) is left out and returned as a skip, to be counted
+// and recorded: the partition's other events must not wait for ever
+// behind it.
+func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) {
+	entries := strings.Split(data, ";")
+	out := make([]wire.Event, 0, len(entries))
+	var bad []string
+	for i, entry := range entries {
+		es, err := allocation.DecodeEvents(entry)
+		if err != nil || len(es) != 1 {
+			bad = append(bad, fmt.Sprintf("%q", entry))
+			continue
+		}
+		out = append(out, wire.Event{
+			EventID: wire.EventID(row.RequestID, first+i), Kind: es[0].Kind, ActivityID: row.ActivityID,
+			UserID: es[0].UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
+		})
+	}
+	if len(bad) == 0 {
+		return out, nil
+	}
+	return out, []skip{{row, fmt.Sprintf("%d unreadable event entries, skipped: %s", len(bad), strings.Join(bad[:min(len(bad), 5)], ", "))}}
+}
+
+// bad says loudly that events of a request cannot be relayed, counts it
+// and records it in outbox_skipped.
+func (r *Relay) bad(ctx context.Context, sk skip) {
+	r.m.badEntries.Inc()
+	r.log.ErrorContext(ctx, "outbox relay: events cannot be read; skipped them", slog.Uint64("seq", sk.row.Seq),
+		slog.String("request_id", sk.row.RequestID), slog.String("reason", sk.reason))
+	if err := store.SkipOutbox(ctx, r.db, r.partition, sk.row.Seq, sk.row.RequestID, sk.reason); err != nil {
+		r.log.ErrorContext(ctx, "outbox relay", slog.Any("err", err))
+	}
+}
+
+// publish publishes events with Nats-Msg-Id = event_id and waits for every
+// PubAck, relayWindow at a time.
+func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
+	futures := make([]jetstream.PubAckFuture, 0, min(len(events), relayWindow))
+	for lo := 0; lo < len(events); lo += relayWindow {
+		futures = futures[:0]
+		for _, ev := range events[lo:min(lo+relayWindow, len(events))] {
+			msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
+			msg.Data = ev.AppendJSON(make([]byte, 0, 256))
+			f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.EventID))
+			if err != nil {
+				return fmt.Errorf("publish event %s: %w", ev.EventID, err)
 			}
+			futures = append(futures, f)
+		}
+		if r.awaitingAcks != nil {
+			r.awaitingAcks()
 		}
 		timeout := time.After(10 * time.Second)
 		for _, f := range futures {
@@ -135,13 +262,6 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 				return ctx.Err()
 			}
 		}
-		sent = len(futures)
-		more = true
-		return store.SetRelay(ctx, tx, r.partition, last)
-	})
-	if err != nil {
-		return false, err
 	}
-	r.m.eventsPublished.Add(float64(sent))
-	return more, nil
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/allot-dev/allot/internal/buildinfo"
-	"github.com/allot-dev/allot/internal/lifecycle"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -29,6 +30,8 @@ type RunConfig struct {
 	Config
 	// MetricsAddr, when set, serves /metrics, /healthz and /readyz there.
 	MetricsAddr string
+	// hooks are every allocator's (tests only).
+	hooks Hooks
 }
 
 // Run migrates the schema and runs an allocator for every partition until
@@ -43,6 +46,33 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	var all []*Allocator
+	// Serve /readyz (503) and /metrics at once, and wait for JetStream
+	// rather than exit: a cluster that has just formed may take a while to
+	// create R3 streams.
+	var ready atomic.Bool
+	srv, err := serveMetrics(cfg.MetricsAddr, reg, db, nc, &ready)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if srv != nil {
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			srv.Shutdown(shutdownCtx) //nolint:errcheck
+		}
+	}()
+	if js, err := jetstream.New(nc); err == nil {
+		err := bus.Retry(ctx, log, "allocator: ensure streams", bus.StartAttempt, func(ctx context.Context) error {
+			return bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: cfg.Partitions, Replicas: cfg.Replicas,
+				Requests: cfg.Retention.Requests, Events: cfg.Retention.Events})
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // asked to stop while waiting
+			}
+			return err
+		}
+	}
 	// Partitions spread over the live allocator processes; without the
 	// membership bucket every process pulls on every partition, which is
 	// safe, only less even.
@@ -58,9 +88,11 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		cfg.Prefers = members.Prefers
 	}
 	stopAll := func() {
-		for _, a := range all {
-			a.Stop()
+		stops := make([]func(), len(all))
+		for i, a := range all {
+			stops[i] = a.Stop
 		}
+		stopParallel(stops)
 		if members != nil {
 			members.Leave()
 			members = nil
@@ -69,62 +101,97 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	for p := range max(cfg.Partitions, 1) {
 		c := cfg.Config
 		c.Partition = p
-		a, err := New(db, nc, log, reg, c, Hooks{})
+		a, err := New(db, nc, log, reg, c, cfg.hooks)
 		if err != nil {
 			stopAll()
 			return err
 		}
-		if err := a.Start(ctx); err != nil {
+		if err := bus.Retry(ctx, log, "allocator start", bus.StartAttempt, a.Start); err != nil {
 			stopAll()
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 		all = append(all, a)
 	}
 	log.InfoContext(ctx, "allocator running", slog.Int("partitions", len(all)),
 		slog.Int("batch_size", all[0].cfg.BatchSize), slog.Duration("batch_wait", all[0].cfg.BatchWait))
-	stopOnce := sync.OnceFunc(stopAll)
-	// The partitions run until ctx ends or the first of them fails; the
-	// metrics server runs alongside (the first error wins, see lifecycle).
-	parts := []lifecycle.Part{{Name: "allocator", Run: func(ctx context.Context) error {
-		done := make(chan error, len(all))
-		for _, a := range all {
-			go func() { done <- a.Wait() }()
-		}
-		select {
-		case <-ctx.Done():
-			log.Info("allocator stopping: finishing the batches in hand")
-			return nil
-		case err := <-done:
-			return err
-		}
-	}}}
-	if cfg.MetricsAddr != "" {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-			w.Write([]byte(`{"status":"ok"}`)) //nolint:errcheck // the client is gone; nothing to do
-		})
-		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-			if !nc.IsConnected() || db.PingContext(r.Context()) != nil {
-				w.WriteHeader(http.StatusServiceUnavailable)
-				w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
-				return
-			}
-			w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
-		})
-		ln, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			stopAll()
-			return fmt.Errorf("listen %s: %w", cfg.MetricsAddr, err)
-		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		// The partitions stop first, so /readyz and /metrics see them drain.
-		parts = append(parts, lifecycle.HTTPServer("metrics", srv, ln, 5*time.Second, stopOnce))
+	ready.Store(true)
+	done := make(chan error, len(all))
+	for _, a := range all {
+		go func() { done <- a.Wait() }()
 	}
-	err := lifecycle.Run(ctx, parts...)
-	stopOnce()
+	select {
+	case <-ctx.Done():
+		log.Info("allocator stopping: finishing the batches in hand")
+	case err = <-done:
+	}
+	stopAll()
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
 	return err
+}
+
+// stopParallel runs every stop at once and returns when all have returned.
+// Each allocator's Stop may take its shutdown grace (the batch in hand, the
+// relay's last pass); one after another, a process with several partitions
+// would need a multiple of it and be killed half way.
+func stopParallel(stops []func()) {
+	var wg sync.WaitGroup
+	for _, stop := range stops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stop()
+		}()
+	}
+	wg.Wait()
+}
+
+// serverTimeouts bound how long a client of the metrics server may hold a
+// connection: a scraper that stalls must not keep it (and shutdown) busy.
+type serverTimeouts struct {
+	readHeader, read, write, idle time.Duration
+}
+
+var metricsTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: 60 * time.Second}
+
+func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
+}
+
+// serveMetrics serves /metrics, /healthz and /readyz on addr (nothing when
+// addr is empty). /readyz answers 503 until ready is set, and while NATS or
+// MySQL is unreachable.
+func serveMetrics(addr string, reg *prometheus.Registry, db *sql.DB, nc *nats.Conn, ready *atomic.Bool) (*http.Server, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"status":"ok"}`)) //nolint:errcheck // the client is gone; nothing to do
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":"the allocator is starting: waiting for NATS JetStream."}`)) //nolint:errcheck // the client is gone; nothing to do
+			return
+		}
+		if !nc.IsConnected() || db.PingContext(r.Context()) != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
+			return
+		}
+		w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	srv := newMetricsServer(mux, metricsTimeouts)
+	go srv.Serve(ln) //nolint:errcheck // closed on shutdown
+	return srv, nil
 }

@@ -118,17 +118,29 @@ func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
 		last uint64
 	)
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var (
+		wg        sync.WaitGroup
+		unpinned  int                // unpins the server carried out
+		unpinErrs = map[string]int{} // the others, by error
+	)
 	wg.Add(1)
 	go func() { // force unpins while the burst runs
 		defer wg.Done()
-		st, _ := e.js.Stream(ctx, wire.RequestStream)
+		st, err := e.js.Stream(ctx, wire.RequestStream)
+		if err != nil {
+			unpinErrs[err.Error()]++
+			return
+		}
 		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(30 * time.Millisecond):
-				st.UnpinConsumer(ctx, bus.AllocatorConsumer(rand.IntN(partitions)), bus.PriorityGroup) //nolint:errcheck
+				if err := st.UnpinConsumer(ctx, bus.AllocatorConsumer(rand.IntN(partitions)), bus.PriorityGroup); err != nil {
+					unpinErrs[err.Error()]++ // e.g. no client pinned at that moment
+				} else {
+					unpinned++
+				}
 			}
 		}
 	}()
@@ -143,6 +155,11 @@ func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+	// The fault took effect: pins were really forced off mid-burst.
+	if unpinned < partitions {
+		t.Fatalf("%d unpins carried out during the burst, want at least %d; failed: %v", unpinned, partitions, unpinErrs)
+	}
+	t.Logf("forced unpins: %d carried out, failed: %v", unpinned, unpinErrs)
 	waitApplied(t, e, len(reqs), 15*time.Second)
 	_ = b
 

@@ -37,54 +37,71 @@ func viewOf(act *allocation.Activity) wire.View {
 }
 
 // publishViews refreshes the views of the activities a commit changed: a
-// viewed one gets its current view, one that no longer is loses its key.
-// Best effort after commit: a view that is missing only costs ingest a trip
-// through the stream; a stale one is repaired at the next change or start.
+// viewed one gets its current view, one that no longer is gets a cleared
+// view (a put with Complete=false and the sequence it covers, so that an
+// older view arriving late at an ingest is ignored there).
+//
+// Views are an optimisation, never the proof: ingest answers a claim early
+// only after seeing, in the request stream itself, that nothing that could
+// change the answer was stored between the view's sequence and the claim's.
+// So a view that is missing or stale costs a trip through the allocator,
+// never a wrong answer. It is still kept fresh: viewFull says which keys
+// may hold a sheddable view, and rebuildViews, run whenever this allocator
+// takes the partition, recomputes them all from MySQL.
 func (a *Allocator) publishViews(ctx context.Context, changed []*allocation.Activity) {
-	if a.views == nil || len(changed) == 0 {
+	if a.views == nil || len(changed) == 0 && len(a.viewDropped) == 0 {
 		return
 	}
 	// Writes to the bucket go out as asynchronous publishes on its subjects
-	// (what kv.Put and kv.Delete send), all acknowledged together: one round
-	// trip per batch, not one per activity.
+	// (what kv.Put sends), all acknowledged together: one round trip per
+	// batch, not one per activity.
 	var (
 		notify  []wire.View
 		futures []jetstream.PubAckFuture
-		full    []int64
 		cleared []int64
 	)
-	send := func(key string, data []byte, del bool) {
-		msg := nats.NewMsg("$KV." + wire.ViewBucket + "." + key)
-		msg.Data = data
-		if del {
-			msg.Header.Set("KV-Operation", "DEL")
-		}
-		f, err := a.js.PublishMsgAsync(msg)
-		if err != nil {
-			a.log.WarnContext(ctx, "publish view", slog.String("key", key), slog.Any("err", err))
-			return
-		}
-		futures = append(futures, f)
-	}
-	for _, act := range changed {
-		if !viewed(act) {
-			if a.viewFull[act.ID] {
-				// Complete=false: ingest drops its copy.
-				notify = append(notify, wire.View{ActivityID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed, Seq: act.NextSeq - 1})
-				send(wire.ViewKey(act.ID), nil, true)
-				cleared = append(cleared, act.ID)
-			}
-			continue
-		}
-		v := viewOf(act)
+	send := func(v wire.View) bool {
 		b, err := json.Marshal(v)
 		if err != nil {
+			return false
+		}
+		msg := nats.NewMsg("$KV." + wire.ViewBucket + "." + wire.ViewKey(v.ActivityID))
+		msg.Data = b
+		f, err := a.js.PublishMsgAsync(msg)
+		if err != nil {
+			a.log.WarnContext(ctx, "publish view", slog.Int64("activity_id", v.ActivityID), slog.Any("err", err))
+			return false
+		}
+		futures = append(futures, f)
+		notify = append(notify, v)
+		return true
+	}
+	for _, act := range changed {
+		if viewed(act) {
+			// Marked before the PubAck: a put that times out may still be
+			// stored, and must be cleared at the next change.
+			a.viewFull.Add(act.ID, struct{}{})
+			send(viewOf(act))
 			continue
 		}
-		notify = append(notify, v)
-		send(wire.ViewKey(act.ID), b, false)
-		full = append(full, act.ID)
+		if a.viewFull.Contains(act.ID) && send(clearedView(act)) {
+			cleared = append(cleared, act.ID)
+		}
 	}
+	// Views this allocator stopped tracking are deleted: it could not
+	// clear them later. A delete carries no sequence; ingest keeps the one
+	// it has.
+	for _, id := range a.viewDropped {
+		if a.viewFull.Contains(id) {
+			continue
+		}
+		msg := nats.NewMsg("$KV." + wire.ViewBucket + "." + wire.ViewKey(id))
+		msg.Header.Set("KV-Operation", "DEL")
+		if f, err := a.js.PublishMsgAsync(msg); err == nil {
+			futures = append(futures, f)
+		}
+	}
+	a.viewDropped = a.viewDropped[:0]
 	ok := true
 	timeout := time.After(5 * time.Second)
 	for _, f := range futures {
@@ -101,41 +118,65 @@ func (a *Allocator) publishViews(ctx context.Context, changed []*allocation.Acti
 		}
 	}
 	if ok {
-		for _, id := range full {
-			a.viewFull[id] = true
-		}
+		a.viewClearing = true // a clear is not a drop: no delete follows
 		for _, id := range cleared {
-			delete(a.viewFull, id)
+			a.viewFull.Remove(id)
 		}
+		a.viewClearing = false
 	}
 	if len(notify) > 0 {
-		// Before the results: ingest applies these first, so no client that
-		// has seen a result is answered from an older view.
+		// Before the results: ingest applies these first.
 		if b, err := json.Marshal(wire.ResultBatch{Views: notify}); err == nil {
 			a.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // the bucket is the durable copy
 		}
 	}
 }
 
-// repairViews makes every view in the bucket agree with MySQL, for the
-// views a crash between commit and publishViews left stale.
-func (a *Allocator) repairViews(ctx context.Context) error {
-	keys, err := a.views.ListKeys(ctx)
+// clearedView is the view that replaces a full activity's once it is not.
+func clearedView(act *allocation.Activity) wire.View {
+	return wire.View{ActivityID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed, Seq: act.NextSeq - 1}
+}
+
+// rebuildViews makes every sheddable view of this partition's activities
+// in the bucket agree with MySQL: at start, and whenever this allocator
+// takes the partition over, since the previous owner may have stopped
+// between a commit and its views, or left views this allocator never
+// published and so would never clear. It reads the bucket's current
+// values; cleared views need no repair (nothing is shed from them).
+func (a *Allocator) rebuildViews(ctx context.Context) error {
+	w, err := a.views.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return err
 	}
-	var acts []*allocation.Activity
-	for key := range keys.Keys() {
-		id, err := strconv.ParseInt(strings.TrimPrefix(key, "a."), 10, 64)
+	defer w.Stop() //nolint:errcheck
+	var ids []int64
+	for e := range w.Updates() {
+		if e == nil {
+			break // the current values are in
+		}
+		var v wire.View
+		if json.Unmarshal(e.Value(), &v) != nil || !v.Sheddable() {
+			continue
+		}
+		id, err := strconv.ParseInt(strings.TrimPrefix(e.Key(), "a."), 10, 64)
 		if err != nil || bus.PartitionOf(id, a.cfg.Partitions) != a.cfg.Partition {
 			continue
 		}
+		ids = append(ids, id)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var acts []*allocation.Activity
+	for _, id := range ids {
 		row, ok, err := store.GetActivityRow(ctx, a.db, id)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			a.views.Delete(ctx, key) //nolint:errcheck
+			// A view of an activity MySQL does not have (a database
+			// started over under an old bucket): never shed from it.
+			a.views.Delete(ctx, wire.ViewKey(id)) //nolint:errcheck
 			continue
 		}
 		live, err := store.LiveSignups(ctx, a.db, id)
@@ -146,10 +187,11 @@ func (a *Allocator) repairViews(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		a.viewFull[id] = true
+		a.viewFull.Add(id, struct{}{})
 		acts = append(acts, act)
 	}
 	a.publishViews(ctx, acts)
+	a.m.viewRebuilds.Inc()
 	return nil
 }
 

@@ -121,6 +121,8 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 		LastSeq:           tr.last,
 		Fence:             tr.last,
 		WindowStart:       1,
+		VerifiedFrom:      1,
+		VerifiedTo:        tr.last,
 		OK:                true,
 	}
 	got := rep
@@ -227,7 +229,7 @@ func TestTamperingIsReported(t *testing.T) {
 			tamper: []string{
 				"CREATE TABLE saved AS SELECT * FROM processed_request WHERE request_id = '" + quiet.RequestID + "'",
 				"DELETE FROM processed_request WHERE request_id = '" + quiet.RequestID + "'",
-				"INSERT INTO rejected_message VALUES (" + quietSeq + ", 'alloc.req.x', 'cannot be applied: boom', NOW(6))",
+				"INSERT INTO rejected_message (seq, subject, reason, rejected_at) VALUES (" + quietSeq + ", 'alloc.req.x', 'cannot be applied: boom', NOW(6))",
 			},
 			restore: []string{"INSERT INTO processed_request SELECT * FROM saved", "DROP TABLE saved",
 				"DELETE FROM rejected_message WHERE seq = " + quietSeq},

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/allot-dev/allot/internal/store"
 )
 
 // resultsPage is how many processed_request rows one query reads. Keyset
@@ -66,6 +68,9 @@ type resultRow struct {
 	Promoted   sql.NullString
 	Capacity   sql.NullInt64
 	Events     sql.NullString
+	// Where a long promoted or event list continues (store.WholeValue).
+	partition                 int
+	promotedParts, eventParts int
 }
 
 // resultCursor walks processed_request in seq order, one page ahead of the
@@ -84,7 +89,8 @@ type resultCursor struct {
 func startResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *resultCursor {
 	pages := make(chan []resultRow, 2)
 	c := &resultCursor{pages: pages, done: make(chan struct{})}
-	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events " +
+	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events, " +
+		"partition_id, promoted_parts, event_parts " +
 		"FROM processed_request WHERE seq > ?"
 	// The table is clustered by (partition_id, seq): with one partition, as
 	// usual, naming it makes the pages a range scan of the primary key.
@@ -134,13 +140,27 @@ func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([
 	for rows.Next() {
 		var r resultRow
 		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
-			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events); err != nil {
+			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events, &r.partition, &r.promotedParts, &r.eventParts); err != nil {
 			return nil, fmt.Errorf("audit: read processed_request: %w", err)
 		}
 		page = append(page, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("audit: read processed_request: %w", err)
+	}
+	rows.Close()
+	for i := range page {
+		r := &page[i]
+		if r.promotedParts > 0 {
+			if r.Promoted.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, store.ColPromoted, r.Promoted.String); err != nil {
+				return nil, fmt.Errorf("audit: %w", err)
+			}
+		}
+		if r.eventParts > 0 {
+			if r.Events.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, store.ColEvents, r.Events.String); err != nil {
+				return nil, fmt.Errorf("audit: %w", err)
+			}
+		}
 	}
 	return page, nil
 }

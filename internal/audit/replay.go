@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -41,8 +42,13 @@ type auditor struct {
 	signups map[signupKey]*signupTrack
 	// seen maps each applied request_id to the sequence it was applied at.
 	seen map[string]uint64
+	// ref is the reference model's state per activity: the second opinion
+	// on allocation.Apply (second.go).
+	ref map[int64]*refmodel.Activity
 
 	rep Report
+	// cp is set when the audit starts from checkpoints.
+	cp *fromCheckpoint
 }
 
 // change names the request that changed a row.
@@ -72,6 +78,9 @@ func (a *auditor) diverge(d Divergence) { a.rep.Divergences = append(a.rep.Diver
 
 // message replays one stored message: the allocator's steps, in its order.
 func (a *auditor) message(seq uint64, subject string, data []byte, stored time.Time) error {
+	if a.cp != nil && a.cp.covers(seq, subject) {
+		return a.skipCovered(seq)
+	}
 	if a.winStart == math.MaxUint64 && !a.opts.FromTime.IsZero() && !stored.Before(a.opts.FromTime) {
 		a.winStart = seq
 	}
@@ -102,6 +111,16 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 	if err != nil {
 		a.malformed(seq, "", subject, err, got, rejected, check)
 		return nil
+	}
+	if _, dup := a.seen[req.RequestID]; !dup && a.cp != nil && got == nil {
+		// A repeat of a request applied before the checkpoint.
+		at, before, err := a.cp.appliedBefore(req.RequestID, seq)
+		if err != nil {
+			return err
+		}
+		if before {
+			a.seen[req.RequestID] = at
+		}
 	}
 	if first, dup := a.seen[req.RequestID]; dup {
 		a.rep.Skipped++
@@ -140,7 +159,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		}
 		return nil
 	}
-	after, d, err := allocation.Apply(act, dreq, seq)
+	after, d, err := a.decide(act, dreq, seq, req.RequestID)
 	if err != nil {
 		a.malformed(seq, req.RequestID, subject, err, got, rejected, check)
 		return nil
@@ -445,6 +464,10 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 func (a *auditor) report() Report {
 	r := a.rep
 	r.LastSeq, r.Fence = a.last, a.fence
+	r.VerifiedFrom, r.VerifiedTo = a.verifiedRange()
+	if a.cp != nil {
+		r.Checkpoints = a.cp.used
+	}
 	if a.winStart != math.MaxUint64 {
 		r.WindowStart = a.winStart
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 )
 
 // WriteText writes the report for a person: the counts, then OK or one line
@@ -15,6 +16,19 @@ func (r Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, ", compared from seq %d", r.WindowStart)
 	}
 	b.WriteByte('\n')
+	for _, c := range r.Checkpoints {
+		ok := "digest ok"
+		if !c.DigestOK {
+			ok = "DIGEST MISMATCH"
+		}
+		fmt.Fprintf(&b, "from checkpoint:      partition %d at seq %d, taken %s (%d activities, %d signups, %s)\n",
+			c.Partition, c.Seq, c.TakenAt.Format(time.RFC3339), c.Activities, c.Signups, ok)
+	}
+	if r.VerifiedFrom == 0 {
+		b.WriteString("verified:             nothing (no request applied in range)\n")
+	} else {
+		fmt.Fprintf(&b, "verified:             seq %d..%d\n", r.VerifiedFrom, r.VerifiedTo)
+	}
 	fmt.Fprintf(&b, "activities checked:   %d\n", r.ActivitiesChecked)
 	fmt.Fprintf(&b, "requests replayed:    %d\n", r.Replayed)
 	fmt.Fprintf(&b, "compared:             %d\n", r.Compared)

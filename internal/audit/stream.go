@@ -43,7 +43,7 @@ func openStream(ctx context.Context, js jetstream.JetStream, fence uint64) (stre
 	s := info.State
 	switch {
 	case s.LastSeq > 0 && s.FirstSeq > 1:
-		return stream{}, fmt.Errorf("%w: %s starts at sequence %d, not 1: older requests were removed, so the state cannot be replayed",
+		return stream{}, fmt.Errorf("%w: %s starts at sequence %d, not 1: older requests were removed (retention), so the state cannot be replayed from the start; -from-checkpoint verifies from the allocator's checkpoints",
 			ErrIncompleteStream, wire.RequestStream, s.FirstSeq)
 	case s.NumDeleted > 0:
 		return stream{}, fmt.Errorf("%w: %s has %d deleted messages, so the state cannot be replayed",
@@ -70,10 +70,14 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 			filters = append(filters, subjectOf(id), wire.RequestSubjectPrefix+"*."+strconv.FormatInt(id, 10))
 		}
 	}
-	cons, err := st.js.OrderedConsumer(ctx, wire.RequestStream, jetstream.OrderedConsumerConfig{
+	occ := jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters,
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
-	})
+	}
+	if a.cp != nil && a.cp.min > 0 {
+		occ.DeliverPolicy, occ.OptStartSeq = jetstream.DeliverByStartSequencePolicy, a.cp.min+1
+	}
+	cons, err := st.js.OrderedConsumer(ctx, wire.RequestStream, occ)
 	if err != nil {
 		return fmt.Errorf("%w: ordered consumer on %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
 	}

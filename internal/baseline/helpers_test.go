@@ -3,12 +3,14 @@ package baseline
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 // newDB returns a fresh test database with the seed tables, over a pool of
@@ -40,7 +42,7 @@ func redisAddr(t testing.TB) string {
 	defer cancel()
 	r, err := DialRedis(ctx, addr, 1)
 	if err != nil {
-		t.Skipf("skipping: Redis does not answer at %s (set ALLOT_TEST_REDIS_ADDR): %v", addr, err)
+		testenv.Missing(t, fmt.Sprintf("Redis does not answer at %s (start redis-server, or set ALLOT_TEST_REDIS_ADDR): %v", addr, err))
 	}
 	r.Close()
 	return addr

@@ -53,6 +53,11 @@ type StreamConfig struct {
 	// what the stream has (1 for a new one); another number than the
 	// stream's is an error.
 	Partitions int
+	// Requests and Events bound the two streams (ALLOT_REQUESTS_MAX_AGE and
+	// the others; see RetentionEnv). A zero Retention keeps what an
+	// existing stream has (the defaults for a new one), so a binary that
+	// does not own the setting never changes it.
+	Requests, Events Retention
 }
 
 // ErrPartitionsChanged means ALLOT_REQUESTS exists with another number of
@@ -121,9 +126,13 @@ func partitionsOf(cfg jetstream.StreamConfig) int {
 	return n
 }
 
-// RequestStreamConfig is ALLOT_REQUESTS: every request ever accepted, kept by
-// limits (never by interest) so that the audit can replay it.
+// RequestStreamConfig is ALLOT_REQUESTS: every request accepted, kept by
+// limits (never by interest) so that the audit can replay it. When the size
+// bound is reached new requests are refused (DiscardNew) rather than old
+// ones dropped: a request the allocator has not applied yet must never
+// leave the stream to make room. Only age removes requests.
 func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
+	r := c.Requests.orDefault(DefaultRequestsMaxAge, DefaultRequestsMaxBytes)
 	return jetstream.StreamConfig{
 		Name:        wire.RequestStream,
 		Description: "allot requests: join, cancel, claim, open; kept for audit replay",
@@ -131,16 +140,24 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(c.Replicas, 1),
-		Duplicates:  2 * time.Minute,
-		Discard:     jetstream.DiscardOld,
+		Duplicates:  duplicatesWithin(2*time.Minute, r.MaxAge),
+		Discard:     jetstream.DiscardNew,
+		MaxAge:      r.MaxAge,
+		MaxBytes:    r.MaxBytes,
 		AllowDirect: true,
+		// Ingest commits concurrent requests as one atomic batch under
+		// load: one fsync for the group instead of one per request.
+		AllowAtomicPublish: true,
 
 		SubjectTransform: PartitionTransform(c.Partitions),
 	}
 }
 
 // EventStreamConfig is ALLOT_EVENTS, fed by the allocator's outbox relay.
+// The oldest events leave first when a bound is reached: the relay must
+// never be refused, and MySQL keeps every event in processed_request.
 func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
+	r := c.Events.orDefault(DefaultEventsMaxAge, DefaultEventsMaxBytes)
 	return jetstream.StreamConfig{
 		Name:        wire.EventStream,
 		Description: "allot events: opened, resized, confirmed, waitlisted, granted, promoted, cancelled, sold_out",
@@ -148,7 +165,10 @@ func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(c.Replicas, 1),
-		Duplicates:  10 * time.Minute,
+		Duplicates:  duplicatesWithin(10*time.Minute, r.MaxAge),
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      r.MaxAge,
+		MaxBytes:    r.MaxBytes,
 		AllowDirect: true,
 	}
 }
@@ -165,8 +185,13 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 		if partitionsOf(have) != rc.Partitions {
 			return fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, partitionsOf(have), rc.Partitions)
 		}
-		if rc.Replicas == 0 {
-			rc.Replicas = have.Replicas
+		// Never fewer replicas than the stream has (KeepReplicas).
+		rc.Replicas = max(rc.Replicas, have.Replicas)
+		if rc.Requests == (Retention{}) {
+			rc.Requests = Retention{MaxAge: have.MaxAge, MaxBytes: have.MaxBytes}
+			if rc.Requests.MaxAge == 0 {
+				rc.Requests.MaxAge = -1
+			}
 		}
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
@@ -180,10 +205,19 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 // EnsureEventStream creates or updates ALLOT_EVENTS alone: what a consumer
 // of events (the notifier) needs, without a say over the request stream.
 func EnsureEventStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
-	if c.Replicas == 0 {
-		if st, err := js.Stream(ctx, wire.EventStream); err == nil {
-			c.Replicas = st.CachedInfo().Config.Replicas
+	st, err := js.Stream(ctx, wire.EventStream)
+	switch {
+	case err == nil:
+		have := st.CachedInfo().Config
+		c.Replicas = max(c.Replicas, have.Replicas)
+		if c.Events == (Retention{}) {
+			c.Events = Retention{MaxAge: have.MaxAge, MaxBytes: have.MaxBytes}
+			if c.Events.MaxAge == 0 {
+				c.Events.MaxAge = -1
+			}
 		}
+	case !errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.EventStream, err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, EventStreamConfig(c)); err != nil {
 		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.EventStream, err)
@@ -244,19 +278,16 @@ func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, cc Con
 // EnsureViewBucket creates or opens the KV bucket of full-activity views.
 // It keeps one revision per key: only the latest view matters.
 func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstream.KeyValue, error) {
-	if c.Replicas == 0 {
-		if kv, err := js.KeyValue(ctx, wire.ViewBucket); err == nil {
-			if st, err := kv.Status(ctx); err == nil {
-				c.Replicas = st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Replicas
-			}
-		}
+	var err error
+	if c.Replicas, err = KeepReplicas(ctx, js, KeyValueStream(wire.ViewBucket), c.Replicas); err != nil {
+		return nil, err
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      wire.ViewBucket,
 		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
 		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    max(c.Replicas, 1),
+		Replicas:    c.Replicas,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: ensure bucket %s: %w", ErrUnavailable, wire.ViewBucket, err)

@@ -5,6 +5,7 @@ package bus
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -18,6 +19,23 @@ type ServerConfig struct {
 	// SyncInterval is how often the file store fsyncs; 0 means "always"
 	// (every write is on disk before it is acknowledged).
 	SyncInterval time.Duration
+	// Cluster, when its Name is set, makes the server one node of a
+	// JetStream cluster (see ClusterConfig).
+	Cluster ClusterConfig
+}
+
+// ClusterConfig joins an embedded server to a JetStream cluster: every
+// node has the same Name and lists the others' route URLs.
+type ClusterConfig struct {
+	// Name is the cluster's name, the same on every node.
+	Name string
+	// ServerName names this node; unique in the cluster.
+	ServerName string
+	// Host and Port are where this node listens for routes.
+	Host string
+	Port int
+	// Routes are the other nodes' route URLs (nats-route://host:port).
+	Routes []string
 }
 
 // RunServer starts an embedded NATS server with JetStream on file storage and
@@ -36,6 +54,11 @@ func RunServer(cfg ServerConfig) (*server.Server, error) {
 		NoSigs:     true,
 		NoLog:      true,
 		MaxPayload: 1 << 20,
+	}
+	if c := cfg.Cluster; c.Name != "" {
+		opts.ServerName = c.ServerName
+		opts.Cluster = server.ClusterOpts{Name: c.Name, Host: c.Host, Port: c.Port}
+		opts.Routes = server.RoutesFromStr(strings.Join(c.Routes, ","))
 	}
 	if cfg.SyncInterval <= 0 {
 		opts.SyncAlways = true

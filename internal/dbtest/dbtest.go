@@ -103,28 +103,40 @@ func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
 	return n
 }
 
-// CheckInvariants asserts the contract's schema invariants over every
-// activity in the database:
-//  1. confirmed_count equals the number of CONFIRMED rows and is ≤ capacity;
+// CheckInvariants asserts the contract's invariants over every activity in
+// the database. Some are the code's to keep, and only these checks can catch
+// the code breaking them:
+//  1. confirmed_count equals the number of CONFIRMED rows;
 //  2. no WAITING row exists while a seat is free;
 //  3. waiters are promoted in queue_seq order: no CONFIRMED row has a larger
 //     queue_seq than a WAITING one (it would have jumped the queue, or taken
 //     a seat while someone waited);
-//  4. each request has at most one result and each stream sequence at most
-//     one result (primary and unique keys, checked here as well).
+//  4. one result per stream sequence across partitions (the primary key is
+//     (partition_id, seq), so two partitions could each hold one);
+//  5. no effect applied twice (Effects: the signup history, the counters
+//     and the rows against the results' events).
+//
+// The others restate the schema's constraints, which MySQL enforces on every
+// write; they are kept as a check that the constraints exist (a migration
+// dropping one would otherwise go unnoticed), not as a check of the code:
+// confirmed_count between 0 and capacity (chk_activity_confirmed), one
+// result per request (uk_processed_request), one signup row per user and
+// activity (uk_activity_user).
 func (d *DB) CheckInvariants(t testing.TB) {
 	t.Helper()
 	checks := []struct{ name, query string }{
+		// The code's.
 		{"confirmed_count = CONFIRMED rows", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count <>
 			(SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'CONFIRMED')`},
-		{"confirmed_count <= capacity", `SELECT COUNT(*) FROM activity WHERE confirmed_count > capacity OR confirmed_count < 0`},
 		{"no WAITING while a seat is free", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count < a.capacity AND EXISTS
 			(SELECT 1 FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'WAITING')`},
 		{"promotion in queue_seq order", `SELECT COUNT(*) FROM activity_signup c WHERE c.status = 'CONFIRMED' AND c.queue_seq >
 			(SELECT MIN(w.queue_seq) FROM activity_signup w WHERE w.activity_id = c.activity_id AND w.status = 'WAITING')`},
-		{"one result per request", `SELECT COUNT(*) - COUNT(DISTINCT request_id) FROM processed_request`},
 		{"one result per stream sequence", `SELECT COUNT(*) - COUNT(DISTINCT seq) FROM processed_request`},
-		{"one live signup per user", `SELECT COUNT(*) FROM (SELECT activity_id, user_id FROM activity_signup
+		// The database's: schema constraints, checked as present.
+		{"confirmed_count <= capacity (chk_activity_confirmed)", `SELECT COUNT(*) FROM activity WHERE confirmed_count > capacity OR confirmed_count < 0`},
+		{"one result per request (uk_processed_request)", `SELECT COUNT(*) - COUNT(DISTINCT request_id) FROM processed_request`},
+		{"one signup row per user (uk_activity_user)", `SELECT COUNT(*) FROM (SELECT activity_id, user_id FROM activity_signup
 			GROUP BY activity_id, user_id HAVING COUNT(*) > 1) x`},
 	}
 	for _, c := range checks {
@@ -132,4 +144,5 @@ func (d *DB) CheckInvariants(t testing.TB) {
 			t.Errorf("invariant %q broken: %d offending rows", c.name, n)
 		}
 	}
+	d.CheckEffects(t)
 }

@@ -113,11 +113,7 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	rows := s.results(ctx)
 	byID := make(map[string]resultRow, len(rows))
 	for _, r := range rows {
-		if _, dup := byID[r.requestID]; dup {
-			sum.duplicated++
-			continue
-		}
-		byID[r.requestID] = r
+		byID[r.requestID] = r // unique: uk_processed_request
 	}
 	accepted := make(map[string]bool, len(all))
 	var lostIDs []string
@@ -152,23 +148,33 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	if sum.lost > 0 {
 		t.Errorf("%d accepted requests have no result (lost), e.g. %v; %s", sum.lost, first(lostIDs, 5), s.rejectedSample(ctx))
 	}
-	if sum.duplicated > 0 {
-		t.Errorf("%d requests have more than one result", sum.duplicated)
-	}
 	if sum.extra > 0 {
 		var ds []string
 		for _, id := range first(extraIDs, 5) {
 			ds = append(ds, s.describe(ctx, byID[id]))
 		}
-		t.Errorf("%d results belong to no accepted request (stored although answered 503/429, or never sent): %s",
+		report := t.Errorf
+		if s.cfg.lostPubAcks && sum.extra <= sum.r503 {
+			report = t.Logf // see stackConfig.lostPubAcks
+		}
+		report("%d results belong to no accepted request (stored although answered 503/429, or never sent): %s",
 			sum.extra, strings.Join(ds, "; "))
 	}
 	if sum.errs > 0 || sum.unexpected > 0 {
 		t.Errorf("%d transport errors and %d unexpected answers; first: %s", sum.errs, sum.unexpected, sum.firstUnexpected)
 	}
 
-	// The contract's invariants, in SQL.
+	// The contract's invariants, in SQL, and doubled effects. A second
+	// result row for a request cannot exist (a unique key), so what
+	// "duplicated" counts is what applying a request twice would leave:
+	// a signup history with an effect twice, counters and rows that
+	// disagree with it. CheckInvariants reports each one.
 	s.db.CheckInvariants(t)
+	if problems, err := s.db.Effects(ctx); err != nil {
+		t.Errorf("effects: %v", err)
+	} else {
+		sum.duplicated = len(problems)
+	}
 	sum.rejected = int(s.db.Count(t, "SELECT COUNT(*) FROM rejected_message"))
 	if sum.rejected != wantRejected {
 		t.Errorf("rejected_message holds %d rows, want %d; %s", sum.rejected, wantRejected, s.rejectedSample(ctx))

@@ -17,7 +17,16 @@
 //
 //	scenario 1 kill-allocator: sent=3000 accepted=2950 applied=2950 duplicated=0 lost=0 shed=50 rejected503=0 rejected429=0 …
 //
-// -short skips the package. ALLOT_FAULTS_RACE=1 builds the binaries with
-// the race detector. MariaDB/MySQL must run at ALLOT_TEST_MYSQL_DSN (default
-// root@127.0.0.1:3306), as for every other test.
+// duplicated counts doubled effects (dbtest.Effects): a second result row
+// for a request cannot exist, a doubled signup history can. Every fault
+// must show it took effect (a busy allocator killed, a takeover observed,
+// a kill between commit and relay seen in the outbox backlog, the
+// in-flight bound answering 503), or its scenario fails.
+//
+// -short skips the package. The binaries get the race detector when the
+// tests run with it (go test -race); ALLOT_FAULTS_RACE=1 or 0 forces it
+// on or off. MariaDB/MySQL must run at ALLOT_TEST_MYSQL_DSN (default
+// root@127.0.0.1:3306), as for every other test; scenario 9 also runs a
+// private server (mariadbd, or MySQL 8's mysqld) and, on CI (CI=true),
+// fails rather than skips without one.
 package faults

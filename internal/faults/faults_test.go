@@ -81,7 +81,7 @@ func run(t *testing.T, sc scenario) summary {
 		t.Errorf("fault injection: %v", err)
 	}
 	t.Logf("scenario %d: burst answered in %s", sc.n, b.took.Round(time.Millisecond))
-	for _, p := range append([]*proc{s.natsd, s.ingest}, s.allocs...) {
+	for _, p := range append(append(s.natsProcs(), s.ingest), s.allocs...) {
 		if err := p.exited(); err != nil && !s.killedForGood[p] {
 			t.Errorf("a process died by itself: %v", err)
 		}
@@ -176,20 +176,22 @@ func TestScenario3StaleAllocator(t *testing.T) {
 				if err := a.signal(syscall.SIGSTOP); err != nil {
 					return err
 				}
-				unpinned, err := s.unpin(ctx)
-				if err != nil {
-					a.signal(syscall.SIGCONT) //nolint:errcheck
-					return err
-				}
-				time.Sleep(2500 * time.Millisecond)
+				took, how, err := s.takeOver(ctx, i)
 				if err := a.signal(syscall.SIGCONT); err != nil {
 					return err
 				}
-				r.note("frozen=%s decisions_before=%v unpinned=%t", a.name, counts, unpinned)
+				if err != nil {
+					return err
+				}
+				r.count.Add(1)
+				r.note("frozen=%s decisions_before=%v taken_over_in=%s by=%s", a.name, counts, took.Round(10*time.Millisecond), how)
 			}
 			return nil
 		},
 		check: func(t *testing.T, s *stack, m *summary, r *faultResult) {
+			if n := r.count.Load(); n != 2 {
+				t.Errorf("%d takeovers observed, want 2", n)
+			}
 			for _, a := range s.allocs {
 				if !a.alive() {
 					t.Errorf("%s is not running", a.name)
@@ -409,7 +411,12 @@ func poison() []poisonMsg {
 // and 503 come back, ingest does not crash, its memory stays bounded, and
 // what it accepted is applied exactly once.
 func TestScenario7Overload(t *testing.T) {
-	const rssBoundKiB = 300 << 10
+	// Ingest peaks near 25 MiB here; the race detector multiplies that
+	// about tenfold (260 MiB), so its bound is scaled alike.
+	rssBoundKiB := int64(100 << 10)
+	if buildRace() {
+		rssBoundKiB *= 8
+	}
 	var rssBefore int64
 	tc := defaultTraffic(7)
 	tc.requests, tc.clients, tc.perSecond = 20000, 200, 0
@@ -420,7 +427,39 @@ func TestScenario7Overload(t *testing.T) {
 			if rssBefore, err = s.ingest.rssKiB(); err != nil {
 				return err
 			}
-			// The overload is the traffic itself; sample memory meanwhile.
+			// The overload is the traffic itself. The rate limit runs
+			// before the in-flight bound, so at 200 writes/s the 8 slots
+			// rarely fill while the broker answers in a millisecond: NATS
+			// is frozen (SIGSTOP) for a second so that PubAcks stall and
+			// the bound surely bites, again until a 503 is seen.
+			if !b.reached(0.3) {
+				return errors.New("the burst ended before the fault")
+			}
+			for try := 1; ; try++ {
+				before, err := s.ingest503s()
+				if err != nil {
+					return err
+				}
+				if err := s.natsd.signal(syscall.SIGSTOP); err != nil {
+					return err
+				}
+				time.Sleep(time.Second)
+				if err := s.natsd.signal(syscall.SIGCONT); err != nil {
+					return err
+				}
+				after, err := s.ingest503s()
+				if err != nil {
+					return err
+				}
+				if after > before {
+					r.note("nats_frozen=%dx1s in_flight_503s_while_frozen=%.0f", try, after-before)
+					break
+				}
+				if try == 3 || b.done.Load() >= int64(len(b.reqs)) {
+					return fmt.Errorf("no 503 while NATS was frozen %d times: the in-flight bound never bit", try)
+				}
+			}
+			// Sample memory meanwhile.
 			var peak int64
 			for !b.reached(1) {
 				if v, err := s.ingest.rssKiB(); err == nil {
@@ -442,11 +481,15 @@ func TestScenario7Overload(t *testing.T) {
 			peak := max(r.count.Load(), after)
 			m.notes = append(m.notes, fmt.Sprintf("rss_before=%dMiB rss_peak=%dMiB rss_after=%dMiB", rssBefore>>10, peak>>10, after>>10))
 			if peak > rssBoundKiB {
-				t.Errorf("ingest RSS peaked at %d MiB, want below %d MiB", peak>>10, rssBoundKiB>>20)
+				t.Errorf("ingest RSS peaked at %d MiB, want below %d MiB", peak>>10, rssBoundKiB>>10)
 			}
 			if m.r429 == 0 {
 				t.Error("no 429: the rate limit never bit")
 			}
+			if m.r503full == 0 {
+				t.Error("no 503 with Retry-After: the in-flight bound never bit")
+			}
+			m.notes = append(m.notes, fmt.Sprintf("in_flight_503s=%d", m.r503full))
 			if m.accepted == 0 {
 				t.Error("nothing accepted under overload")
 			}
@@ -467,8 +510,19 @@ func TestScenario8CrashBeforeRelay(t *testing.T) {
 		fault: func(s *stack, b *burst, r *faultResult) error {
 			ctx := context.Background()
 			var backlog []string
-			for _, at := range []float64{0.15, 0.3, 0.45, 0.6, 0.75} {
+			landed := func() int {
+				return len(slices.DeleteFunc(slices.Clone(backlog), func(n string) bool { return n == "0" }))
+			}
+			// Five kills, and up to three more while none has landed
+			// between a commit and its relay.
+			for k, at := range []float64{0.15, 0.3, 0.45, 0.6, 0.75, 0.82, 0.89, 0.96} {
+				if k >= 5 && landed() > 0 {
+					break
+				}
 				if !b.reached(at) {
+					if k >= 5 {
+						break
+					}
 					return errors.New("the burst ended before the fault")
 				}
 				if err := s.allocs[0].kill(); err != nil {
@@ -486,12 +540,16 @@ func TestScenario8CrashBeforeRelay(t *testing.T) {
 				}
 			}
 			r.note("outbox_backlog_at_kills=[%s]", strings.Join(backlog, ","))
-			r.count.Store(int64(len(slices.DeleteFunc(backlog, func(n string) bool { return n == "0" }))))
+			r.count.Store(int64(landed()))
+			if landed() == 0 {
+				return fmt.Errorf("no kill landed between a commit and its events' relay (outbox backlog at each kill: [%s])",
+					strings.Join(backlog, ","))
+			}
 			return nil
 		},
 		check: func(t *testing.T, s *stack, m *summary, r *faultResult) {
 			if r.count.Load() == 0 {
-				t.Log("no kill landed between a commit and its events' relay this time (every backlog was 0); the events check still ran")
+				t.Error("no kill landed between a commit and its events' relay: the scenario did not test what it names")
 			}
 		},
 	})

@@ -60,7 +60,7 @@ func build(dir string) error {
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
-	if os.Getenv("ALLOT_FAULTS_RACE") == "1" {
+	if buildRace() {
 		args = append(args, "-race")
 	}
 	args = append(args, "./cmd/allocator", "./cmd/ingest", "./internal/cmd/natsd")
@@ -71,8 +71,21 @@ func build(dir string) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go %s in %s: %w\n%s", strings.Join(args, " "), root, err, stderr.String())
 	}
-	fmt.Printf("faults: built allocator, ingest, natsd in %s (%s)\n", dir, time.Since(start).Round(time.Millisecond))
+	fmt.Printf("faults: built allocator, ingest, natsd in %s (race detector %t, %s)\n", dir, buildRace(), time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+// buildRace says whether the binaries get the race detector: when the
+// tests run with it (go test -race, as make test does), or when
+// ALLOT_FAULTS_RACE=1; ALLOT_FAULTS_RACE=0 turns it off.
+func buildRace() bool {
+	switch os.Getenv("ALLOT_FAULTS_RACE") {
+	case "1":
+		return true
+	case "0":
+		return false
+	}
+	return raceEnabled
 }
 
 // needSuite skips or fails t when the suite cannot run.

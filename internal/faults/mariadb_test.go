@@ -2,40 +2,119 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
-// startMariaDB runs a MariaDB server of the test's own: a fresh data
-// directory, a free port, root without a password over TCP. It returns the
-// server's process and a DSN for it (no database named).
+// dbServer is a database server binary the suite can run a private
+// instance of: MariaDB (mariadbd, data directory made by
+// mariadb-install-db) or MySQL 8 (mysqld --initialize-insecure).
+type dbServer struct {
+	kind   string // "mariadb" or "mysql"
+	daemon string
+	// install, for MariaDB, is mariadb-install-db.
+	install string
+}
+
+// findDBServer looks for MariaDB first, then MySQL. $ALLOT_FAULTS_MYSQLD
+// names a server binary to use instead (its --version tells the kind).
+func findDBServer() (dbServer, error) {
+	look := func(names ...string) string {
+		for _, n := range names {
+			if p, err := exec.LookPath(n); err == nil {
+				return p
+			}
+			for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/usr/local/mysql/bin"} {
+				p := filepath.Join(dir, n)
+				if st, err := os.Stat(p); err == nil && !st.IsDir() {
+					return p
+				}
+			}
+		}
+		return ""
+	}
+	daemon := os.Getenv("ALLOT_FAULTS_MYSQLD")
+	if daemon == "" {
+		daemon = look("mariadbd", "mysqld")
+	}
+	if daemon == "" {
+		return dbServer{}, errors.New("neither mariadbd nor mysqld is installed: scenario 9 runs a database server of its own (apt-get install mariadb-server)")
+	}
+	out, err := exec.Command(daemon, "--version").CombinedOutput()
+	if err != nil {
+		return dbServer{}, fmt.Errorf("%s --version: %w: %s", daemon, err, out)
+	}
+	if !strings.Contains(strings.ToLower(string(out)), "mariadb") {
+		return dbServer{kind: "mysql", daemon: daemon}, nil
+	}
+	install := look("mariadb-install-db", "mysql_install_db")
+	if install == "" {
+		return dbServer{}, errors.New("mariadb-install-db is not installed: scenario 9 needs it to make its MariaDB server's data directory")
+	}
+	return dbServer{kind: "mariadb", daemon: daemon, install: install}, nil
+}
+
+// initialize makes a fresh data directory with root and no password.
+func (d dbServer) initialize(data string) error {
+	var cmd *exec.Cmd
+	if d.kind == "mysql" {
+		cmd = exec.Command(d.daemon, "--no-defaults", "--initialize-insecure", "--datadir="+data, "--user="+currentUser())
+	} else {
+		cmd = exec.Command(d.install, "--no-defaults", "--datadir="+data, "--auth-root-authentication-method=normal",
+			"--skip-test-db", "--user="+currentUser())
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
+	}
+	return nil
+}
+
+// args are the server's arguments for a private instance on port.
+func (d dbServer) args(dir, data string, port int) []string {
+	args := []string{"--no-defaults", "--datadir=" + data,
+		fmt.Sprintf("--port=%d", port), "--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "sock"),
+		"--pid-file=" + filepath.Join(dir, "pid"),
+		"--user=" + currentUser(), "--skip-log-bin", "--innodb-buffer-pool-size=64M"}
+	if d.kind == "mysql" {
+		// MySQL 8's root is root@localhost: TCP from 127.0.0.1 matches it
+		// only with name resolution on. The X protocol would take the
+		// fixed port 33060, which the shared server may hold.
+		return append(args, "--mysqlx=OFF")
+	}
+	return append(args, "--skip-name-resolve")
+}
+
+// startMariaDB runs a database server of the test's own (MariaDB, or MySQL
+// 8): a fresh data directory, a free port, root without a password over
+// TCP. It returns the server's process and a DSN for it (no database
+// named). Without a server binary it skips, or fails on CI.
 func startMariaDB(t *testing.T) (*proc, string) {
 	t.Helper()
-	install, err := exec.LookPath("mariadb-install-db")
+	srv, err := findDBServer()
 	if err != nil {
-		t.Skip("mariadb-install-db is not installed: this scenario needs its own MariaDB server")
+		testenv.Missing(t, err.Error())
 	}
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
-	out, err := exec.Command(install, "--no-defaults", "--datadir="+data, "--auth-root-authentication-method=normal",
-		"--skip-test-db", "--user="+currentUser()).CombinedOutput()
-	if err != nil {
-		t.Fatalf("mariadb-install-db: %v\n%s", err, out)
+	if err := srv.initialize(data); err != nil {
+		t.Fatal(err)
 	}
 	port := freePort(t)
-	p := newProc(t, "mariadb", "/usr/sbin/mariadbd", nil, "--no-defaults", "--datadir="+data,
-		fmt.Sprintf("--port=%d", port), "--bind-address=127.0.0.1", "--socket="+filepath.Join(dir, "sock"),
-		"--user="+currentUser(), "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=64M")
+	p := newProc(t, srv.kind, srv.daemon, nil, srv.args(dir, data, port)...)
 	dsn := fmt.Sprintf("root@tcp(127.0.0.1:%d)/?parseTime=true", port)
 	if err := startAndWait(p, dsn); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("private %s server: %s on port %d", srv.kind, srv.daemon, port)
 	return p, dsn
 }
 
@@ -55,10 +134,10 @@ func startAndWait(p *proc, dsn string) error {
 			return nil
 		}
 		if !p.alive() {
-			return fmt.Errorf("mariadbd exited: %s", p.current().output.String())
+			return fmt.Errorf("%s exited: %s", p.name, p.current().output.String())
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("mariadbd not answering after 30s: %v", err)
+			return fmt.Errorf("%s not answering after 30s: %v", p.name, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -59,6 +59,11 @@ func newProc(t *testing.T, name, binary string, env []string, args ...string) *p
 				<-r.done
 			}
 		}
+		for _, r := range runs {
+			if strings.Contains(r.output.String(), "WARNING: DATA RACE") {
+				t.Errorf("%s#%d reported a data race (see its output below)", p.name, r.n)
+			}
+		}
 		if t.Failed() || os.Getenv("ALLOT_FAULTS_LOGS") == "1" {
 			for _, r := range runs {
 				t.Logf("----- %s#%d (pid %d, %s) output, last %d bytes -----\n%s", p.name, r.n, r.cmd.Process.Pid,

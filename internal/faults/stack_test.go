@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,7 +31,11 @@ type stack struct {
 	db  *dbtest.DB
 	cfg stackConfig
 
-	natsd     *proc
+	natsd *proc
+	// nodes are every natsd of a cluster (cfg.cluster), natsd among them;
+	// nodeURLs their client URLs.
+	nodes     []*proc
+	nodeURLs  []string
 	mysqld    *proc // nil unless cfg.privateMySQL
 	natsURL   string
 	natsAddr  string
@@ -64,6 +69,16 @@ type stackConfig struct {
 	// s.mysqld), which a fault may kill and restart without disturbing
 	// the other tests.
 	privateMySQL bool
+	// cluster, when set, runs this many natsd processes as one JetStream
+	// cluster instead of one server (see startCluster).
+	cluster int
+	// lostPubAcks accepts results for requests ingest answered 503, at
+	// most one per 503: when a stream leader dies after a quorum stored a
+	// message but before its PubAck reached ingest, ingest times out and
+	// answers 503 although the request is stored and will be applied. The
+	// 503 is then wrong, not the result; answering such a publish with
+	// its request id is issue 10's item 5.
+	lostPubAcks bool
 }
 
 func newStack(t *testing.T, cfg stackConfig) *stack {
@@ -81,17 +96,21 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 		s.db = dbtest.New(t)
 	}
 
-	natsPort := freePort(t)
-	s.natsAddr = fmt.Sprintf("127.0.0.1:%d", natsPort)
-	s.natsURL = "nats://" + s.natsAddr
-	// The production setting: fsync before every PubAck.
-	s.natsd = newProc(t, "natsd", "natsd", []string{
-		"ALLOT_EMBEDDED_NATS_HOST=127.0.0.1",
-		fmt.Sprintf("ALLOT_EMBEDDED_NATS_PORT=%d", natsPort),
-		"ALLOT_EMBEDDED_NATS_STORE=" + t.TempDir(),
-		"ALLOT_EMBEDDED_NATS_SYNC=0s",
-	})
-	s.must(s.startNATS())
+	if cfg.cluster > 0 {
+		s.must(s.startCluster(cfg.cluster))
+	} else {
+		natsPort := freePort(t)
+		s.natsAddr = fmt.Sprintf("127.0.0.1:%d", natsPort)
+		s.natsURL = "nats://" + s.natsAddr
+		// The production setting: fsync before every PubAck.
+		s.natsd = newProc(t, "natsd", "natsd", []string{
+			"ALLOT_EMBEDDED_NATS_HOST=127.0.0.1",
+			fmt.Sprintf("ALLOT_EMBEDDED_NATS_PORT=%d", natsPort),
+			"ALLOT_EMBEDDED_NATS_STORE=" + t.TempDir(),
+			"ALLOT_EMBEDDED_NATS_SYNC=0s",
+		})
+		s.must(s.startNATS())
+	}
 
 	common := []string{
 		"ALLOT_NATS_URL=" + s.natsURL,
@@ -193,7 +212,7 @@ func (s *stack) shutdown() {
 			procs = append(procs, a)
 		}
 	}
-	procs = append(procs, s.natsd)
+	procs = append(procs, s.natsProcs()...)
 	for _, p := range procs {
 		if err := p.stop(30 * time.Second); err != nil {
 			s.t.Error(err)
@@ -244,8 +263,11 @@ func (s *stack) decisions(i int) (float64, error) {
 }
 
 // busiestAllocator returns the running allocator that applied the most
-// requests over the last 300ms — the pinned one, once consumers are
-// pinned — and each one's total so far.
+// requests over a 300ms window — the pinned one, once consumers are pinned
+// — and each one's total so far. The winner must have applied something in
+// the window and more than every other one: two idle allocators, or two
+// equally busy, are sampled again (for up to 10s), never picked by index,
+// so a fault aimed at "the busy one" surely hits a busy one.
 func (s *stack) busiestAllocator() (int, []float64, error) {
 	sample := func() ([]float64, error) {
 		out := make([]float64, len(s.allocs))
@@ -262,28 +284,44 @@ func (s *stack) busiestAllocator() (int, []float64, error) {
 		}
 		return out, nil
 	}
-	before, err := sample()
-	if err != nil {
-		return 0, nil, err
-	}
-	time.Sleep(300 * time.Millisecond)
-	after, err := sample()
-	if err != nil {
-		return 0, nil, err
-	}
-	best := -1
-	for i := range after {
-		if after[i] < 0 {
-			continue
+	var deltas []float64
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		before, err := sample()
+		if err != nil {
+			return 0, nil, err
 		}
-		if best < 0 || after[i]-before[i] > after[best]-before[best] {
-			best = i
+		time.Sleep(300 * time.Millisecond)
+		after, err := sample()
+		if err != nil {
+			return 0, nil, err
+		}
+		best, runnerUp := -1, -1.0
+		deltas = make([]float64, len(after))
+		for i := range after {
+			if after[i] < 0 || before[i] < 0 {
+				deltas[i] = -1
+				continue
+			}
+			deltas[i] = after[i] - before[i]
+			switch {
+			case best < 0 || deltas[i] > deltas[best]:
+				if best >= 0 {
+					runnerUp = deltas[best]
+				}
+				best = i
+			default:
+				runnerUp = max(runnerUp, deltas[i])
+			}
+		}
+		if best < 0 {
+			return 0, nil, fmt.Errorf("no allocator is running")
+		}
+		if deltas[best] > 0 && deltas[best] > runnerUp {
+			return best, after, nil
 		}
 	}
-	if best < 0 {
-		return 0, nil, fmt.Errorf("no allocator is running")
-	}
-	return best, after, nil
+	return 0, nil, fmt.Errorf("no allocator was clearly the busy one within 10s (decisions per 300ms: %v)", deltas)
 }
 
 // unpin asks the server to unpin partition 0's consumer from its pinned
@@ -307,4 +345,126 @@ func (s *stack) unpin(ctx context.Context) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// takeOver unpins partition 0 from frozen, the allocator just stopped with
+// SIGSTOP, and waits until another allocator has it: the takeover
+// observed, not assumed. Observed means another allocator applied
+// requests, or waits for the partition's fence row lock: a process frozen
+// inside its transaction holds that lock, which is what keeps the two
+// apart, so applying must then wait for the thaw. (The consumer's pin id
+// cannot tell: the server makes a new one at every pin, also when it pins
+// the frozen process's outstanding pull again.) The unpin is
+// repeated every 2s (the server may pin the frozen one's outstanding pull
+// again); without a takeover within 20s it fails. It returns how long the
+// takeover took and how it was seen.
+func (s *stack) takeOver(ctx context.Context, frozen int) (time.Duration, string, error) {
+	start := time.Now()
+	// The others' totals now; the frozen one cannot answer its metrics.
+	before := make(map[int]float64)
+	for i, a := range s.allocs {
+		if i == frozen || !a.alive() {
+			continue
+		}
+		v, err := s.decisions(i)
+		if err != nil {
+			return 0, "", fmt.Errorf("%s metrics: %w", a.name, err)
+		}
+		before[i] = v
+	}
+	if len(before) == 0 {
+		return 0, "", errors.New("no other allocator runs to take over")
+	}
+	var (
+		lastUnpin time.Time
+		how       string
+	)
+	err := poll(20*time.Second, "another allocator takes partition 0 over from the frozen "+s.allocs[frozen].name, func() (bool, error) {
+		if time.Since(lastUnpin) >= 2*time.Second {
+			unpinned, err := s.unpin(ctx)
+			if err != nil {
+				return false, err
+			}
+			if !unpinned {
+				return false, errors.New("partition 0's consumer has no priority group: the takeover cannot be forced")
+			}
+			lastUnpin = time.Now()
+		}
+		// The frozen process runs no query: a fence lock being waited for
+		// is another allocator's.
+		if n, err := s.fenceLockWaits(ctx); err != nil {
+			return false, err
+		} else if n > 0 {
+			how = "waits_for_fence_lock"
+			return true, nil
+		}
+		for i, v := range before {
+			now, err := s.decisions(i)
+			if err != nil {
+				return false, err
+			}
+			if now > v {
+				how = s.allocs[i].name + "_applies"
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no other allocator applied anything or waits for the fence since the freeze (%v)", before)
+	})
+	if err != nil {
+		err = fmt.Errorf("%w; %s", err, s.consumerState(ctx))
+	}
+	return time.Since(start), how, err
+}
+
+// fenceLockWaits counts the queries on the scenario's database that are
+// running the fence row lock, stuck for a second or more.
+func (s *stack) fenceLockWaits(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM information_schema.processlist
+		WHERE db = ? AND command = 'Query' AND time >= 1 AND info LIKE '%allocator_partition%FOR UPDATE%'`, s.db.Name).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("processlist: %w", err)
+	}
+	return n, nil
+}
+
+// ingest503s scrapes ingest's count of write answers with status 503,
+// summed over routes.
+func (s *stack) ingest503s() (float64, error) {
+	resp, err := s.http.Get(s.ingestURL + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	var sum float64
+	for line := range strings.Lines(string(b)) {
+		if !strings.HasPrefix(line, "allot_ingest_http_requests_total{") || !strings.Contains(line, `code="503"`) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		sum += v
+	}
+	return sum, nil
+}
+
+// consumerState describes partition 0's consumer, for failure messages.
+func (s *stack) consumerState(ctx context.Context) string {
+	c, err := s.js.Consumer(ctx, wire.RequestStream, bus.AllocatorConsumer(0))
+	if err != nil {
+		return "consumer: " + err.Error()
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return "consumer info: " + err.Error()
+	}
+	return fmt.Sprintf("consumer: pending %d, ack pending %d, waiting pulls %d, priority groups %+v",
+		info.NumPending, info.NumAckPending, info.NumWaiting, info.PriorityGroups)
 }

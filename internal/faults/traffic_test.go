@@ -40,8 +40,11 @@ type answer struct {
 	outcome string
 	seq     uint64
 	shed    bool
-	body    string // of an unexpected answer
-	err     error  // transport error: the request's fate is unknown
+	// full marks a 503 for a full in-flight queue (it alone carries
+	// Retry-After), as opposed to a broker that is down.
+	full bool
+	body string // of an unexpected answer
+	err  error  // transport error: the request's fate is unknown
 }
 
 // accepted reports whether the answer promises that the request is (or
@@ -187,6 +190,7 @@ func (s *stack) send(ctx context.Context, q request) answer {
 		a.id, a.state, a.outcome, a.seq, a.shed = m.RequestID, m.State, m.Outcome, m.Seq, m.Shed
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		// Final: nothing was stored. Their body carries no request_id.
+		a.full = resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""
 		if strings.Contains(string(raw), "request_id") {
 			a.body = string(raw)
 		}
@@ -199,7 +203,9 @@ func (s *stack) send(ctx context.Context, q request) answer {
 // tally counts a burst's answers.
 type tally struct {
 	sent, accepted, done, shed, r503, r429, unexpected, errs int
-	firstUnexpected                                          string
+	// r503full counts the 503s of a full in-flight queue, among r503.
+	r503full        int
+	firstUnexpected string
 }
 
 func count(answers []answer) tally {
@@ -221,6 +227,9 @@ func count(answers []answer) tally {
 			t.shed++
 		case a.code == http.StatusServiceUnavailable && a.body == "":
 			t.r503++
+			if a.full {
+				t.r503full++
+			}
 		case a.code == http.StatusTooManyRequests && a.body == "":
 			t.r429++
 		default:

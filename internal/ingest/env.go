@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is ingest's part of a binary's configuration, read from ALLOT_
@@ -18,8 +20,13 @@ type Env struct {
 	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
 	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
 	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
-	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer claims for a full activity at once from the allocator's view"`
+	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer a claim for a full activity as soon as the request stream proves its answer, before the allocator applies it"`
+	ActivityCache   int           `envconfig:"INGEST_ACTIVITY_CACHE" default:"100000" desc:"activities whose view and last change ingest keeps for early answers (LRU)"`
+	MaxWaiters      int           `envconfig:"INGEST_MAX_WAITERS" default:"10000" desc:"handlers waiting for a result (?wait=); 503 beyond"`
+	OpenRate        float64       `envconfig:"INGEST_OPEN_RATE" default:"50" desc:"opens and resizes per second of this instance, 429 beyond; -1 = no cap"`
+	CommitMinBatch  int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -48,7 +55,19 @@ func (e Env) Validate() error {
 	if e.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", e.RateLimit)
 	}
-	return nil
+	if e.ActivityCache < 1 || e.ActivityCache > 100_000_000 {
+		return fmt.Errorf("ALLOT_INGEST_ACTIVITY_CACHE must be between 1 and 100000000, got %d", e.ActivityCache)
+	}
+	if e.MaxWaiters < 1 {
+		return fmt.Errorf("ALLOT_INGEST_MAX_WAITERS must be positive, got %d", e.MaxWaiters)
+	}
+	if e.OpenRate == 0 || e.OpenRate < -1 || (e.OpenRate < 0 && e.OpenRate != -1) {
+		return fmt.Errorf("ALLOT_INGEST_OPEN_RATE must be positive, or -1 for no cap, got %g", e.OpenRate)
+	}
+	if e.CommitMinBatch == 0 || e.CommitMinBatch < -1 || e.CommitMinBatch > DefaultCommitMaxBatch {
+		return fmt.Errorf("ALLOT_INGEST_COMMIT_MIN_BATCH must be -1 (never batch) or between 1 and %d, got %d", DefaultCommitMaxBatch, e.CommitMinBatch)
+	}
+	return e.RetentionEnv.Validate()
 }
 
 // RunConfig turns the settings into what Run takes.
@@ -64,6 +83,11 @@ func (e Env) RunConfig() RunConfig {
 			DisableShed:    !e.Shed,
 			Partitions:     e.Partitions,
 			MaxInFlight:    e.MaxInFlight,
+			CommitMinBatch: e.CommitMinBatch,
+			ActivityCache:  e.ActivityCache,
+			MaxWaiters:     e.MaxWaiters,
+			OpenRate:       e.OpenRate,
+			Retention:      e.RetentionEnv.Apply(bus.StreamConfig{}),
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
 	}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/internal/waitfor"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -153,7 +153,7 @@ func accepted(t *testing.T, what string, resp *http.Response, body []byte) strin
 // eventually polls cond until it holds or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	waitfor.True(t, timeout, what, cond)
+	testenv.WaitFor(t, timeout, what, cond)
 }
 
 // subjectMsgs is the number of messages stored on subject in the request

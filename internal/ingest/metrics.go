@@ -16,6 +16,11 @@ type metrics struct {
 	replays         prometheus.Counter
 	waiters         prometheus.Gauge
 	shed            *prometheus.CounterVec // outcome
+	earlyMissed     *prometheus.CounterVec // reason
+	commitBatch     prometheus.Histogram
+	resultQueries   prometheus.Counter
+	tailWait        prometheus.Histogram
+	waitersRefused  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,10 +48,32 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_claims_total",
-			Help: "Claims for a full activity answered at once from the allocator's view, by outcome.",
+			Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
 		}, []string{"outcome"}),
+		commitBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "allot_ingest_commit_batch_size",
+			Help:    "Requests published together as one atomic batch (group commit).",
+			Buckets: prometheus.ExponentialBuckets(16, 2, 7),
+		}),
+		tailWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "allot_ingest_tail_wait_seconds",
+			Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (early answers).",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+		}),
+		resultQueries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_result_queries_total",
+			Help: "MySQL queries that read results for polls and waiting handlers (each gathers up to 500 reads).",
+		}),
+		waitersRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_waiters_refused_total",
+			Help: "Writes and polls with ?wait= answered 503 because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
+		}),
+		earlyMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_shed_missed_total",
+			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
+		}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed} {
+	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused, m.tailWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("ingest: register metrics: %w", err)
 		}

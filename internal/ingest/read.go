@@ -26,6 +26,12 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 		return
 	}
 	ctx := r.Context()
+	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
+		s.metrics.waitersRefused.Inc()
+		w.Header()["Retry-After"] = []string{"1"}
+		writeError(w, http.StatusServiceUnavailable, msgPollWaiters)
+		return
+	}
 	// Register before the MySQL read: a result committed between the read
 	// and a later registration would otherwise wake no one.
 	var wt *waiter
@@ -33,9 +39,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 		wt = s.waiters.add(id)
 		defer s.waiters.remove(id, wt)
 	}
-	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
-	res, found, err := store.GetResult(qctx, s.db, id)
-	cancel()
+	res, found, err := s.reader.get(ctx, id)
 	if err != nil {
 		s.dbError(ctx, w, "read result", err, slog.String("request_id", id))
 		return
@@ -44,7 +48,8 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 		writeJSON(w, http.StatusOK, res)
 		return
 	}
-	if res, ok := s.shedIDs.shedResult(uid); ok {
+	if res, ok := s.early.Get(id); ok {
+		// Answered early here and not yet recorded by the allocator.
 		writeJSON(w, http.StatusOK, res)
 		return
 	}

@@ -11,13 +11,18 @@ import (
 
 // Sentences of the answers that are not about one input.
 const (
-	msgBrokerDown      = "The message broker is unavailable, so nothing was stored; retry later."
+	msgBrokerDown  = "The message broker is unavailable, so nothing was stored; retry later."
+	msgMaybeStored = "The message broker did not confirm storing the request in time, so it may have been stored: " +
+		"poll the Location to see whether it is applied; retry only with the same Idempotency-Key."
 	msgDatabaseDown    = "The database is unavailable; retry later."
 	msgNoRoute         = "No route matches this path."
 	msgInternal        = "An internal error occurred; it was logged."
 	msgOverloaded      = "Too many requests are in flight; nothing was stored, retry after the time in the Retry-After header."
 	msgUserRateLimited = "Too many writes for this user; retry after the time in the Retry-After header."
 	msgRateLimited     = "Too many requests; retry after the time in the Retry-After header."
+	msgTooManyWaiters  = "Too many clients are waiting for results; nothing was stored, retry without ?wait= or after the time in the Retry-After header."
+	msgPollWaiters     = "Too many clients are waiting for results; poll without ?wait= or retry after the time in the Retry-After header."
+	msgOpenRateLimited = "Too many opens and resizes; retry after the time in the Retry-After header."
 )
 
 // writeJSON answers status with v encoded as JSON.
@@ -72,6 +77,19 @@ func pendingBody(id string) []byte {
 	b = append(b, id...)
 	b = append(b, `","state":"`+wire.StatePending+`"}`...)
 	return b
+}
+
+// writeMaybeStored answers 503 for a request that may have been stored:
+// the request id and its Location come with it, so that the client polls
+// instead of retrying into a second request. 503 because the write was not
+// confirmed; the id because "nothing was stored" may be false.
+func writeMaybeStored(w http.ResponseWriter, id string) {
+	w.Header()["Location"] = []string{"/v1/requests/" + id}
+	body, _ := json.Marshal(struct {
+		Error     string `json:"error"`
+		RequestID string `json:"request_id"`
+	}{msgMaybeStored, id})
+	writeRaw(w, http.StatusServiceUnavailable, body)
 }
 
 // writeAck answers 202 with the request ack and its Location.

@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/allot-dev/allot/internal/buildinfo"
-	"github.com/allot-dev/allot/internal/lifecycle"
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: in-flight publishes
@@ -72,29 +73,48 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
 		}
 	}
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = svc.Start(startCtx)
-	cancel()
+	// Serve at once, not ready, while JetStream is waited for: a cluster
+	// that has just formed may take a while to create R3 streams, and that
+	// is a reason to retry, not to exit.
+	gate := new(startGate)
+	srv := newHTTPServer(gate, svc.opts, log)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.InfoContext(ctx, "ingest listening, starting", slog.String("addr", ln.Addr().String()))
+	err = bus.Retry(ctx, log, "ingest start", bus.StartAttempt, svc.Start)
 	if err != nil {
-		ln.Close()
+		srv.Close()
+		<-served //nolint:errcheck // closed just above: ErrServerClosed
+		if ctx.Err() != nil {
+			return nil // asked to stop while waiting
+		}
 		return err
 	}
 	defer svc.Stop()
+	gate.open(svc.Handler())
+	log.InfoContext(ctx, "ingest ready", slog.String("addr", ln.Addr().String()))
 
-	srv := newHTTPServer(svc.Handler(), svc.opts, log)
-	log.InfoContext(ctx, "ingest listening", slog.String("addr", ln.Addr().String()))
+	select {
+	case err := <-served:
+		return fmt.Errorf("ingest: serve: %w", err)
+	case <-ctx.Done():
+	}
 	timeout := cfg.ShutdownTimeout
 	if timeout <= 0 {
 		timeout = DefaultShutdownTimeout
 	}
+	log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
 	// Cut waits first: a handler waiting 30s for a result would otherwise
 	// hold the shutdown; it answers "pending" now, which is true.
-	cutWaits := func() {
-		log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
-		svc.endWaits()
+	svc.endWaits()
+	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := srv.Shutdown(shCtx); err != nil {
+		srv.Close()
+		return fmt.Errorf("ingest: graceful shutdown: %w", err)
 	}
-	if err := lifecycle.Run(ctx, lifecycle.HTTPServer("ingest", srv, ln, timeout, cutWaits)); err != nil {
-		return err
+	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("ingest: serve: %w", err)
 	}
 	log.InfoContext(ctx, "ingest stopped")
 	return nil

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +37,10 @@ const (
 	DefaultQueryTimeout      = 5 * time.Second
 	DefaultIdempotencyBucket = "ALLOT_IDEMPOTENCY"
 	DefaultIdempotencyTTL    = 24 * time.Hour
+	DefaultEarlyResults      = 100_000
+	DefaultActivityCache     = 100_000
+	DefaultMaxWaiters        = 10_000
+	DefaultOpenRate          = 50
 )
 
 // Options are the HTTP-independent settings of a Service. A zero field takes
@@ -77,15 +82,43 @@ type Options struct {
 	UserRate float64
 	// UserBurst is the burst of UserRate; default max(1, 2*UserRate).
 	UserBurst int
+	// Retention bounds the streams (ALLOT_REQUESTS_MAX_AGE and the others);
+	// zero keeps what they have.
+	Retention bus.StreamConfig
 	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
 	// stream; 0 keeps what an existing stream has.
 	Partitions int
-	// DisableShed turns off answering claims for a full activity at once
-	// (ALLOT_SHED=false): every claim then goes through the stream.
+	// DisableShed turns off answering claims for a full activity early
+	// (ALLOT_SHED=false): every claim then waits for the allocator.
 	DisableShed bool
+	// EarlyWait bounds how long a claim for a full activity waits for the
+	// request-stream tail to pass it before it is left to the allocator.
+	// Default DefaultEarlyWait.
+	EarlyWait time.Duration
+	// TailReplay is how many of the request stream's latest messages the
+	// tail reads at start. Default DefaultTailReplay.
+	TailReplay uint64
+	// CommitMinBatch is the smallest queue of requests that is published
+	// as one atomic batch (group commit); smaller queues are published
+	// message by message. Negative: never batch. Default
+	// DefaultCommitMinBatch.
+	CommitMinBatch int
+	// EarlyResults bounds the early answers kept for polls of their ids
+	// until the allocator has recorded them. Default DefaultEarlyResults.
+	EarlyResults int
 	// MaxInFlight bounds the publishes awaiting their PubAck; a write beyond
 	// it answers 503 at once rather than queueing without bound. Default 2048.
 	MaxInFlight int
+	// ActivityCache bounds the activities whose view and last change
+	// ingest keeps for early answers (LRU). Default DefaultActivityCache.
+	ActivityCache int
+	// MaxWaiters bounds the handlers waiting for a result (?wait=); a
+	// write or poll with ?wait= beyond it answers 503 at once, and a write
+	// is then not published. Default DefaultMaxWaiters.
+	MaxWaiters int
+	// OpenRate caps opens and resizes per second of this instance (burst
+	// twice that); beyond, 429. Negative: no cap. Default DefaultOpenRate.
+	OpenRate float64
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -108,6 +141,7 @@ func (o Options) withDefaults() (Options, error) {
 		def(&o.RecheckInterval, DefaultRecheckInterval, "RecheckInterval"),
 		def(&o.QueryTimeout, DefaultQueryTimeout, "QueryTimeout"),
 		def(&o.IdempotencyTTL, DefaultIdempotencyTTL, "IdempotencyTTL"),
+		def(&o.EarlyWait, DefaultEarlyWait, "EarlyWait"),
 	} {
 		if e != nil {
 			return o, e
@@ -135,6 +169,24 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxInFlight < 0 {
 		return o, fmt.Errorf("ingest: MaxInFlight must not be negative, got %d", o.MaxInFlight)
 	}
+	if o.CommitMinBatch == 0 {
+		o.CommitMinBatch = DefaultCommitMinBatch
+	}
+	if o.ActivityCache < 0 || o.MaxWaiters < 0 {
+		return o, errors.New("ingest: ActivityCache and MaxWaiters must not be negative")
+	}
+	o.ActivityCache = cmp.Or(o.ActivityCache, DefaultActivityCache)
+	o.MaxWaiters = cmp.Or(o.MaxWaiters, DefaultMaxWaiters)
+	o.OpenRate = cmp.Or(o.OpenRate, DefaultOpenRate)
+	if o.TailReplay == 0 {
+		o.TailReplay = DefaultTailReplay
+	}
+	if o.EarlyResults < 0 {
+		return o, fmt.Errorf("ingest: EarlyResults must not be negative, got %d", o.EarlyResults)
+	}
+	if o.EarlyResults == 0 {
+		o.EarlyResults = DefaultEarlyResults
+	}
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlight
 	}
@@ -150,9 +202,15 @@ type Service struct {
 	log  *slog.Logger
 	opts Options
 
-	ids     *idIssuer
-	shedIDs *idIssuer
-	views   views
+	ids    *idIssuer
+	views  views
+	tail   *tail
+	commit *committer // nil when CommitMinBatch < 0
+	reader *resultReader
+	opens  *rate.Limiter // nil when OpenRate < 0
+	// early holds the early answers given by this instance, for polls that
+	// come before the allocator has recorded them.
+	early   *lru.Cache[string, wire.Result]
 	flight  chan struct{} // one token per publish in flight
 	waiters *waiters
 	limiter *rate.Limiter // nil when RateLimit is off
@@ -167,8 +225,9 @@ type Service struct {
 	quit     chan struct{} // closed by endWaits: waiting handlers answer now
 	quitOnce sync.Once
 	stopped  bool
-	// stopViews ends the view watcher.
-	stopViews context.CancelFunc
+	// stopViews ends the view watcher and the tail, stopCommit the group
+	// commit.
+	stopViews, stopCommit context.CancelFunc
 }
 
 // New builds a Service over db (read only: results, activities, signups),
@@ -208,12 +267,26 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		log:     log,
 		opts:    opts,
 		ids:     newIDIssuer(opts.IDSecret),
-		shedIDs: newIDIssuer(opts.IDSecret + "/shed"),
-		views:   views{m: make(map[int64]*shedView)},
+		tail:    newTail(opts.ActivityCache),
+		reader:  newResultReader(db, opts.QueryTimeout, m.resultQueries.Inc),
 		flight:  make(chan struct{}, opts.MaxInFlight),
 		waiters: newWaiters(m.waiters),
 		metrics: m,
 		quit:    make(chan struct{}),
+	}
+	if opts.CommitMinBatch > 0 {
+		s.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, opts.MaxInFlight),
+			minBatch: opts.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: opts.PublishTimeout,
+			batches: func(n int) { m.commitBatch.Observe(float64(n)) }}
+	}
+	if s.views.m, err = lru.New[int64, viewEntry](opts.ActivityCache); err != nil {
+		return nil, err
+	}
+	if opts.OpenRate > 0 {
+		s.opens = rate.NewLimiter(rate.Limit(opts.OpenRate), max(1, int(2*opts.OpenRate)))
+	}
+	if s.early, err = lru.New[string, wire.Result](opts.EarlyResults); err != nil {
+		return nil, err
 	}
 	if opts.RateLimit > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(opts.RateLimit), opts.RateBurst)
@@ -239,7 +312,12 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.sub != nil || s.stopped {
 		return errors.New("ingest: Start called twice or after Stop")
 	}
-	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions,
+		Requests: s.opts.Retention.Requests, Events: s.opts.Retention.Events}); err != nil {
+		return fmt.Errorf("ingest start: %w", err)
+	}
+	replicas, err := bus.KeepReplicas(ctx, s.js, bus.KeyValueStream(s.opts.IdempotencyBucket), s.opts.StreamReplicas)
+	if err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
 	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -248,7 +326,7 @@ func (s *Service) Start(ctx context.Context) error {
 		History:     1,
 		TTL:         s.opts.IdempotencyTTL,
 		Storage:     jetstream.FileStorage,
-		Replicas:    s.opts.StreamReplicas,
+		Replicas:    replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("ingest start: %w: ensure bucket %s: %w", bus.ErrUnavailable, s.opts.IdempotencyBucket, err)
@@ -264,6 +342,19 @@ func (s *Service) Start(ctx context.Context) error {
 			return fmt.Errorf("ingest start: %w: watch %s: %w", bus.ErrUnavailable, wire.ViewBucket, err)
 		}
 		s.stopViews = cancel
+		if err := s.tail.start(ctx, s.js, s.opts.TailReplay, s.log); err != nil {
+			cancel()
+			return fmt.Errorf("ingest start: %w", err)
+		}
+		// Start is retried while JetStream is not ready (Run): a failed
+		// attempt must not leave its watcher behind.
+		defer func() {
+			if s.sub == nil { // this attempt failed after all
+				cancel()
+				s.tail.stop()
+				s.stopViews = nil
+			}
+		}()
 	}
 	sub, err := s.nc.Subscribe(wire.ResultSubject, s.onResults)
 	if err != nil {
@@ -281,6 +372,12 @@ func (s *Service) Start(ctx context.Context) error {
 		sub.Unsubscribe() //nolint:errcheck
 		return fmt.Errorf("ingest start: %w: flush subscription: %w", bus.ErrUnavailable, err)
 	}
+	cctx, stopCommit := context.WithCancel(context.Background())
+	s.stopCommit = stopCommit
+	if s.commit != nil {
+		s.commit.run(cctx)
+	}
+	s.reader.run(cctx)
 	s.kv, s.sub = kv, sub
 	s.log.InfoContext(ctx, "ingest started",
 		slog.String("bucket", s.opts.IdempotencyBucket),
@@ -305,6 +402,10 @@ func (s *Service) Stop() {
 	s.stopped = true
 	if s.stopViews != nil {
 		s.stopViews()
+		s.tail.stop()
+	}
+	if s.stopCommit != nil {
+		s.stopCommit()
 	}
 	if s.sub != nil {
 		if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {

@@ -5,28 +5,34 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Shedding: a claim for an activity the allocator reports full is decided
-// here, at once, without touching the stream (write-up 003's "shed load
-// before the database"). The allocator keeps a view of every full activity
-// without waiters in the ALLOT_VIEW bucket: its counters and, up to
-// wire.MaxViewHolders, every holder. Against that state a claim's decision
-// is fixed: a holder gets ALREADY_OWNED, anyone else SOLD_OUT; nothing
-// changes, so nothing needs to be stored. The allocator sends changed views
-// on the result subject ahead of the results of the same commit, so this
-// ingest applies a view before it hands out the results that depend on it
-// (a result read from MySQL after a lost notification is the exception).
+// Answering early (shedding): a claim for an activity that the allocator
+// reports full is published to the request stream like every other request
+// (so it is durable, ordered, applied, recorded and replayed by the audit),
+// and answered as soon as its answer is provably decided at its place in
+// the stream, without waiting for the allocator to apply it:
+//
+//  1. the allocator keeps, in the ALLOT_VIEW bucket, a view of every full
+//     activity without waiters: its counters, every holder, and the stream
+//     sequence V its state covers;
+//  2. the claim is published and gets its stream sequence S from the PubAck;
+//  3. the tail (tail.go) follows the stream past S and finds no request on
+//     the activity other than claims stored after V and before S.
+//
+// Then the state at S is the view's state (claims change nothing on a full
+// activity), and the answer is the allocator's: a holder gets ALREADY_OWNED,
+// anyone else SOLD_OUT. Otherwise the claim waits for the allocator like any
+// other write. The allocator applies it later and records the same result.
 
 // shedView is the decoded view of one full activity.
 type shedView struct {
@@ -34,20 +40,24 @@ type shedView struct {
 	holders map[int64]struct{}
 }
 
-// shedOutcomes are encoded into a shed request id, so that a poll of it can
-// answer without any stored state.
-var shedOutcomes = []string{wire.OutcomeSoldOut, wire.OutcomeAlreadyOwned}
+// viewEntry is ingest's copy of one activity's key: the highest sequence a
+// view of it covered (cleared views included), and the sheddable view at
+// that sequence, if it is one.
+type viewEntry struct {
+	seq uint64
+	sv  *shedView
+}
 
-// views is ingest's copy of the ALLOT_VIEW bucket.
+// views is ingest's copy of the ALLOT_VIEW bucket, bounded (LRU): a view
+// forgotten only sends its activity's claims to the allocator.
 type views struct {
-	mu sync.RWMutex
-	m  map[int64]*shedView
+	mu sync.Mutex // orders puts; reads need only the cache's own lock
+	m  *lru.Cache[int64, viewEntry]
 }
 
 func (vs *views) get(activity int64) *shedView {
-	vs.mu.RLock()
-	defer vs.mu.RUnlock()
-	return vs.m[activity]
+	e, _ := vs.m.Get(activity)
+	return e.sv
 }
 
 func (vs *views) apply(e jetstream.KeyValueEntry) error {
@@ -56,10 +66,11 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 		return errors.New("bad view key " + e.Key())
 	}
 	if e.Operation() != jetstream.KeyValuePut {
-		// Deleting is always safe: without a view the claim goes through
-		// the stream. A later put restores the view.
+		// A delete carries no sequence: drop the view, keep the sequence.
 		vs.mu.Lock()
-		delete(vs.m, id)
+		if old, ok := vs.m.Peek(id); ok {
+			vs.m.Add(id, viewEntry{seq: old.seq})
+		}
 		vs.mu.Unlock()
 		return nil
 	}
@@ -67,12 +78,16 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 	if err := json.Unmarshal(e.Value(), &v); err != nil {
 		return err
 	}
+	if v.ActivityID != id {
+		return errors.New("view under key " + e.Key() + " is of activity " + strconv.FormatInt(v.ActivityID, 10))
+	}
 	vs.put(v)
 	return nil
 }
 
-// put installs v unless a view of a later state is already installed. A
-// view that cannot decide a claim removes the activity's.
+// put installs v unless a view of a later state, cleared or not, is
+// already installed: a late put never overrides a newer clear. A view that
+// cannot decide a claim clears the activity's.
 func (vs *views) put(v wire.View) {
 	var sv *shedView
 	if v.Sheddable() {
@@ -83,14 +98,10 @@ func (vs *views) put(v wire.View) {
 	}
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
-	if old := vs.m[v.ActivityID]; old != nil && old.v.Seq > v.Seq {
+	if old, ok := vs.m.Peek(v.ActivityID); ok && old.seq > v.Seq {
 		return
 	}
-	if sv == nil {
-		delete(vs.m, v.ActivityID)
-		return
-	}
-	vs.m[v.ActivityID] = sv
+	vs.m.Add(v.ActivityID, viewEntry{seq: v.Seq, sv: sv})
 }
 
 // watchViews keeps s.views current until ctx ends.
@@ -121,51 +132,39 @@ func (s *Service) watchViews(ctx context.Context, kv jetstream.KeyValue) error {
 	return nil
 }
 
-// shed answers a claim at once when the view of its activity decides it.
-// It reports whether it answered.
-func (s *Service) shed(w http.ResponseWriter, r *http.Request, activity, user int64) bool {
-	sv := s.views.get(activity)
-	if sv == nil {
-		return false
+// DefaultEarlyWait bounds how long a claim waits for the tail to pass it
+// before it is left to the allocator.
+const DefaultEarlyWait = time.Second
+
+// answerEarly decides the claim published as id at stream sequence seq
+// from a view, when the tail proves the view still holds at seq (see the
+// top of this file). candidate is the view seen before publishing; the
+// newest view is tried first. It reports whether it decided.
+func (s *Service) answerEarly(ctx context.Context, id string, activity, user int64, seq uint64, candidate *shedView) (wire.Result, bool) {
+	start := time.Now()
+	if !s.tail.waitPast(ctx, seq, s.opts.EarlyWait) {
+		s.metrics.earlyMissed.WithLabelValues("tail_behind").Inc()
+		return wire.Result{}, false
 	}
-	res := wire.Result{State: wire.StateDone, Op: wire.OpClaim, ActivityID: activity, UserID: user,
-		Outcome: wire.OutcomeSoldOut, Seq: sv.v.Seq, AppliedAt: time.Now().UTC().Truncate(time.Microsecond), Shed: true}
+	s.metrics.tailWait.Observe(time.Since(start).Seconds())
+	var sv *shedView
+	for _, c := range []*shedView{s.views.get(activity), candidate} {
+		if c != nil && s.tail.settled(activity, c.v.Seq, seq) {
+			sv = c
+			break
+		}
+	}
+	if sv == nil {
+		s.metrics.earlyMissed.WithLabelValues("changed").Inc()
+		return wire.Result{}, false
+	}
+	res := wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: activity, UserID: user,
+		Outcome: wire.OutcomeSoldOut, Seq: seq, AppliedAt: time.Now().UTC().Truncate(time.Microsecond), Shed: true}
 	if _, ok := sv.holders[user]; ok {
 		st := wire.StatusConfirmed
 		res.Outcome, res.Status = wire.OutcomeAlreadyOwned, &st
 	}
-	id, err := s.shedIDs.newShed(res.Outcome)
-	if err != nil {
-		return false
-	}
-	res.RequestID = id.String()
+	s.early.Add(id, res)
 	s.metrics.shed.WithLabelValues(res.Outcome).Inc()
-	writeJSON(w, http.StatusOK, res)
-	return true
-}
-
-// newShed mints the id of a shed answer: a checksummed v7 (with the shed
-// key) whose byte 7 carries the outcome.
-func (g *idIssuer) newShed(outcome string) (uuid.UUID, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return uuid.Nil, err
-	}
-	for i, o := range shedOutcomes {
-		if o == outcome {
-			id[7] = byte(i)
-		}
-	}
-	g.sum(&id, id[12:16])
-	return id, nil
-}
-
-// shedResult is what a poll of a shed id answers: the outcome it carries.
-// The activity and user are not in the id, so they are not in the answer.
-func (g *idIssuer) shedResult(id uuid.UUID) (map[string]any, bool) {
-	if !g.Issued(id) || int(id[7]) >= len(shedOutcomes) {
-		return nil, false
-	}
-	return map[string]any{"request_id": id.String(), "state": wire.StateDone, "op": wire.OpClaim,
-		"outcome": shedOutcomes[id[7]], "shed": true}, true
+	return res, true
 }

@@ -163,9 +163,7 @@ func (s *Service) await(ctx context.Context, id string, w *waiter, d time.Durati
 // a waiting handler answers "pending" rather than fail a request that is
 // durably stored.
 func (s *Service) lookup(ctx context.Context, id string) (wire.Result, bool) {
-	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
-	defer cancel()
-	r, ok, err := store.GetResult(qctx, s.db, id)
+	r, ok, err := s.reader.get(ctx, id)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.WarnContext(ctx, "read result while waiting", slog.String("request_id", id), slog.Any("err", err))

@@ -67,6 +67,17 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 		writeError(w, http.StatusTooManyRequests, msgRateLimited)
 		return
 	}
+	if op == wire.OpOpen && s.opens != nil && !s.opens.Allow() {
+		w.Header()["Retry-After"] = []string{"1"}
+		writeError(w, http.StatusTooManyRequests, msgOpenRateLimited)
+		return
+	}
+	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
+		s.metrics.waitersRefused.Inc()
+		w.Header()["Retry-After"] = []string{"1"}
+		writeError(w, http.StatusServiceUnavailable, msgTooManyWaiters)
+		return
+	}
 	if s.users != nil && op != wire.OpOpen {
 		if ok, wait := s.users.allow(user, time.Now()); !ok {
 			w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}
@@ -74,10 +85,12 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 			return
 		}
 	}
-	// A keyed claim always goes through the stream, so the key stays bound
-	// to one stored request.
-	if op == wire.OpClaim && !hasKey && !s.opts.DisableShed && s.shed(w, r, activity, user) {
-		return
+	// A claim for an activity with a view may be answered early, once it
+	// is stored (answerEarly). A keyed claim is left to the allocator, so
+	// that a repeat of the key reads the recorded result.
+	var candidate *shedView
+	if op == wire.OpClaim && !hasKey && !s.opts.DisableShed {
+		candidate = s.views.get(activity)
 	}
 
 	ctx := r.Context()
@@ -141,14 +154,25 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr s
 			return
 		}
 	}
-	if err := s.publish(ctx, activity, id, data); err != nil {
+	seq, err := s.publish(ctx, activity, id, data)
+	if err != nil {
 		if errors.Is(err, errOverloaded) {
 			w.Header()["Retry-After"] = []string{"1"}
 			writeError(w, http.StatusServiceUnavailable, msgOverloaded)
 			return
 		}
+		if errors.Is(err, errMaybeStored) {
+			writeMaybeStored(w, id)
+			return
+		}
 		writeError(w, http.StatusServiceUnavailable, msgBrokerDown)
 		return
+	}
+	if candidate != nil {
+		if res, ok := s.answerEarly(ctx, id, activity, user, seq, candidate); ok {
+			writeJSON(w, http.StatusOK, res)
+			return
+		}
 	}
 	if wait > 0 {
 		// A fresh id cannot have a result yet, and a repeat's was read
@@ -180,13 +204,13 @@ func canonicalPath(op string, activity, user int64) string {
 // PubAck. Nats-Msg-Id is the request id, so JetStream drops a re-publish
 // within its duplicate window. The publish is not cut short when the client
 // leaves: its outcome is logged either way.
-func (s *Service) publish(ctx context.Context, activity int64, id string, data []byte) error {
+func (s *Service) publish(ctx context.Context, activity int64, id string, data []byte) (uint64, error) {
 	select {
 	case s.flight <- struct{}{}:
 		defer func() { <-s.flight }()
 	default:
 		s.metrics.publishFailures.Inc()
-		return fmt.Errorf("%w: %d publishes already in flight", errOverloaded, cap(s.flight))
+		return 0, fmt.Errorf("%w: %d publishes already in flight", errOverloaded, cap(s.flight))
 	}
 	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
 	start := time.Now()
@@ -196,17 +220,34 @@ func (s *Service) publish(ctx context.Context, activity int64, id string, data [
 		s.metrics.publishFailures.Inc()
 		s.log.WarnContext(ctx, "publish request", slog.String("request_id", id),
 			slog.Int64("activity_id", activity), slog.Any("err", err))
-		return fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
+		return 0, fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
 	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "request published", slog.String("request_id", id),
 			slog.Int64("activity_id", activity), slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
 	}
-	return nil
+	return ack.Sequence, nil
 }
 
 // errOverloaded means the in-flight bound is reached: 503 at once.
 var errOverloaded = errors.New("too many publishes in flight")
+
+// errMaybeStored means a copy of the request left the process and no
+// answer came back: the broker may have stored it. The client is told the
+// request id, to poll it, rather than "nothing was stored", which would
+// send it to retry into a second request.
+var errMaybeStored = errors.New("the request may have been stored")
+
+// refused reports whether err is the broker's definite answer that it did
+// not store this copy: an error in the PubAck (the stream is full, it is
+// not the stream the request was meant for, the message is too large…)
+// or no stream listening on the subject. Waiting does not change such an
+// answer, so it is given at once instead of holding an in-flight slot
+// until the deadline.
+func refused(err error) bool {
+	_, api := errors.AsType[*jetstream.APIError](err)
+	return api || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
 
 // publishAsync publishes without a round trip of its own: many handlers'
 // messages share the connection's pipeline and their PubAcks come back
@@ -215,26 +256,52 @@ var errOverloaded = errors.New("too many publishes in flight")
 // A publish that left the process but got no PubAck (the broker went away,
 // a timeout) may or may not be stored. It is published again with the same
 // Nats-Msg-Id until the deadline: once the broker answers, a stored copy
-// comes back as a duplicate and the client gets its 202, so that 503 keeps
-// meaning "not stored" whenever the broker returns within the deadline.
+// comes back as a duplicate and the client gets its 202. If the deadline
+// passes first, the error wraps errMaybeStored. A copy the broker refused
+// for a definite reason (refused) is answered at once; "nothing stored"
+// holds then only if no earlier copy may be stored.
 func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
+	until := time.Now().Add(s.opts.PublishTimeout)
 	deadline := time.NewTimer(s.opts.PublishTimeout)
 	defer deadline.Stop()
-	var last error
-	for attempt := 0; ; attempt++ {
+	var (
+		last  error
+		maybe bool // a copy left the process and got no answer
+	)
+	unconfirmed := func() error {
+		if maybe {
+			return fmt.Errorf("%w: no PubAck within %s: %w", errMaybeStored, s.opts.PublishTimeout, last)
+		}
+		return fmt.Errorf("no PubAck within %s: %w", s.opts.PublishTimeout, last)
+	}
+	first := 0
+	if s.commit != nil {
+		// The first copy goes out through the group commit (commit.go).
+		res := s.commit.publish(msg, id, until)
+		switch {
+		case res.err == nil:
+			return res.ack, nil
+		case !res.sent:
+			return nil, res.err // it never left the process: nothing stored
+		case refused(res.err):
+			return nil, fmt.Errorf("refused: %w", res.err) // nothing stored
+		}
+		last, maybe, first = res.err, true, 1
+	}
+	for attempt := first; ; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-deadline.C:
-				return nil, fmt.Errorf("no PubAck within %s: %w", s.opts.PublishTimeout, last)
+				return nil, unconfirmed()
 			case <-time.After(min(time.Duration(attempt)*50*time.Millisecond, 500*time.Millisecond)):
 			}
 		}
 		f, err := s.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
 		if err != nil {
-			if attempt == 0 {
-				return nil, err // it never left the process: nothing stored
+			if !maybe {
+				return nil, err // no copy ever left the process: nothing stored
 			}
-			last = err // an earlier attempt may be stored: keep asking
+			last = err // an earlier copy may be stored: keep asking
 			continue
 		}
 		select {
@@ -242,8 +309,19 @@ func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, err
 			return ack, nil
 		case err := <-f.Err():
 			last = err
+			if refused(err) && !maybe {
+				return nil, fmt.Errorf("refused: %w", err) // nothing stored
+			}
+			if refused(err) {
+				// This copy is not stored; an earlier one may be, and
+				// asking again would get the same refusal.
+				return nil, unconfirmed()
+			}
+			maybe = true
 		case <-deadline.C:
-			return nil, fmt.Errorf("no PubAck within %s", s.opts.PublishTimeout)
+			maybe = true
+			last = jetstream.ErrAsyncPublishTimeout
+			return nil, unconfirmed()
 		}
 	}
 }

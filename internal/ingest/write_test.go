@@ -191,9 +191,11 @@ func TestIdempotentRepeatOfAnAppliedRequest(t *testing.T) {
 	}
 }
 
-// fakeAllocator applies every request on alloc.req.> at once: it records a
-// result in processed_request and announces it, as the allocator does.
-func fakeAllocator(t *testing.T, h *harness, outcome string) {
+// fakeNotifier applies every request on alloc.req.> at once, as the
+// allocator does: it announces a result, and records it in
+// processed_request only when store is set (without it, only the
+// notification carries the result).
+func fakeNotifier(t *testing.T, h *harness, outcome string, store bool) {
 	t.Helper()
 	sub, err := h.nc.Subscribe(wire.RequestSubjectPrefix+">", func(m *nats.Msg) {
 		var r wire.Request
@@ -204,11 +206,13 @@ func fakeAllocator(t *testing.T, h *harness, outcome string) {
 		res := wire.Result{RequestID: r.RequestID, State: wire.StateDone, Op: r.Op, ActivityID: r.ActivityID,
 			UserID: r.UserID, Outcome: outcome, Status: ptr(wire.StatusConfirmed), Seq: seqs.Add(1),
 			AppliedAt: time.Now().UTC()}
-		if _, err := h.db.ExecContext(context.Background(),
-			"INSERT INTO processed_request (request_id, seq, op, activity_id, user_id, outcome, status, applied_at) VALUES (?,?,?,?,?,?,?,?)",
-			res.RequestID, res.Seq, res.Op, res.ActivityID, res.UserID, res.Outcome, res.Status, res.AppliedAt); err != nil {
-			t.Errorf("fake allocator: %v", err)
-			return
+		if store {
+			if _, err := h.db.ExecContext(context.Background(),
+				"INSERT INTO processed_request (request_id, seq, op, activity_id, user_id, outcome, status, applied_at) VALUES (?,?,?,?,?,?,?,?)",
+				res.RequestID, res.Seq, res.Op, res.ActivityID, res.UserID, res.Outcome, res.Status, res.AppliedAt); err != nil {
+				t.Errorf("fake allocator: %v", err)
+				return
+			}
 		}
 		b, _ := json.Marshal(wire.ResultBatch{Results: []wire.Result{res}})
 		h.nc.Publish(wire.ResultSubject, b) //nolint:errcheck
@@ -230,13 +234,11 @@ func TestWriteWithWait(t *testing.T) {
 	resp, body := h.do(req{method: "POST", path: "/v1/activities/3/signups/4?wait=300ms"})
 	accepted(t, "no allocator: the wait ends", resp, body)
 
-	fakeAllocator(t, h, wire.OutcomeConfirmed)
-	start := time.Now()
+	// The result reaches ingest only by its notification: nothing is in
+	// MySQL, so a done answer proves the notification woke the handler.
+	fakeNotifier(t, h, wire.OutcomeConfirmed, false)
 	resp, body = h.do(req{method: "POST", path: "/v1/activities/3/signups/5?wait=20s"})
 	wantStatus(t, "join with wait", resp, body, http.StatusOK)
-	if el := time.Since(start); el > 10*time.Second {
-		t.Errorf("join with wait took %s: the result notification was missed", el)
-	}
 	res := decode[wire.Result](t, "join with wait", body)
 	if res.State != wire.StateDone || res.Op != wire.OpJoin || res.ActivityID != 3 || res.UserID != 5 ||
 		res.Outcome != wire.OutcomeConfirmed || res.Status == nil || *res.Status != wire.StatusConfirmed {

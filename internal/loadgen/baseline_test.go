@@ -3,6 +3,7 @@ package loadgen_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -27,7 +29,7 @@ func baselineServer(t testing.TB, design string, conns int) *httptest.Server {
 		r, err := baseline.DialRedis(ctx, addr, 1)
 		cancel()
 		if err != nil {
-			t.Skipf("skipping: Redis does not answer at %s (set ALLOT_TEST_REDIS_ADDR): %v", addr, err)
+			testenv.Missing(t, fmt.Sprintf("Redis does not answer at %s (start redis-server, or set ALLOT_TEST_REDIS_ADDR): %v", addr, err))
 		}
 		r.Close()
 	}

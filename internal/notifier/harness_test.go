@@ -20,7 +20,7 @@ import (
 	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/internal/waitfor"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -181,7 +181,7 @@ func (e *env) deadLetters() []*jetstream.RawStreamMsg {
 // waitFor polls cond until it holds or timeout passes.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	waitfor.True(t, timeout, what, cond)
+	testenv.WaitFor(t, timeout, what, cond)
 }
 
 // answer is what the receiver does with one call.

@@ -35,6 +35,15 @@ func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 	}
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
+	// Strict mode on every connection, whatever the server's default: a
+	// value that does not fit is an error, never a silent cut (issue 10).
+	// It overrides a sql_mode in the DSN on purpose.
+	if cfg.Params == nil {
+		cfg.Params = make(map[string]string, 1)
+	}
+	cfg.Params["sql_mode"] = StrictSQLMode
+	// 0: the driver asks the server for its max_allowed_packet.
+	cfg.MaxAllowedPacket = 0
 	if cfg.Timeout == 0 {
 		cfg.Timeout = 5 * time.Second
 	}
@@ -52,8 +61,18 @@ func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, cfg.Addr, err)
 	}
+	var packet int64
+	if err := db.QueryRowContext(pingCtx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("read max_allowed_packet: %w", err)
+	}
+	notePacket(packet)
 	return db, nil
 }
+
+// StrictSQLMode is the sql_mode of every connection Open makes. It holds on
+// MySQL 8 and MariaDB 10.11 alike.
+const StrictSQLMode = "'STRICT_ALL_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION'"
 
 // EnsureDatabase creates the database named in dsn if it does not exist.
 func EnsureDatabase(ctx context.Context, dsn string) error {

@@ -9,55 +9,90 @@ import (
 )
 
 // OutboxRow is a processed request whose events are still to be relayed.
+// Events is the first piece of its event list; EventParts more pieces are
+// in processed_request_part (OutboxPiece).
 type OutboxRow struct {
 	Seq        uint64
 	RequestID  string
 	ActivityID int64
 	Events     string
+	EventParts int
 	AppliedAt  time.Time
+}
+
+// RelayCursor is how far the relay of a partition has got: every event of
+// the requests up to Seq, and the pieces before Piece of the first request
+// after Seq (a request whose event list is stored in pieces is relayed one
+// piece at a time).
+type RelayCursor struct {
+	Seq   uint64
+	Piece int
 }
 
 // EnsureRelay creates the relay cursor of partition p if it is missing.
 func EnsureRelay(ctx context.Context, q DBTX, p int) error {
-	if _, err := q.ExecContext(ctx, "INSERT IGNORE INTO event_relay (partition_id, last_seq) VALUES (?, 0)", p); err != nil {
+	if _, err := q.ExecContext(ctx, "INSERT INTO event_relay (partition_id, last_seq) VALUES (?, 0) "+
+		"ON DUPLICATE KEY UPDATE partition_id = partition_id", p); err != nil {
 		return fmt.Errorf("ensure relay %d: %w", p, err)
 	}
 	return nil
 }
 
-// LockRelay locks the relay cursor of partition p, so one relay at a time
-// publishes a partition's events, and returns it.
-func LockRelay(ctx context.Context, tx *sql.Tx, p int) (uint64, error) {
-	var last uint64
-	err := tx.QueryRowContext(ctx, "SELECT last_seq FROM event_relay WHERE partition_id = ? FOR UPDATE", p).Scan(&last)
+// ReadRelay returns the relay cursor of partition p. It takes no lock: the
+// relay publishes without holding one, and moves the cursor with
+// AdvanceRelay, which refuses to move it from anywhere but where it read it.
+func ReadRelay(ctx context.Context, q DBTX, p int) (RelayCursor, error) {
+	var c RelayCursor
+	err := q.QueryRowContext(ctx, "SELECT last_seq, next_piece FROM event_relay WHERE partition_id = ?", p).Scan(&c.Seq, &c.Piece)
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, fmt.Errorf("lock relay %d: no cursor row (EnsureRelay first)", p)
+		return c, fmt.Errorf("read relay %d: no cursor row (EnsureRelay first)", p)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("lock relay %d: %w", p, err)
+		return c, fmt.Errorf("read relay %d: %w", p, err)
 	}
-	return last, nil
+	return c, nil
+}
+
+// AdvanceRelay moves the relay cursor of partition p from from to to, and
+// reports false when it was not at from any more (another relay moved it:
+// both published the same events with the same ids, which the stream's
+// duplicate window and consumers' dedupe by event_id absorb).
+func AdvanceRelay(ctx context.Context, q DBTX, p int, from, to RelayCursor) (bool, error) {
+	res, err := q.ExecContext(ctx, "UPDATE event_relay SET last_seq = ?, next_piece = ? WHERE partition_id = ? AND last_seq = ? AND next_piece = ?",
+		to.Seq, to.Piece, p, from.Seq, from.Piece)
+	if err != nil {
+		return false, fmt.Errorf("advance relay %d: %w", p, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("advance relay %d: %w", p, err)
+	}
+	return n == 1, nil
 }
 
 // PendingOutbox returns up to limit processed requests of partition p after
 // seq, in seq order, and the last seq it looked at. Rows without events are
 // skipped but still move the cursor. A partition's rows commit in seq order
-// (one fenced writer), so nothing below the cursor can appear later.
-func PendingOutbox(ctx context.Context, tx *sql.Tx, p int, after uint64, limit int) ([]OutboxRow, uint64, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT seq, request_id, activity_id, events, applied_at FROM processed_request "+
+// (one fenced writer), so nothing below the cursor can appear later. It
+// stops early once it holds maxBytes of events.
+func PendingOutbox(ctx context.Context, q DBTX, p int, after uint64, limit, maxBytes int) ([]OutboxRow, uint64, error) {
+	rows, err := q.QueryContext(ctx, "SELECT seq, request_id, activity_id, events, event_parts, applied_at FROM processed_request "+
 		"WHERE partition_id = ? AND seq > ? ORDER BY seq LIMIT ?", p, after, limit)
 	if err != nil {
 		return nil, after, fmt.Errorf("pending outbox: %w", err)
 	}
 	defer rows.Close()
-	var out []OutboxRow
+	var (
+		out   []OutboxRow
+		bytes int
+	)
 	last := after
-	for rows.Next() {
+	for bytes < maxBytes && rows.Next() {
 		var (
 			r      OutboxRow
 			events sql.NullString
 		)
-		if err := rows.Scan(&r.Seq, &r.RequestID, &r.ActivityID, &events, &r.AppliedAt); err != nil {
+		if err := rows.Scan(&r.Seq, &r.RequestID, &r.ActivityID, &events, &r.EventParts, &r.AppliedAt); err != nil {
 			return nil, after, fmt.Errorf("pending outbox: %w", err)
 		}
 		last = r.Seq
@@ -65,6 +100,7 @@ func PendingOutbox(ctx context.Context, tx *sql.Tx, p int, after uint64, limit i
 			r.Events = events.String
 			r.AppliedAt = r.AppliedAt.UTC()
 			out = append(out, r)
+			bytes += len(r.Events)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -73,10 +109,27 @@ func PendingOutbox(ctx context.Context, tx *sql.Tx, p int, after uint64, limit i
 	return out, last, nil
 }
 
-// SetRelay moves the relay cursor of partition p.
-func SetRelay(ctx context.Context, tx *sql.Tx, p int, last uint64) error {
-	if _, err := tx.ExecContext(ctx, "UPDATE event_relay SET last_seq = ? WHERE partition_id = ?", last, p); err != nil {
-		return fmt.Errorf("set relay %d: %w", p, err)
+// OutboxPiece returns piece n (1, 2, …) of the event list of the request at
+// (p, seq), and the index of its first event.
+func OutboxPiece(ctx context.Context, q DBTX, p int, seq uint64, n int) (string, int, error) {
+	var (
+		data  string
+		first int
+	)
+	err := q.QueryRowContext(ctx, "SELECT data, first_event FROM processed_request_part WHERE partition_id = ? AND seq = ? AND col = ? AND piece = ?",
+		p, seq, ColEvents, n).Scan(&data, &first)
+	if err != nil {
+		return "", 0, fmt.Errorf("outbox piece %d of seq %d: %w", n, seq, err)
+	}
+	return data, first, nil
+}
+
+// SkipOutbox records that the relay of partition p could not read (all
+// of) the events of the request at seq, and why.
+func SkipOutbox(ctx context.Context, q DBTX, p int, seq uint64, requestID, reason string) error {
+	if _, err := q.ExecContext(ctx, "INSERT INTO outbox_skipped (partition_id, seq, request_id, reason, skipped_at) VALUES (?, ?, ?, ?, ?) "+
+		"ON DUPLICATE KEY UPDATE reason = VALUES(reason)", p, seq, requestID, truncate(reason, 1000), time.Now().UTC()); err != nil {
+		return fmt.Errorf("record skipped outbox entry %d: %w", seq, err)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -27,14 +28,16 @@ type SignupState struct {
 	Position   *int64 `json:"position"`
 }
 
-const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at"
+const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason"
 
-// GetResult reads the recorded result of requestID.
+// GetResult reads the recorded result of requestID: its processed_request
+// row (a promoted list stored in pieces included), or, for a request the
+// allocator refused, a REJECTED result built from its rejected_message row.
 func GetResult(ctx context.Context, q DBTX, requestID string) (wire.Result, bool, error) {
-	row := q.QueryRowContext(ctx, "SELECT "+resultColumns+" FROM processed_request WHERE request_id = ?", requestID)
-	r, err := scanResult(row)
+	row := q.QueryRowContext(ctx, "SELECT "+resultColumns+", partition_id, promoted_parts FROM processed_request WHERE request_id = ?", requestID)
+	r, err := scanResult(ctx, q, row)
 	if errors.Is(err, sql.ErrNoRows) {
-		return wire.Result{}, false, nil
+		return getRejected(ctx, q, requestID)
 	}
 	if err != nil {
 		return wire.Result{}, false, fmt.Errorf("get result %s: %w", requestID, err)
@@ -42,23 +45,52 @@ func GetResult(ctx context.Context, q DBTX, requestID string) (wire.Result, bool
 	return r, true, nil
 }
 
+// getRejected reads the first rejection of requestID as a REJECTED result.
+func getRejected(ctx context.Context, q DBTX, requestID string) (wire.Result, bool, error) {
+	r := wire.Result{RequestID: requestID, State: wire.StateDone, Outcome: wire.OutcomeRejected}
+	var (
+		op             sql.NullString
+		activity, user sql.NullInt64
+	)
+	err := q.QueryRowContext(ctx, "SELECT seq, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
+		" WHERE request_id = ? ORDER BY seq LIMIT 1", requestID).Scan(&r.Seq, &op, &activity, &user, &r.Reason, &r.AppliedAt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return wire.Result{}, false, nil
+	}
+	if err != nil {
+		return wire.Result{}, false, fmt.Errorf("get rejection of %s: %w", requestID, err)
+	}
+	r.Op, r.ActivityID, r.UserID = op.String, activity.Int64, user.Int64
+	r.AppliedAt = r.AppliedAt.UTC()
+	return r, true, nil
+}
+
 type scanner interface{ Scan(dest ...any) error }
 
-func scanResult(row scanner) (wire.Result, error) {
+func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 	var (
-		r        wire.Result
-		status   sql.NullString
-		position sql.NullInt64
-		promoted sql.NullString
-		capacity sql.NullInt64
+		r         wire.Result
+		status    sql.NullString
+		position  sql.NullInt64
+		promoted  sql.NullString
+		capacity  sql.NullInt64
+		reason    sql.NullString
+		partition int
+		parts     int
 	)
 	err := row.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
-		&status, &position, &promoted, &capacity, &r.AppliedAt)
+		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason, &partition, &parts)
 	if err != nil {
 		return r, err
 	}
+	if parts > 0 {
+		if promoted.String, err = WholeValue(ctx, q, partition, r.Seq, ColPromoted, promoted.String); err != nil {
+			return r, err
+		}
+	}
 	r.State = wire.StateDone
 	r.AppliedAt = r.AppliedAt.UTC()
+	r.Reason = reason.String
 	if status.Valid {
 		r.Status = &status.String
 	}
@@ -141,4 +173,91 @@ func GetActivityRow(ctx context.Context, q DBTX, id int64) (ActivityRow, bool, e
 		return r, false, fmt.Errorf("get activity %d: %w", id, err)
 	}
 	return r, true, nil
+}
+
+// WholeValue returns the long value col ("p": promoted_user_ids, "e":
+// events) of the processed_request row at (partition, seq) whose first
+// piece is head, with the pieces stored in processed_request_part after it.
+func WholeValue(ctx context.Context, q DBTX, partition int, seq uint64, col, head string) (string, error) {
+	rows, err := q.QueryContext(ctx, "SELECT data FROM processed_request_part WHERE partition_id = ? AND seq = ? AND col = ? ORDER BY piece",
+		partition, seq, col)
+	if err != nil {
+		return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	b.WriteString(head)
+	for rows.Next() {
+		var piece string
+		if err := rows.Scan(&piece); err != nil {
+			return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
+		}
+		if col == ColEvents {
+			b.WriteByte(';')
+		}
+		b.WriteString(piece)
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
+	}
+	return b.String(), nil
+}
+
+// GetResults reads the recorded results of many requests at once, as
+// GetResult reads one: the ones found are in the map.
+func GetResults(ctx context.Context, q DBTX, ids []string) (map[string]wire.Result, error) {
+	out := make(map[string]wire.Result, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	args := make([]any, len(ids))
+	for i, id := range ids {
+		args[i] = id
+	}
+	in := "(?" + strings.Repeat(",?", len(ids)-1) + ")"
+	rows, err := q.QueryContext(ctx, "SELECT "+resultColumns+", partition_id, promoted_parts FROM processed_request WHERE request_id IN "+in, args...)
+	if err != nil {
+		return nil, fmt.Errorf("get results: %w", err)
+	}
+	for rows.Next() {
+		r, err := scanResult(ctx, q, rows)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("get results: %w", err)
+		}
+		out[r.RequestID] = r
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("get results: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("get results: %w", err)
+	}
+	if len(out) == len(ids) {
+		return out, nil
+	}
+	// The rest may have been refused: the first rejection of each.
+	rows, err = q.QueryContext(ctx, "SELECT request_id, seq, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
+		" WHERE request_id IN "+in+" ORDER BY seq DESC", args...)
+	if err != nil {
+		return nil, fmt.Errorf("get rejections: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		r := wire.Result{State: wire.StateDone, Outcome: wire.OutcomeRejected}
+		var (
+			op             sql.NullString
+			activity, user sql.NullInt64
+		)
+		if err := rows.Scan(&r.RequestID, &r.Seq, &op, &activity, &user, &r.Reason, &r.AppliedAt); err != nil {
+			return nil, fmt.Errorf("get rejections: %w", err)
+		}
+		if _, done := out[r.RequestID]; done && out[r.RequestID].Outcome != wire.OutcomeRejected {
+			continue
+		}
+		r.Op, r.ActivityID, r.UserID = op.String, activity.Int64, user.Int64
+		r.AppliedAt = r.AppliedAt.UTC()
+		out[r.RequestID] = r // descending: the first rejection is written last
+	}
+	return out, rows.Err()
 }

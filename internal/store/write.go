@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -32,11 +35,14 @@ type SignupRow struct {
 	QueueSeq   uint64
 }
 
-// RejectedRow is a message the allocator refused as malformed.
+// RejectedRow is a message the allocator refused: malformed, or data MySQL
+// would not take. Request holds what could be decoded of it (a zero
+// RequestID when nothing could), so that a poll of its id answers REJECTED.
 type RejectedRow struct {
 	Seq     uint64
 	Subject string
 	Reason  string
+	Request wire.Request
 }
 
 // ResultRow is a processed_request row: the result, the partition that
@@ -50,7 +56,8 @@ type ResultRow struct {
 
 // EnsurePartition creates the fence row of partition p if it is missing.
 func EnsurePartition(ctx context.Context, q DBTX, p int) error {
-	_, err := q.ExecContext(ctx, "INSERT IGNORE INTO allocator_partition (partition_id, last_seq) VALUES (?, 0)", p)
+	_, err := q.ExecContext(ctx, "INSERT INTO allocator_partition (partition_id, last_seq) VALUES (?, 0) "+
+		"ON DUPLICATE KEY UPDATE partition_id = partition_id", p)
 	if err != nil {
 		return fmt.Errorf("ensure partition %d: %w", p, err)
 	}
@@ -221,47 +228,121 @@ var ErrDuplicateRequest = errors.New("a request in the batch was already applied
 // request_id refuses a second result for a request; a batch that runs into
 // it fails with ErrDuplicateRequest, so the common case needs no lookup
 // before the insert.
-func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) error {
-	for c := range chunks(len(rs)) {
-		n, err := insertResults(ctx, tx, rs[c.lo:c.hi])
-		if err != nil {
-			return err
+//
+// A result of any size is recorded whole: a promoted list or an event list
+// longer than pieceMax bytes (0: the default, derived from the server's
+// max_allowed_packet) keeps its first piece in the row and the rest in
+// processed_request_part, every statement sized to fit in a packet.
+func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow, pieceMax int) error {
+	n := pieceBytes(pieceMax)
+	type head struct {
+		promoted, events   string
+		promotedN, eventsN int
+	}
+	heads := make([]head, len(rs))
+	var parts []partRow
+	for i, r := range rs {
+		ids := r.PromotedUserIDs
+		if r.PromotedUserID != nil {
+			ids = []int64{*r.PromotedUserID}
 		}
-		if n != int64(c.hi-c.lo) {
-			return ErrDuplicateRequest
+		h := head{events: r.Events}
+		if len(ids) > 0 {
+			b, _ := json.Marshal(ids)
+			h.promoted = string(b)
+		}
+		if len(h.promoted) > n {
+			pieces := splitBytes(h.promoted, n)
+			h.promoted, h.promotedN = pieces[0], len(pieces)-1
+			for k, p := range pieces[1:] {
+				parts = append(parts, partRow{r.Partition, r.Seq, ColPromoted, k + 1, 0, p})
+			}
+		}
+		if len(h.events) > n {
+			pieces, first := splitEvents(h.events, n)
+			h.events, h.eventsN = pieces[0], len(pieces)-1
+			for k, p := range pieces[1:] {
+				parts = append(parts, partRow{r.Partition, r.Seq, ColEvents, k + 1, first[k+1], p})
+			}
+		}
+		heads[i] = h
+	}
+	err := insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+
+		", partition_id, events, promoted_parts, event_parts) VALUES ", "",
+		16, len(rs), func(i int, args []any) []any {
+			r, h := rs[i], heads[i]
+			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
+				nullString(r.Status), nullInt(r.Position), nullIfEmpty(h.promoted), nullInt(r.Capacity), r.AppliedAt,
+				nullIfEmpty(truncate(r.Reason, 255)), r.Partition, nullIfEmpty(h.events), h.promotedN, h.eventsN)
+		})
+	var me *mysql.MySQLError
+	if errors.As(err, &me) && me.Number == errDuplicateEntry && strings.Contains(me.Message, "uk_processed_request") {
+		return ErrDuplicateRequest
+	}
+	if err != nil {
+		return err
+	}
+	return insertRows(ctx, tx, "INSERT INTO processed_request_part (partition_id, seq, col, piece, first_event, data) VALUES ", "",
+		6, len(parts), func(i int, args []any) []any {
+			p := parts[i]
+			return append(args, p.partition, p.seq, p.col, p.piece, p.firstEvent, p.data)
+		})
+}
+
+// errDuplicateEntry is MySQL's "duplicate entry for key".
+const errDuplicateEntry = 1062
+
+// The values of processed_request_part.col: which long value a piece is of.
+const (
+	ColPromoted = "p"
+	ColEvents   = "e"
+)
+
+// partRow is a processed_request_part row.
+type partRow struct {
+	partition  int
+	seq        uint64
+	col        string
+	piece      int
+	firstEvent int
+	data       string
+}
+
+// InsertRejected records refused messages.
+func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.Time) error {
+	// The fence moves with the rejection, so a message is rejected once;
+	// the no-op update only keeps a repeat harmless.
+	return insertRows(ctx, tx, "INSERT INTO rejected_message (seq, subject, reason, rejected_at, request_id, op, activity_id, user_id) VALUES ",
+		" ON DUPLICATE KEY UPDATE seq = seq",
+		8, len(rs), func(i int, args []any) []any {
+			r := rs[i]
+			var id, op, activity, user any
+			if q := r.Request; validRequestID(q.RequestID) {
+				id, op, activity, user = q.RequestID, truncate(q.Op, 8), q.ActivityID, q.UserID
+			}
+			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at, id, op, activity, user)
+		})
+}
+
+// validRequestID reports whether id fits the request_id columns: a
+// canonical uuid, the only form ingest issues.
+func validRequestID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i := range len(id) {
+		c := id[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f':
+		default:
+			return false
 		}
 	}
-	return nil
-}
-
-func insertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow) (int64, error) {
-	var affected int64
-	err := insertRowsAffected(ctx, tx, "INSERT IGNORE INTO processed_request ("+resultColumns+", partition_id, events) VALUES ", "",
-		13, len(rs), func(i int, args []any) []any {
-			r := rs[i]
-			var promoted any
-			ids := r.PromotedUserIDs
-			if r.PromotedUserID != nil {
-				ids = []int64{*r.PromotedUserID}
-			}
-			if len(ids) > 0 {
-				b, _ := json.Marshal(ids)
-				promoted = string(b)
-			}
-			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
-				nullString(r.Status), nullInt(r.Position), promoted, nullInt(r.Capacity), r.AppliedAt,
-				r.Partition, nullIfEmpty(r.Events))
-		}, &affected)
-	return affected, err
-}
-
-// InsertRejected records malformed messages.
-func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.Time) error {
-	return insertRows(ctx, tx, "INSERT IGNORE INTO rejected_message (seq, subject, reason, rejected_at) VALUES ", "",
-		4, len(rs), func(i int, args []any) []any {
-			r := rs[i]
-			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at)
-		})
+	return true
 }
 
 // insertRows runs prefix + (?,..),(?,..) + suffix in chunks.
@@ -270,14 +351,15 @@ func insertRows(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n 
 }
 
 // insertRowsAffected is insertRows that adds the rows affected to *affected.
+// A statement holds at most maxRowsPerStatement rows and, at worst,
+// statementBytes bytes, so it fits in the server's max_allowed_packet
+// however long the rows' values are.
 func insertRowsAffected(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n int, row func(i int, args []any) []any, affected *int64) error {
-	for c := range chunks(n) {
-		size := c.hi - c.lo
-		args := make([]any, 0, size*cols)
-		for i := c.lo; i < c.hi; i++ {
-			args = row(i, args)
-		}
-		res, err := tx.ExecContext(ctx, prefix+placeholders(size, cols)+suffix, args...)
+	budget := statementBytes() - len(prefix) - len(suffix)
+	args := make([]any, 0, min(n, maxRowsPerStatement)*cols)
+	rows, size := 0, 0
+	flush := func(args []any) error {
+		res, err := tx.ExecContext(ctx, prefix+placeholders(rows, cols)+suffix, args...)
 		if err != nil {
 			return fmt.Errorf("%s…: %w", strings.TrimSpace(prefix[:min(len(prefix), 40)]), err)
 		}
@@ -288,8 +370,29 @@ func insertRowsAffected(ctx context.Context, tx *sql.Tx, prefix, suffix string, 
 			}
 			*affected += n
 		}
+		return nil
 	}
-	return nil
+	for i := range n {
+		start := len(args)
+		args = row(i, args)
+		b := 2 * cols // "(?,?)," around the values
+		for _, v := range args[start:] {
+			b += argBytes(v)
+		}
+		if rows > 0 && (rows == maxRowsPerStatement || size+b > budget) {
+			if err := flush(args[:start]); err != nil {
+				return err
+			}
+			args = append(args[:0], args[start:]...)
+			rows, size = 0, 0
+		}
+		rows++
+		size += b
+	}
+	if rows == 0 {
+		return nil
+	}
+	return flush(args)
 }
 
 type span struct{ lo, hi int }
@@ -343,9 +446,12 @@ func nullInt(n *int64) any {
 	return *n
 }
 
+// truncate cuts s to at most n characters of valid UTF-8: a strict
+// server refuses a string cut inside a character.
 func truncate(s string, n int) string {
-	if len(s) <= n {
+	s = strings.ToValidUTF8(s, "?")
+	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	return s[:n]
+	return string([]rune(s)[:n])
 }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/internal/waitfor"
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 // TestBrowserReportsProblems: a console error and an uncaught exception
@@ -23,7 +23,7 @@ func TestBrowserReportsProblems(t *testing.T) {
 	if err := b.Eval(ctx, `Promise.resolve(40 + 2)`, &n); err != nil || n != 42 {
 		t.Fatalf("Eval = %d, %v; want 42", n, err)
 	}
-	waitfor.True(t, 10*time.Second, "the console error and the exception reported", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the console error and the exception reported", func() bool {
 		p := strings.Join(b.Problems(), "\n")
 		return strings.Contains(p, "console.error") && strings.Contains(p, "boom") && strings.Contains(p, "bang")
 	})

@@ -110,8 +110,12 @@ type Result struct {
 	Capacity        *int64    `json:"capacity,omitempty"`
 	Seq             uint64    `json:"seq"`
 	AppliedAt       time.Time `json:"applied_at"`
-	// Shed marks a claim that ingest answered at once from the allocator's
-	// view of a full activity: final, never stored in the stream.
+	// Reason says why a REJECTED request changed nothing.
+	Reason string `json:"reason,omitempty"`
+	// Shed marks a claim that ingest answered before the allocator applied
+	// it, because the answer was already decided at the claim's place in
+	// the stream. The claim is stored and applied like any other; its
+	// recorded result is the same, and applied_at there is the allocator's.
 	Shed bool `json:"shed,omitempty"`
 }
 

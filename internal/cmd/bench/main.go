@@ -40,7 +40,10 @@ import (
 type opts struct {
 	n, conc, httpConc int
 	bin, dsn          string
-	skipE2E           bool
+	skipE2E, e2eOnly  bool
+	memoryOnly        bool
+	memRequests       int
+	memActivities     int
 	batch             int
 	repeat            int
 }
@@ -56,6 +59,10 @@ func main() {
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each drain and seed measurement; the median is reported")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
 	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts")
+	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
+	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
+	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
+	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = os.Getenv("ALLOT_MYSQL_DSN")
 	if o.dsn == "" {
@@ -110,6 +117,15 @@ type row struct {
 }
 
 func run(ctx context.Context, o opts) error {
+	if o.e2eOnly {
+		return e2e(ctx, o)
+	}
+	if o.memoryOnly {
+		if o.memRequests < 10 || o.memActivities < 1 || o.memActivities > o.memRequests {
+			return fmt.Errorf("-mem-requests must be at least 10 and -mem-activities between 1 and it")
+		}
+		return memory(ctx, o)
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var rows []row
 	fmt.Fprintf(os.Stderr, "bench: %d requests per measurement, seed designs with %d connections\n", o.n, o.conc)

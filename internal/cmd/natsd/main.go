@@ -5,6 +5,11 @@
 // ingest processes.
 //
 //	natsd [-host H] [-port P] [-store DIR] [-sync DURATION]
+//	      [-cluster NAME -name NODE -cluster-port P -routes nats-route://h:p,...]
+//
+// With -cluster it is one node of a JetStream cluster on the given route
+// port, joined to the other nodes' routes: how the fault suite runs a real
+// three-node cluster of separate processes.
 //
 // Flags override the ALLOT_EMBEDDED_NATS_* variables. It prints its client
 // URL as the one line of stdout once it accepts connections, logs to stderr,
@@ -22,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +45,11 @@ type cfg struct {
 	Port  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"client port; -1 or 0 picks a free one"`
 	Store string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"JetStream store directory"`
 	Sync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the file store; 0 = always (every write on disk before its ack)"`
+
+	Cluster     string `envconfig:"EMBEDDED_NATS_CLUSTER" desc:"cluster name; empty = a single server"`
+	Name        string `envconfig:"EMBEDDED_NATS_NAME" desc:"this node's server name, unique in the cluster"`
+	ClusterPort int    `envconfig:"EMBEDDED_NATS_CLUSTER_PORT" desc:"route port of this node"`
+	Routes      string `envconfig:"EMBEDDED_NATS_ROUTES" desc:"comma-separated route URLs of the cluster's nodes"`
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -54,6 +65,9 @@ func (c *cfg) Validate() error {
 	}
 	if c.Sync < 0 {
 		return fmt.Errorf("the sync interval (-sync, ALLOT_EMBEDDED_NATS_SYNC) must not be negative, got %s", c.Sync)
+	}
+	if c.Cluster != "" && (c.Name == "" || c.ClusterPort <= 0 || c.ClusterPort > 65535 || c.Routes == "") {
+		return errors.New("a cluster node (-cluster) needs -name, -cluster-port (1..65535) and -routes")
 	}
 	return nil
 }
@@ -78,6 +92,10 @@ func load(args []string, stderr io.Writer) (cfg, error) {
 	fs.IntVar(&c.Port, "port", c.Port, "client port, -1 or 0 for a free one (ALLOT_EMBEDDED_NATS_PORT)")
 	fs.StringVar(&c.Store, "store", c.Store, "JetStream store directory (ALLOT_EMBEDDED_NATS_STORE)")
 	fs.DurationVar(&c.Sync, "sync", c.Sync, "fsync interval, 0 = always (ALLOT_EMBEDDED_NATS_SYNC)")
+	fs.StringVar(&c.Cluster, "cluster", c.Cluster, "cluster name; empty = a single server (ALLOT_EMBEDDED_NATS_CLUSTER)")
+	fs.StringVar(&c.Name, "name", c.Name, "this node's server name (ALLOT_EMBEDDED_NATS_NAME)")
+	fs.IntVar(&c.ClusterPort, "cluster-port", c.ClusterPort, "route port of this node (ALLOT_EMBEDDED_NATS_CLUSTER_PORT)")
+	fs.StringVar(&c.Routes, "routes", c.Routes, "comma-separated route URLs of the nodes (ALLOT_EMBEDDED_NATS_ROUTES)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -118,7 +136,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		ln.Close()
 	}
-	srv, err := bus.RunServer(bus.ServerConfig{Host: c.Host, Port: port, StoreDir: dir, SyncInterval: c.Sync})
+	scfg := bus.ServerConfig{Host: c.Host, Port: port, StoreDir: dir, SyncInterval: c.Sync}
+	if c.Cluster != "" {
+		scfg.Cluster = bus.ClusterConfig{Name: c.Cluster, ServerName: c.Name, Host: c.Host, Port: c.ClusterPort,
+			Routes: strings.Split(c.Routes, ",")}
+	}
+	srv, err := bus.RunServer(scfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v — is %s free? pick another port with -port\n", binary, err, net.JoinHostPort(c.Host, fmt.Sprint(c.Port)))
 		return 2

@@ -1,0 +1,300 @@
+package audit
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocation/refmodel"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// ErrNoCheckpoint is returned by Run with Options.FromCheckpoint when a
+// partition has no checkpoint the request stream still reaches back to:
+// nothing can be verified from there honestly.
+var ErrNoCheckpoint = errors.New("audit: no usable checkpoint")
+
+// KindCheckpoint: a checkpoint's rows do not match its digest, or break
+// the contract's invariants; the replay from it is then suspect too.
+const KindCheckpoint Kind = "checkpoint"
+
+// CheckpointUsed is a checkpoint an audit started from.
+type CheckpointUsed struct {
+	Partition  int       `json:"partition"`
+	Seq        uint64    `json:"seq"`
+	TakenAt    time.Time `json:"taken_at"`
+	Activities int64     `json:"activities"`
+	Signups    int64     `json:"signups"`
+	// DigestOK is true when the checkpoint's rows hash to its digest.
+	DigestOK bool `json:"digest_ok"`
+}
+
+// fromCheckpoint is the state of an audit that starts from checkpoints
+// (Options.FromCheckpoint): per partition, the sequence its state is taken
+// at; messages up to it are not replayed.
+type fromCheckpoint struct {
+	ctx context.Context
+	// db reads processed_request outside the snapshot, for request ids
+	// applied before a checkpoint (rows there never change).
+	db         *sql.DB
+	partitions int
+	start      []uint64 // by partition: the checkpoint's seq, 0 for none
+	min        uint64   // the lowest of start: the replay begins after it
+	used       []CheckpointUsed
+}
+
+// covers says whether the message at seq on subject is part of its
+// partition's checkpoint, and so is not replayed.
+func (f *fromCheckpoint) covers(seq uint64, subject string) bool {
+	if seq <= f.min {
+		return true
+	}
+	p := 0
+	if f.partitions > 1 {
+		rest, _ := strings.CutPrefix(subject, wire.RequestSubjectPrefix)
+		tok, _, _ := strings.Cut(rest, ".")
+		n, err := strconv.Atoi(tok)
+		if err != nil || n < 0 || n >= f.partitions {
+			return false
+		}
+		p = n
+	}
+	return seq <= f.start[p]
+}
+
+// appliedBefore returns the sequence requestID was applied at, when that is
+// before seq: a repeat of a request the checkpoint covers, which the
+// replay never saw.
+func (f *fromCheckpoint) appliedBefore(requestID string, seq uint64) (uint64, bool, error) {
+	var at uint64
+	err := f.db.QueryRowContext(f.ctx, "SELECT seq FROM processed_request WHERE request_id = ? AND seq < ?", requestID, seq).Scan(&at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("audit: look up request %s: %w", requestID, err)
+	}
+	return at, true, nil
+}
+
+// dropCoveredRejections forgets the rejected_message rows at or before
+// the lowest checkpoint: no message before it is read.
+func (a *auditor) dropCoveredRejections() {
+	for seq := range a.rejected {
+		if seq <= a.cp.min {
+			delete(a.rejected, seq)
+		}
+	}
+}
+
+// skipCovered passes over a message its checkpoint covers: its result and
+// rejection, if any, are part of what the checkpoint vouches for.
+func (a *auditor) skipCovered(seq uint64) error {
+	_, err := a.resultAt(seq)
+	delete(a.rejected, seq)
+	return err
+}
+
+// openFromCheckpoint reads the request stream's bounds, picks each
+// partition's oldest checkpoint the stream still reaches back to (the
+// longest range that can be verified), checks its digest and loads its
+// state as the replay's starting point. A partition without a checkpoint
+// starts from nothing, which needs the stream to start at sequence 1.
+func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB, js jetstream.JetStream) (stream, error) {
+	s, err := js.Stream(ctx, wire.RequestStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return stream{}, fmt.Errorf("%w: stream %s does not exist on this NATS server (wrong ALLOT_NATS_URL?)", ErrIncompleteStream, wire.RequestStream)
+	}
+	if err != nil {
+		return stream{}, fmt.Errorf("%w: stream %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return stream{}, fmt.Errorf("%w: stream %s info: %w", bus.ErrUnavailable, wire.RequestStream, err)
+	}
+	state := info.State
+	switch {
+	case state.NumDeleted > 0:
+		return stream{}, fmt.Errorf("%w: %s has %d deleted messages, so the state cannot be replayed",
+			ErrIncompleteStream, wire.RequestStream, state.NumDeleted)
+	case a.fence > state.LastSeq:
+		return stream{}, fmt.Errorf("%w: the allocator's fence %d is beyond %s's last sequence %d (purged or recreated stream?)",
+			ErrIncompleteStream, a.fence, wire.RequestStream, state.LastSeq)
+	}
+	st := stream{js: js, last: state.LastSeq, partitions: max(bus.PartitionsOf(info.Config), 1)}
+	// A checkpoint at seq S is usable when every message after S is
+	// still stored: S+1 >= the stream's first sequence.
+	need := uint64(0)
+	if state.FirstSeq > 1 {
+		need = state.FirstSeq - 1
+	}
+	f := &fromCheckpoint{ctx: ctx, db: db, partitions: st.partitions, start: make([]uint64, st.partitions), min: ^uint64(0)}
+	for p := range st.partitions {
+		var cp store.Checkpoint
+		err := tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
+			"WHERE partition_id = ? AND seq >= ? ORDER BY seq LIMIT 1", p, need).
+			Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)
+		switch {
+		case errors.Is(err, sql.ErrNoRows) && need == 0:
+			f.min = 0 // from the beginning, as a full audit would
+			continue
+		case errors.Is(err, sql.ErrNoRows):
+			return stream{}, fmt.Errorf("%w: partition %d has no checkpoint at or after seq %d, where %s now starts (seq %d); "+
+				"the allocator takes one every ALLOT_CHECKPOINT_INTERVAL", ErrNoCheckpoint, p, need, wire.RequestStream, state.FirstSeq)
+		case err != nil:
+			return stream{}, fmt.Errorf("audit: read allocator_checkpoint: %w", err)
+		}
+		if cp.Partitions != st.partitions {
+			return stream{}, fmt.Errorf("%w: the checkpoint of partition %d at seq %d was taken with %d partitions, the stream has %d",
+				ErrNoCheckpoint, p, cp.Seq, cp.Partitions, st.partitions)
+		}
+		cp.Partition = p
+		ok, err := a.loadCheckpoint(ctx, tx, cp)
+		if err != nil {
+			return stream{}, err
+		}
+		f.start[p] = cp.Seq
+		f.min = min(f.min, cp.Seq)
+		f.used = append(f.used, CheckpointUsed{Partition: p, Seq: cp.Seq, TakenAt: cp.TakenAt.UTC(),
+			Activities: cp.Activities, Signups: cp.Signups, DigestOK: ok})
+	}
+	if f.min == ^uint64(0) {
+		f.min = 0
+	}
+	a.cp = f
+	// Rows the checkpoints hold were last changed at their seq: compared
+	// from the lowest one on. Results and rejections are read after it.
+	a.winStart = max(f.min, 1)
+	return st, nil
+}
+
+// loadCheckpoint reads a checkpoint's rows, checks them against its digest
+// and its counts, and makes them the replay's state of the partition's
+// activities, as if the requests before it had been replayed. It reports
+// whether the digest matched; a mismatch is a divergence.
+func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Checkpoint) (bool, error) {
+	by := change{seq: cp.Seq}
+	d := store.NewDigester()
+	type actRow struct {
+		capacity, confirmed int64
+		next                uint64
+	}
+	acts := make(map[int64]actRow)
+	var order []int64
+	rows, err := tx.QueryContext(ctx, "SELECT activity_id, capacity, confirmed_count, next_seq FROM allocator_checkpoint_activity "+
+		"WHERE partition_id = ? AND seq = ? ORDER BY activity_id", cp.Partition, cp.Seq)
+	if err != nil {
+		return false, fmt.Errorf("audit: read checkpoint activities: %w", err)
+	}
+	for rows.Next() {
+		var id int64
+		var r actRow
+		if err := rows.Scan(&id, &r.capacity, &r.confirmed, &r.next); err != nil {
+			rows.Close()
+			return false, fmt.Errorf("audit: read checkpoint activities: %w", err)
+		}
+		d.Activity(id, r.capacity, r.confirmed, r.next)
+		acts[id] = r
+		order = append(order, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("audit: read checkpoint activities: %w", err)
+	}
+	live := make(map[int64][]allocation.Signup)
+	var signups int64
+	rows, err = tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq FROM allocator_checkpoint_signup "+
+		"WHERE partition_id = ? AND seq = ? ORDER BY activity_id, user_id", cp.Partition, cp.Seq)
+	if err != nil {
+		return false, fmt.Errorf("audit: read checkpoint signups: %w", err)
+	}
+	for rows.Next() {
+		var (
+			act, user int64
+			status    string
+			queueSeq  uint64
+		)
+		if err := rows.Scan(&act, &user, &status, &queueSeq); err != nil {
+			rows.Close()
+			return false, fmt.Errorf("audit: read checkpoint signups: %w", err)
+		}
+		d.Signup(act, user, status, queueSeq)
+		signups++
+		if !a.audited(act) {
+			continue
+		}
+		a.signups[signupKey{act, user}] = &signupTrack{status: status, queueSeq: queueSeq, by: by}
+		if status == wire.StatusConfirmed || status == wire.StatusWaiting {
+			live[act] = append(live[act], allocation.Signup{UserID: user, Status: status, QueueSeq: queueSeq})
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, fmt.Errorf("audit: read checkpoint signups: %w", err)
+	}
+	where := fmt.Sprintf("checkpoint of partition %d at seq %d", cp.Partition, cp.Seq)
+	ok := true
+	if got := d.Sum(); got != cp.Digest || int64(len(order)) != cp.Activities || signups != cp.Signups {
+		ok = false
+		a.diverge(Divergence{
+			Seq: cp.Seq, Kind: KindCheckpoint, Field: "digest",
+			Expected: fmt.Sprintf("%s (%d activities, %d signups)", cp.Digest, cp.Activities, cp.Signups),
+			Actual:   fmt.Sprintf("%s (%d activities, %d signups)", got, len(order), signups),
+			Detail:   "the " + where + " was changed after it was taken; the replay from it is suspect",
+		})
+	}
+	for _, id := range order {
+		if !a.audited(id) {
+			continue
+		}
+		r := acts[id]
+		act, err := allocation.Restore(id, r.capacity, r.confirmed, r.next, live[id])
+		if err != nil {
+			ok = false
+			a.diverge(Divergence{
+				Seq: cp.Seq, Kind: KindCheckpoint, ActivityID: id,
+				Expected: "a state that keeps the contract's invariants", Actual: err.Error(),
+				Detail: "in the " + where,
+			})
+			continue
+		}
+		a.acts[id] = act
+		a.actLast[id] = by
+		// The second opinion starts from the same state; it judges every
+		// decision after the checkpoint on its own.
+		if a.ref == nil {
+			a.ref = make(map[int64]*refmodel.Activity)
+		}
+		a.ref[id] = &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed,
+			NextSeq: act.NextSeq, Live: act.Live()}
+	}
+	return ok, nil
+}
+
+// audited says whether activity is among the audited ones (Activities).
+func (a *auditor) audited(activity int64) bool {
+	return a.subjects == nil || a.subjects[activityKey(activity)]
+}
+
+// verifiedRange is the range of stream sequences whose decisions the
+// audit checked: from the window's start (after the checkpoints, with
+// FromCheckpoint) to the allocator's fence.
+func (a *auditor) verifiedRange() (from, to uint64) {
+	from = a.winStart
+	if a.cp != nil {
+		from = a.cp.min + 1
+	}
+	if from == ^uint64(0) || from > a.fence {
+		return 0, a.fence
+	}
+	return max(from, 1), a.fence
+}

@@ -1,0 +1,164 @@
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// Effects replays the history every result row records in its events (the
+// outbox), per activity and user in stream order, and returns each place
+// where an effect shows up twice: a request applied twice, or its effects
+// doubled, leaves traces no key of the schema forbids.
+//
+//   - signup history: a user who already holds a seat or waits is
+//     confirmed, granted or waitlisted again; a user who does not wait is
+//     promoted; a user with no live signup is cancelled; an activity is
+//     opened twice;
+//   - counters: an activity's confirmed_count differs from the seats its
+//     history hands out;
+//   - rows: a signup row's status differs from where the history leaves the
+//     user.
+//
+// Only activities whose opening is in processed_request are judged, so
+// tests that write rows by hand are left alone. The events on ALLOT_EVENTS
+// are compared with this outbox by the tests that read the stream.
+func (d *DB) Effects(ctx context.Context) ([]string, error) {
+	const (
+		none = iota
+		waiting
+		holding
+	)
+	type key struct{ activity, user int64 }
+	state := map[key]int{}
+	opened := map[int64]bool{}
+	var problems []string
+	rows, err := d.QueryContext(ctx, "SELECT seq, request_id, activity_id, events, partition_id, event_parts FROM processed_request WHERE events IS NOT NULL ORDER BY seq")
+	if err != nil {
+		return nil, fmt.Errorf("dbtest: read results: %w", err)
+	}
+	for rows.Next() {
+		var (
+			seq               uint64
+			id, enc           string
+			activityID        int64
+			partition, pieces int
+		)
+		if err := rows.Scan(&seq, &id, &activityID, &enc, &partition, &pieces); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if pieces > 0 { // a long event list, stored in pieces
+			if enc, err = store.WholeValue(ctx, d.DB, partition, seq, store.ColEvents, enc); err != nil {
+				rows.Close()
+				return nil, err
+			}
+		}
+		evs, err := allocation.DecodeEvents(enc)
+		if err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("dbtest: request %s: %w", id, err)
+		}
+		for _, e := range evs {
+			k := key{activityID, e.UserID}
+			from := state[k]
+			to, ok := from, true
+			switch e.Kind {
+			case wire.EventOpened:
+				ok = !opened[activityID]
+				opened[activityID] = true
+			case wire.EventConfirmed, wire.EventGranted:
+				to, ok = holding, from == none
+			case wire.EventWaitlisted:
+				to, ok = waiting, from == none
+			case wire.EventPromoted:
+				to, ok = holding, from == waiting
+			case wire.EventCancelled:
+				to, ok = none, from != none
+			}
+			if !ok {
+				problems = append(problems, fmt.Sprintf("seq %d request %s: event %s for user %d of activity %d, who is %s already",
+					seq, id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat"}[from]))
+			}
+			state[k] = to
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+
+	held := map[int64]int64{}
+	for k, s := range state {
+		if s == holding {
+			held[k.activity]++
+		}
+	}
+	acts, err := d.QueryContext(ctx, "SELECT id, confirmed_count FROM activity")
+	if err != nil {
+		return nil, err
+	}
+	for acts.Next() {
+		var id, confirmed int64
+		if err := acts.Scan(&id, &confirmed); err != nil {
+			acts.Close()
+			return nil, err
+		}
+		if opened[id] && confirmed != held[id] {
+			problems = append(problems, fmt.Sprintf("activity %d: confirmed_count %d, its history hands out %d seats", id, confirmed, held[id]))
+		}
+	}
+	acts.Close()
+
+	signups, err := d.QueryContext(ctx, "SELECT activity_id, user_id, status FROM activity_signup")
+	if err != nil {
+		return nil, err
+	}
+	defer signups.Close()
+	seen := map[key]bool{}
+	for signups.Next() {
+		var (
+			k      key
+			status string
+		)
+		if err := signups.Scan(&k.activity, &k.user, &status); err != nil {
+			return nil, err
+		}
+		if !opened[k.activity] {
+			continue
+		}
+		seen[k] = true
+		want := map[int]string{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed}[state[k]]
+		if status != want {
+			problems = append(problems, fmt.Sprintf("activity %d user %d: row %s, the history leaves %s", k.activity, k.user, status, want))
+		}
+	}
+	for k, s := range state {
+		if k.user != 0 && s != none && !seen[k] {
+			problems = append(problems, fmt.Sprintf("activity %d user %d: no signup row, the history leaves a live signup", k.activity, k.user))
+		}
+	}
+	return problems, signups.Err()
+}
+
+// CheckEffects fails t for every doubled effect Effects finds and returns
+// how many there are.
+func (d *DB) CheckEffects(t testing.TB) int {
+	t.Helper()
+	problems, err := d.Effects(context.Background())
+	if err != nil {
+		t.Fatalf("dbtest: effects: %v", err)
+	}
+	for i, p := range problems {
+		if i == 10 {
+			t.Errorf("… %d more doubled or unexplained effects", len(problems)-i)
+			break
+		}
+		t.Errorf("effect applied twice or unexplained: %s", p)
+	}
+	return len(problems)
+}

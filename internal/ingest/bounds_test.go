@@ -1,0 +1,123 @@
+package ingest
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// TestWaitersAreCapped: beyond MaxWaiters handlers waiting for results, a
+// poll or write with ?wait= answers 503 with Retry-After at once, and the
+// write is not published.
+func TestWaitersAreCapped(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Options{MaxWaiters: 2})
+	var ids []string
+	for u := range 3 {
+		resp, body := h.do(req{method: "POST", path: fmt.Sprintf("/v1/activities/1/signups/%d", u+1)})
+		ids = append(ids, accepted(t, "join", resp, body))
+	}
+	// Two polls wait (nothing applies: there is no allocator).
+	var wg sync.WaitGroup
+	for _, id := range ids[:2] {
+		wg.Go(func() {
+			resp, body := h.do(req{method: "GET", path: "/v1/requests/" + id + "?wait=3s"})
+			wantStatus(t, "waiting poll", resp, body, http.StatusOK)
+		})
+	}
+	eventually(t, 5*time.Second, "two waiters", func() bool { return h.svc.waiters.count() == 2 })
+	resp, body := h.do(req{method: "GET", path: "/v1/requests/" + ids[2] + "?wait=3s"})
+	wantStatus(t, "third waiting poll", resp, body, http.StatusServiceUnavailable)
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatal("third waiting poll: no Retry-After")
+	}
+	errorSentence(t, "third waiting poll", resp, body)
+	before := h.subjectMsgs(wire.RequestSubject(1))
+	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/9?wait=3s"})
+	wantStatus(t, "write with ?wait= over the cap", resp, body, http.StatusServiceUnavailable)
+	if after := h.subjectMsgs(wire.RequestSubject(1)); after != before {
+		t.Fatalf("a write refused for too many waiters was published (%d → %d messages)", before, after)
+	}
+	// Without ?wait= nothing is capped.
+	resp, body = h.do(req{method: "GET", path: "/v1/requests/" + ids[2]})
+	wantStatus(t, "poll without wait", resp, body, http.StatusOK)
+	wg.Wait()
+	if n := testutil.ToFloat64(h.svc.metrics.waitersRefused); n != 2 {
+		t.Fatalf("waiters refused: %v, want 2", n)
+	}
+}
+
+// TestWaitingReadsAreCoalesced: many handlers waiting at once read MySQL
+// in gathered queries, not one query each per recheck, so they cannot take
+// the whole connection pool.
+func TestWaitingReadsAreCoalesced(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Options{RecheckInterval: 50 * time.Millisecond})
+	const waiters = 1000
+	ids := make([]string, waiters)
+	for i := range ids {
+		resp, body := h.do(req{method: "POST", path: fmt.Sprintf("/v1/activities/%d/signups/1", i+1)})
+		ids[i] = accepted(t, "join", resp, body)
+	}
+	start := testutil.ToFloat64(h.svc.metrics.resultQueries)
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Go(func() {
+			resp, body := h.do(req{method: "GET", path: "/v1/requests/" + id + "?wait=1s"})
+			wantStatus(t, "waiting poll", resp, body, http.StatusOK)
+		})
+	}
+	wg.Wait()
+	// Each poll reads once first, about 20 times while waiting and once at
+	// its deadline: some 22,000 reads, one query each without coalescing.
+	queries := testutil.ToFloat64(h.svc.metrics.resultQueries) - start
+	if queries == 0 || queries > 2000 {
+		t.Fatalf("%v queries for %d waiting polls: the reads were not gathered", queries, waiters)
+	}
+	if h.svc.reader.running.Load() == false {
+		t.Fatal("the reader is not running")
+	}
+	t.Logf("%d waiting polls read MySQL in %v queries", waiters, queries)
+}
+
+// TestOpensAreRateLimited: opens and resizes beyond OpenRate answer 429
+// with Retry-After, and are not published.
+func TestOpensAreRateLimited(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Options{OpenRate: 0.001}) // a burst of one, then one in 1,000 s
+	resp, body := h.do(req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 0}`})
+	accepted(t, "first open", resp, body)
+	before := h.subjectMsgs(wire.RequestSubject(2))
+	resp, body = h.do(req{method: "PUT", path: "/v1/activities/2", body: `{"capacity": 0}`})
+	wantStatus(t, "second open", resp, body, http.StatusTooManyRequests)
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatal("second open: no Retry-After")
+	}
+	if h.subjectMsgs(wire.RequestSubject(2)) != before {
+		t.Fatal("a rate-limited open was published")
+	}
+	// Joins are not opens.
+	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/1"})
+	accepted(t, "join", resp, body)
+}
+
+// TestViewsAreBounded: ingest keeps at most ActivityCache views.
+func TestViewsAreBounded(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Options{ActivityCache: 10})
+	for a := int64(1); a <= 100; a++ {
+		h.svc.views.put(wire.View{ActivityID: a, Capacity: 1, Confirmed: 1, Seq: uint64(a), Complete: true, Holders: []int64{1}})
+	}
+	if n := h.svc.views.m.Len(); n != 10 {
+		t.Fatalf("%d views kept, bounded at 10", n)
+	}
+	if h.svc.views.get(100) == nil || h.svc.views.get(1) != nil {
+		t.Fatal("the bound did not keep the most recent views")
+	}
+}

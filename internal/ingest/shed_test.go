@@ -1,0 +1,82 @@
+package ingest
+
+import (
+	"testing"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// TestLateViewNeverOverridesANewerClear: the bucket's writes can reach an
+// ingest out of order (a delayed put, a frozen allocator waking up). A view
+// of an older state that arrives after a newer clear is ignored.
+func TestLateViewNeverOverridesANewerClear(t *testing.T) {
+	cache, _ := lru.New[int64, viewEntry](8)
+	vs := views{m: cache}
+	full := wire.View{ActivityID: 7, Capacity: 1, Confirmed: 1, Seq: 100, Complete: true, Holders: []int64{1}}
+	vs.put(full)
+	if vs.get(7) == nil {
+		t.Fatal("a full view was not installed")
+	}
+	vs.put(wire.View{ActivityID: 7, Capacity: 2, Confirmed: 1, Seq: 150}) // a resize cleared it
+	if vs.get(7) != nil {
+		t.Fatal("a clear did not remove the view")
+	}
+	vs.put(full) // the late put of the older view
+	if sv := vs.get(7); sv != nil {
+		t.Fatalf("a late view of seq 100 overrode the clear at seq 150: %+v", sv.v)
+	}
+	newer := full
+	newer.Seq = 160
+	vs.put(newer)
+	if sv := vs.get(7); sv == nil || sv.v.Seq != 160 {
+		t.Fatal("a newer full view was not installed after the clear")
+	}
+}
+
+// TestTailSettles: the tail proves a claim's answer from a view only when
+// it has passed the claim and seen nothing but claims on the activity
+// between the view and the claim.
+func TestTailSettles(t *testing.T) {
+	tl := newTail(4)
+	tl.from, tl.pos = 10, 9
+	claim := []byte(`{"op":"claim"}`)
+	join := []byte(`{"op":"join"}`)
+	tl.see(10, "alloc.req.7", claim)
+	tl.see(11, "alloc.req.8", join) // another activity
+	tl.see(12, "alloc.req.7", claim)
+	if !tl.settled(7, 10, 12) {
+		t.Fatal("only claims after the view, yet not settled")
+	}
+	if tl.settled(7, 10, 13) {
+		t.Fatal("settled for a claim the tail has not passed")
+	}
+	if tl.settled(7, 8, 12) {
+		t.Fatal("settled from a view older than what the tail has seen")
+	}
+	tl.see(13, "alloc.req.7", join)
+	tl.see(14, "alloc.req.0.7", claim) // a partitioned subject
+	if tl.settled(7, 12, 14) {
+		t.Fatal("a join stored between the view and the claim went unnoticed")
+	}
+	if !tl.settled(7, 13, 14) {
+		t.Fatal("a view newer than the join does not settle")
+	}
+	tl.see(15, "alloc.req.9", []byte("not json")) // unreadable: counts as a change
+	if tl.settled(9, 14, 15) {
+		t.Fatal("an unreadable message counted as a claim")
+	}
+	// Evicting an activity's entry raises the floor: never a false proof.
+	small := newTail(2)
+	small.from, small.pos = 1, 0
+	small.see(1, "alloc.req.1", join)
+	small.see(2, "alloc.req.2", join)
+	small.see(3, "alloc.req.3", join) // evicts activity 1
+	if small.settled(1, 0, 3) {
+		t.Fatal("an evicted activity's change was forgotten")
+	}
+	if !small.settled(1, 2, 3) {
+		t.Fatal("a view newer than every evicted change does not settle")
+	}
+}

@@ -1,0 +1,32 @@
+package ingest
+
+import (
+	"net/http"
+	"sync/atomic"
+)
+
+// startGate serves the API while ingest waits for JetStream at start (a
+// cluster that has just formed can take a while to create R3 streams):
+// /healthz answers 200, since the process is alive and retrying, /readyz
+// and every other route 503, so that a load balancer sends nothing here yet
+// and a client that does is told to retry. Once the Service has started,
+// open hands every request to its handler.
+type startGate struct {
+	next atomic.Pointer[http.Handler]
+}
+
+func (g *startGate) open(h http.Handler) { g.next.Store(&h) }
+
+func (g *startGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if h := g.next.Load(); h != nil {
+		(*h).ServeHTTP(w, r)
+		return
+	}
+	switch r.URL.Path {
+	case "/healthz":
+		writeJSON(w, http.StatusOK, map[string]string{"status": "starting"})
+	default:
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, "ingest is starting: waiting for NATS JetStream; nothing was stored.")
+	}
+}

@@ -1,0 +1,212 @@
+package ingest
+
+import (
+	"container/heap"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// The tail is ingest's proof that an early answer is the allocator's
+// answer. It follows the request stream itself (an ordered consumer, so it
+// sees every stored message in stream order, from every ingest and every
+// other publisher) and remembers, per activity, the stream sequence of the
+// last request that could change a claim's answer: anything but a claim.
+// On a full activity a claim changes nothing (SOLD_OUT or ALREADY_OWNED),
+// so if the tail has passed a claim's own sequence S and the activity's
+// last non-claim request is at or below the sequence V of a view, the
+// state at S is the view's state and the claim's answer is decided by it.
+// Views can then be late, stale or lost without ever causing a wrong
+// answer: each of those only sends a claim to the allocator.
+
+// DefaultTailReplay is how many of the stream's latest messages the tail
+// reads at start, so that views published before this ingest started can
+// decide claims at once.
+const DefaultTailReplay = 100_000
+
+// tail follows the request stream; see above. It keeps the last change of
+// at most Options.ActivityCache activities: a forgotten activity counts as
+// changed at the highest sequence forgotten, which only sends its claims to
+// the allocator.
+type tail struct {
+	mu sync.Mutex
+	// from is the first stream sequence from which the tail has seen every
+	// message, pos the last sequence it has seen.
+	from, pos uint64
+	// changed maps an activity to the sequence of its last request that is
+	// not a claim; floor stands in for the activities evicted from it.
+	changed *lru.Cache[int64, uint64]
+	floor   uint64
+	waits   seqWaits
+	cc      jetstream.ConsumeContext
+}
+
+func newTail(size int) *tail {
+	t := &tail{}
+	// The callback runs under the cache's lock, inside t.mu (see see).
+	t.changed, _ = lru.NewWithEvict(size, func(_ int64, seq uint64) { t.floor = max(t.floor, seq) })
+	return t
+}
+
+// start follows the stream from at most replay messages back.
+func (t *tail) start(ctx context.Context, js jetstream.JetStream, replay uint64, log *slog.Logger) error {
+	st, err := js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		return fmt.Errorf("%w: %w", bus.ErrUnavailable, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", bus.ErrUnavailable, err)
+	}
+	from := info.State.LastSeq + 1
+	if from > replay {
+		from -= replay
+	} else {
+		from = 1
+	}
+	from = max(from, info.State.FirstSeq)
+	t.mu.Lock()
+	t.from, t.pos = from, from-1
+	t.mu.Unlock()
+	c, err := js.OrderedConsumer(ctx, wire.RequestStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: follow %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		md, err := m.Metadata()
+		if err != nil {
+			return
+		}
+		t.see(md.Sequence.Stream, m.Subject(), m.Data())
+	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
+			log.Warn("follow the request stream", slog.Any("err", err))
+		}
+	}))
+	if err != nil {
+		return fmt.Errorf("%w: follow %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
+	}
+	t.cc = cc
+	return nil
+}
+
+func (t *tail) stop() {
+	if t.cc != nil {
+		t.cc.Stop()
+	}
+}
+
+// opOnly is the part of a request message the tail reads.
+type opOnly struct {
+	Op string `json:"op"`
+}
+
+// see takes the message at seq: an activity's non-claim request moves its
+// last change; every message moves pos and wakes the waits it passes. A
+// message that cannot be read counts as a change (it might be one).
+func (t *tail) see(seq uint64, subject string, data []byte) {
+	var r opOnly
+	claim := json.Unmarshal(data, &r) == nil && r.Op == wire.OpClaim
+	activity, err := strconv.ParseInt(wire.ActivityOfSubject(subject), 10, 64)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if seq <= t.pos {
+		return // the ordered consumer started again behind its position
+	}
+	switch {
+	case err != nil:
+		// Not an activity's subject: it cannot be attributed, so it is
+		// everybody's change.
+		t.floor = max(t.floor, seq)
+	case !claim:
+		t.changed.Add(activity, seq)
+	}
+	t.pos = seq
+	for len(t.waits) > 0 && t.waits[0].seq <= seq {
+		close(heap.Pop(&t.waits).(*seqWait).ch)
+	}
+}
+
+// settled reports whether the tail, having passed seq, proves that no
+// request that could change a claim's answer on activity was stored after
+// view and before seq.
+func (t *tail) settled(activity int64, view, seq uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.pos < seq || view+1 < t.from || view >= seq {
+		return false
+	}
+	last, _ := t.changed.Peek(activity)
+	return max(last, t.floor) <= view
+}
+
+// waitPast waits until the tail has seen seq, at most d; it reports
+// whether it has.
+func (t *tail) waitPast(ctx context.Context, seq uint64, d time.Duration) bool {
+	t.mu.Lock()
+	if t.pos >= seq {
+		t.mu.Unlock()
+		return true
+	}
+	w := &seqWait{seq: seq, ch: make(chan struct{})}
+	heap.Push(&t.waits, w)
+	t.mu.Unlock()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-w.ch:
+		return true
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if w.index >= 0 {
+		heap.Remove(&t.waits, w.index)
+		return false
+	}
+	return true // closed meanwhile
+}
+
+// seqWait is one handler waiting for the tail to reach seq.
+type seqWait struct {
+	seq   uint64
+	ch    chan struct{}
+	index int // in seqWaits; -1 once popped
+}
+
+// seqWaits is a min-heap by seq.
+type seqWaits []*seqWait
+
+func (h seqWaits) Len() int           { return len(h) }
+func (h seqWaits) Less(i, j int) bool { return h[i].seq < h[j].seq }
+func (h seqWaits) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+func (h *seqWaits) Push(x any) {
+	w := x.(*seqWait)
+	w.index = len(*h)
+	*h = append(*h, w)
+}
+func (h *seqWaits) Pop() any {
+	old := *h
+	w := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	w.index = -1
+	return w
+}

@@ -1,0 +1,58 @@
+package loadgen_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/loadgen"
+	"github.com/allot-dev/allot/internal/stacktest"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// TestRunAgainstTheRealStack fires one burst at the real system (ingest,
+// the allocator, a JetStream server and a MariaDB database, in this
+// process): loadgen's own verdict holds, every request reaches its final
+// result, and what loadgen reports agrees with what MySQL recorded.
+func TestRunAgainstTheRealStack(t *testing.T) {
+	t.Parallel()
+	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	const act, capacity, requests = 4242, 40, 1500
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := loadgen.Run(ctx, loadgen.Config{
+		BaseURL: st.URL, Activity: act, Capacity: capacity,
+		Requests: requests, Users: 1000, Concurrency: 32,
+		Mix:  loadgen.Mix{Join: 0.5, Cancel: 0.2, Claim: 0.3},
+		Wait: 10 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if err := rep.Verdict(); err != nil {
+		t.Fatalf("verdict: %v\n%+v", err, rep)
+	}
+	if rep.Results != requests || rep.Errors != 0 || rep.OpenOutcome != wire.OutcomeOpened {
+		t.Fatalf("results %d, errors %d (samples %v), open %s; want %d, 0, OPENED", rep.Results, rep.Errors, rep.ErrorSamples,
+			rep.OpenOutcome, requests)
+	}
+	// Outcomes that change a signup are never answered from the shedding
+	// view: each one loadgen saw is a result row in MySQL, and no more.
+	for _, o := range []string{wire.OutcomeGranted, wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeCancelled} {
+		n := st.DB.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND outcome = ?", act, o)
+		if n != int64(rep.Outcomes[o]) {
+			t.Errorf("%s: loadgen saw %d, MySQL holds %d", o, rep.Outcomes[o], n)
+		}
+	}
+	if rep.After == nil {
+		t.Fatal("no state of the activity after the burst")
+	}
+	if n := st.DB.Count(t, "SELECT confirmed_count FROM activity WHERE id = ?", act); n != rep.After.Confirmed {
+		t.Errorf("confirmed after the burst: loadgen read %d, MySQL holds %d", rep.After.Confirmed, n)
+	}
+	st.DB.CheckInvariants(t)
+	t.Logf("burst against the real stack: %d requests, %d accepted, last result after %s, outcomes %v",
+		rep.Requests, rep.Accepted, rep.ToLastResult.Round(time.Millisecond), rep.Outcomes)
+}

@@ -1,0 +1,88 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/store"
+)
+
+// TestCheckpointTakeAndPrune: a checkpoint copies the partition's rows at
+// its fence (only its activities, CANCELLED signups included, across
+// pages), its digest is that of the rows, a second take at the same fence
+// is a no-op, and pruning keeps what the stream still reaches and the
+// newest.
+func TestCheckpointTakeAndPrune(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := dbtest.New(t)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.ExecContext(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if _, ok, err := store.TakeCheckpoint(ctx, db.DB, 0, 1, nil); err != nil || ok {
+		t.Fatalf("before anything is applied: took %v, %v; want nothing to take", ok, err)
+	}
+	exec("INSERT INTO allocator_partition (partition_id, last_seq) VALUES (0, 5000)")
+	// Even activities belong to the partition; 2,500 signups on activity 2
+	// span two pages.
+	for a := int64(1); a <= 4; a++ {
+		exec("INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES (?, 3000, 0, 4000)", a)
+	}
+	want := store.NewDigester()
+	want.Activity(2, 3000, 0, 4000)
+	want.Activity(4, 3000, 0, 4000)
+	for u := int64(1); u <= 2500; u++ {
+		status := "WAITING"
+		if u%10 == 0 {
+			status = "CANCELLED"
+		}
+		exec("INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (2, ?, ?, ?), (3, ?, 'WAITING', ?)", u, status, u, u, u)
+		want.Signup(2, u, status, uint64(u))
+	}
+	even := func(a int64) bool { return a%2 == 0 }
+	cp, ok, err := store.TakeCheckpoint(ctx, db.DB, 0, 2, even)
+	if err != nil || !ok {
+		t.Fatalf("take: %v, %v", ok, err)
+	}
+	if cp.Seq != 5000 || cp.Activities != 2 || cp.Signups != 2500 || cp.Digest != want.Sum() {
+		t.Fatalf("checkpoint %+v, want seq 5000, 2 activities, 2500 signups, digest %s", cp, want.Sum())
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 5000 AND status = 'CANCELLED'"); n != 250 {
+		t.Errorf("%d CANCELLED rows copied, want 250", n)
+	}
+	if _, ok, err := store.TakeCheckpoint(ctx, db.DB, 0, 2, even); err != nil || ok {
+		t.Fatalf("a second take at the same fence: %v, %v; want nothing taken", ok, err)
+	}
+	got, ok, err := store.LatestCheckpoint(ctx, db.DB, 0)
+	if err != nil || !ok || got.Seq != 5000 || got.Digest != cp.Digest {
+		t.Fatalf("latest: %+v, %v, %v", got, ok, err)
+	}
+
+	for _, seq := range []int{6000, 7000} {
+		exec("UPDATE allocator_partition SET last_seq = ? WHERE partition_id = 0", seq)
+		if _, ok, err := store.TakeCheckpoint(ctx, db.DB, 0, 2, even); err != nil || !ok {
+			t.Fatalf("take at %d: %v, %v", seq, ok, err)
+		}
+	}
+	// The stream starts at 6001: the checkpoint at 5000 is of no use.
+	if n, err := store.PruneCheckpoints(ctx, db.DB, 0, 6000); err != nil || n != 1 {
+		t.Fatalf("prune below 6000: %d, %v; want 1", n, err)
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 5000"); n != 0 {
+		t.Errorf("%d rows of the pruned checkpoint left", n)
+	}
+	// Even when the stream has moved past every checkpoint, the newest stays.
+	if n, err := store.PruneCheckpoints(ctx, db.DB, 0, 9000); err != nil || n != 1 {
+		t.Fatalf("prune below 9000: %d, %v; want 1 (the newest kept)", n, err)
+	}
+	if got, ok, _ := store.LatestCheckpoint(ctx, db.DB, 0); !ok || got.Seq != 7000 {
+		t.Fatalf("after pruning: newest %+v (%v), want seq 7000", got, ok)
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 7000"); n != 2500 {
+		t.Errorf("the newest checkpoint has %d signup rows, want 2500", n)
+	}
+}
