@@ -161,7 +161,7 @@ func TestScenario10ClusterKillStreamLeader(t *testing.T) {
 	// Checkpoints every second, taken by either allocator while both run.
 	allocEnv := append(slices.Clone(r3), "ALLOT_CHECKPOINT_INTERVAL=1s")
 	run(t, scenario{n: 10, name: "cluster-kill-stream-leader", traffic: tr,
-		stack: stackConfig{cluster: 3, allocators: 2, allocEnv: allocEnv, ingestEnv: r3, lostPubAcks: true},
+		stack: stackConfig{cluster: 3, allocators: 2, allocEnv: allocEnv, ingestEnv: r3},
 		fault: func(s *stack, b *burst, r *faultResult) error {
 			if !b.reached(0.3) {
 				return errors.New("the burst ended before the fault")
@@ -221,8 +221,11 @@ func TestScenario10ClusterKillStreamLeader(t *testing.T) {
 			if r.count.Load() != 1 {
 				t.Fatal("the request stream's leader was not killed, or leadership did not move")
 			}
-			if m.extra > 0 {
-				m.notes = append(m.notes, fmt.Sprintf("stored_after_503=%d", m.extra))
+			if m.maybe > 0 {
+				// 503s that named their request: the leader died between
+				// storing and its PubAck. Checked exactly above: stored
+				// ones applied once, none unaccounted for.
+				m.notes = append(m.notes, fmt.Sprintf("maybe_stored_503=%d stored=%d", m.maybe, m.maybeStored))
 			}
 			for i, p := range append([]*proc{s.ingest}, s.allocs...) {
 				if n := p.current().n; n != 1 {

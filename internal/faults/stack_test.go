@@ -72,13 +72,6 @@ type stackConfig struct {
 	// cluster, when set, runs this many natsd processes as one JetStream
 	// cluster instead of one server (see startCluster).
 	cluster int
-	// lostPubAcks accepts results for requests ingest answered 503, at
-	// most one per 503: when a stream leader dies after a quorum stored a
-	// message but before its PubAck reached ingest, ingest times out and
-	// answers 503 although the request is stored and will be applied. The
-	// 503 is then wrong, not the result; answering such a publish with
-	// its request id is issue 10's item 5.
-	lostPubAcks bool
 }
 
 func newStack(t *testing.T, cfg stackConfig) *stack {

@@ -43,14 +43,18 @@ type answer struct {
 	// full marks a 503 for a full in-flight queue (it alone carries
 	// Retry-After), as opposed to a broker that is down.
 	full bool
-	body string // of an unexpected answer
-	err  error  // transport error: the request's fate is unknown
+	// maybe marks a 503 that carries a request_id: a copy left ingest and
+	// got no PubAck, so the request may be stored (and is then applied
+	// once); the client polls id to know.
+	maybe bool
+	body  string // of an unexpected answer
+	err   error  // transport error: the request's fate is unknown
 }
 
 // accepted reports whether the answer promises that the request is (or
 // will be) applied exactly once: a 202, or a 200 with a stored result.
 func (a answer) accepted() bool {
-	return a.err == nil && a.id != "" && !a.shed &&
+	return a.err == nil && a.id != "" &&
 		(a.code == http.StatusAccepted || a.code == http.StatusOK && a.state == "done")
 }
 
@@ -189,10 +193,19 @@ func (s *stack) send(ctx context.Context, q request) answer {
 		}
 		a.id, a.state, a.outcome, a.seq, a.shed = m.RequestID, m.State, m.Outcome, m.Seq, m.Shed
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
-		// Final: nothing was stored. Their body carries no request_id.
+		// Final: nothing was stored, unless a 503 names the request (it
+		// may be stored: the client is to poll it).
 		a.full = resp.StatusCode == http.StatusServiceUnavailable && resp.Header.Get("Retry-After") != ""
+		var m struct {
+			RequestID string `json:"request_id"`
+		}
 		if strings.Contains(string(raw), "request_id") {
-			a.body = string(raw)
+			if resp.StatusCode == http.StatusServiceUnavailable && json.Unmarshal(raw, &m) == nil && m.RequestID != "" &&
+				resp.Header.Get("Location") == "/v1/requests/"+m.RequestID {
+				a.id, a.maybe = m.RequestID, true
+			} else {
+				a.body = string(raw)
+			}
 		}
 	default:
 		a.body = string(raw)
@@ -203,6 +216,8 @@ func (s *stack) send(ctx context.Context, q request) answer {
 // tally counts a burst's answers.
 type tally struct {
 	sent, accepted, done, shed, r503, r429, unexpected, errs int
+	// maybe counts the 503s that named their request (it may be stored).
+	maybe int
 	// r503full counts the 503s of a full in-flight queue, among r503.
 	r503full        int
 	firstUnexpected string
@@ -223,8 +238,11 @@ func count(answers []answer) tally {
 			if a.code == http.StatusOK {
 				t.done++
 			}
-		case a.shed && a.code == http.StatusOK:
-			t.shed++
+			if a.shed {
+				t.shed++ // answered early: stored and applied like the rest
+			}
+		case a.maybe:
+			t.maybe++
 		case a.code == http.StatusServiceUnavailable && a.body == "":
 			t.r503++
 			if a.full {
