@@ -21,6 +21,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/loadgen"
 )
 
@@ -80,11 +81,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with every figure instead of text")
 	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr when it is a terminal (never with -json)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "give up on the rehearsal after this long (0 = never)")
+	version := buildinfo.Flag(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
 		}
 		return o, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if *version {
+		buildinfo.Print(os.Stdout, binary)
+		return o, flag.ErrHelp // exit 0, like -h
 	}
 	bad := func(msg string) (options, error) {
 		fmt.Fprintf(stderr, "%s: %s\n", binary, msg)
