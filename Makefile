@@ -3,31 +3,45 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin
 PKGS  := ./...
+# devdb makes sure a MySQL-compatible server answers before the command runs
+# (the DSN's, else a private one under var/mysql, else an installed one) and
+# hands the command the DSN it chose; see internal/cmd/devdb.
+DEVDB := ./$(BIN)/devdb
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build run test test-short test-faults lint bench bench-memory demo clean reset token
+.PHONY: help build devdb run test test-short test-faults lint bench bench-memory demo clean reset token
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## build every binary into ./bin
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... ./internal/cmd/...
 
-run: build ## the whole stack on this machine: embedded NATS, migrations, allocator, ingest on 127.0.0.1:8080 (no tokens on loopback)
-	./$(BIN)/stack
+devdb:
+	@mkdir -p $(BIN)
+	@$(GO) build -o $(BIN)/ ./internal/cmd/devdb
 
-test: ## every test, against real MariaDB/MySQL and a real embedded JetStream server (race detector on)
+run: build ## the whole stack on this machine: a MySQL server if none answers, embedded NATS, migrations, allocator, ingest on 127.0.0.1:8080 (loopback: no tokens)
+	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/stack
+
+test: devdb ## every test, against real MariaDB/MySQL (started if none answers) and a real embedded JetStream server (race detector on)
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-test-short: ## the quick tests only
-	$(GO) test -short -count=1 $(PKGS)
+test-short: devdb ## the quick tests only
+	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -short -count=1 $(PKGS)
 
-lint: ## gofmt and go vet
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(shell $(GO) env GOPATH)/bin/golangci-lint
+
+lint: ## gofmt, go vet and golangci-lint (.golangci.yml; installed with go install when missing)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@$(GOLANGCI_LINT) version 2>/dev/null | grep -q '$(patsubst v%,%,$(GOLANGCI_LINT_VERSION))' || \
+		$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	$(GOLANGCI_LINT) run $(PKGS)
 
 token: ## print a development bearer token: make -s token USER=1 [SCOPE=allot:admin] (signed with ALLOT_AUTH_HS256_KEY)
 	@$(GO) run ./internal/cmd/token -user '$(if $(filter command line,$(origin USER)),$(USER))' -scope '$(SCOPE)'
@@ -35,18 +49,18 @@ token: ## print a development bearer token: make -s token USER=1 [SCOPE=allot:ad
 clean: ## remove build output; the stack's data stays (see reset)
 	rm -rf $(BIN)
 
-reset: build ## start the make-run stack over empty: drop its database (ALLOT_MYSQL_DSN) and delete its NATS store (var/nats)
-	./$(BIN)/stack -reset
+reset: build ## start the make-run stack over empty: drop its database (ALLOT_MYSQL_DSN), delete its NATS store (var/nats) and the private MySQL server's data (var/mysql)
+	$(DEVDB) -reset -var ALLOT_MYSQL_DSN -- ./$(BIN)/stack -reset
 
 bench: build ## one run, side by side: allocator drain vs the seed designs, and an HTTP burst vs the Redis-gated seed design
-	./$(BIN)/bench -bin $(BIN)
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
+	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN)
+	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
 
 bench-memory: build ## each process's resident memory over 1,000,000 requests to 200,000 activities (must stay flat once the caches are full)
-	./$(BIN)/bench -bin $(BIN) -memory
+	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN) -memory
 
-test-faults: ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
-	$(GO) test -count=1 -v -timeout 10m ./internal/faults/
+test-faults: devdb ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
+	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -count=1 -v -timeout 10m ./internal/faults/
 
 demo: build ## start the stack, open an activity, fire a loadgen burst, print the operator page's URL
 	./scripts/demo.sh

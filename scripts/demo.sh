@@ -10,7 +10,8 @@ activity=${DEMO_ACTIVITY:-9001}
 log=var/demo-stack.log
 mkdir -p var
 
-./bin/stack >"$log" 2>&1 &
+# devdb: a MySQL server answers (a private one under var/mysql if need be).
+./bin/devdb -var ALLOT_MYSQL_DSN -- ./bin/stack >"$log" 2>&1 &
 stack=$!
 trap 'kill -INT $stack 2>/dev/null; wait $stack 2>/dev/null; echo "demo stopped."' EXIT INT TERM
 

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
@@ -85,8 +86,13 @@ func parseFlags(args []string, stderr io.Writer) (flags, error) {
 	fs.StringVar(&fromTS, "from-time", "", "compare only from the first request stored at or after this RFC3339 time")
 	fs.BoolVar(&f.opts.FromCheckpoint, "from-checkpoint", false, "start from the allocator's oldest checkpoint the stream still reaches back to, instead of from sequence 1")
 	fs.BoolVar(&f.asJSON, "json", false, "print the report as one JSON object")
+	version := buildinfo.Flag(fs)
 	if err := fs.Parse(args); err != nil {
 		return f, err
+	}
+	if *version {
+		buildinfo.Print(os.Stdout, binary)
+		return f, flag.ErrHelp // exit 0, like -h
 	}
 	if fs.NArg() > 0 {
 		return f, fmt.Errorf("unexpected argument %q", fs.Arg(0))

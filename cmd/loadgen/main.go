@@ -24,6 +24,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/loadgen"
 )
 
@@ -85,11 +86,16 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 0, "give up on the rehearsal after this long (0 = never)")
 	fs.StringVar(&c.Token, "token", "", "bearer token for an ingest that requires one, with allot:admin (default ALLOT_TOKEN); "+
 		"with ALLOT_AUTH_HS256_KEY set instead, loadgen mints an admin token for the open and one token per simulated user")
+	version := buildinfo.Flag(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return o, err
 		}
 		return o, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if *version {
+		buildinfo.Print(os.Stdout, binary)
+		return o, flag.ErrHelp // exit 0, like -h
 	}
 	bad := func(msg string) (options, error) {
 		fmt.Fprintf(stderr, "%s: %s\n", binary, msg)

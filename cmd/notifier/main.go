@@ -7,6 +7,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -23,8 +24,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/notifier"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -148,6 +151,10 @@ func (c *cfg) notifierConfig() notifier.Config {
 }
 
 func main() {
+	// No flags but -version and -h: the settings are ALLOT_ variables.
+	if code := config.ParseFlags(flag.NewFlagSet(binary, flag.ContinueOnError), os.Args[1:]); code >= 0 {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Stderr))
@@ -176,7 +183,7 @@ func run(ctx context.Context, stderr io.Writer) int {
 	defer nc.Drain() //nolint:errcheck
 
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	n, err := notifier.New(nc, log, reg, c.notifierConfig())
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
@@ -187,6 +194,13 @@ func run(ctx context.Context, stderr io.Writer) int {
 		return 2
 	}
 
+	parts := []lifecycle.Part{{Name: "notifier", Run: func(ctx context.Context) error {
+		defer context.AfterFunc(ctx, func() {
+			log.Info("notifier stopping: finishing the attempts in flight")
+			n.Stop()
+		})()
+		return n.Wait()
+	}}}
 	if c.NotifyMetricsAddr != "" {
 		ln, err := net.Listen("tcp", c.NotifyMetricsAddr)
 		if err != nil {
@@ -196,25 +210,15 @@ func run(ctx context.Context, stderr io.Writer) int {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"ok"}`)) })
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+			w.Write([]byte(`{"status":"ok"}`)) //nolint:errcheck // the client is gone; nothing to do
+		})
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln) //nolint:errcheck // closed on shutdown
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			srv.Shutdown(sctx) //nolint:errcheck
-		}()
+		parts = append(parts, lifecycle.HTTPServer("metrics", srv, ln, 5*time.Second, nil))
 	}
-
-	done := make(chan error, 1)
-	go func() { done <- n.Wait() }()
-	select {
-	case <-ctx.Done():
-		log.Info("notifier stopping: finishing the attempts in flight")
-		n.Stop()
-		return 0
-	case err := <-done:
+	if err := lifecycle.Run(ctx, parts...); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 1
 	}
+	return 0
 }

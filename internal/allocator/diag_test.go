@@ -15,7 +15,7 @@ func diagnose(t *testing.T, e *env, partitions int) {
 	for rows.Next() {
 		var p int
 		var s uint64
-		rows.Scan(&p, &s)
+		rows.Scan(&p, &s) //nolint:errcheck // diagnostics only
 		t.Logf("fence p%d = %d", p, s)
 	}
 	rows.Close()
@@ -23,7 +23,7 @@ func diagnose(t *testing.T, e *env, partitions int) {
 	for rr.Next() {
 		var seq uint64
 		var sub, reason string
-		rr.Scan(&seq, &sub, &reason)
+		rr.Scan(&seq, &sub, &reason) //nolint:errcheck // diagnostics only
 		t.Logf("rejected seq %d %s: %s", seq, sub, reason)
 	}
 	rr.Close()
@@ -40,9 +40,9 @@ func diagnose(t *testing.T, e *env, partitions int) {
 	info, _ := st.Info(ctx)
 	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
 		var n int64
-		e.db.QueryRow("SELECT COUNT(*) FROM processed_request WHERE seq = ?", seq).Scan(&n)
+		e.db.QueryRow("SELECT COUNT(*) FROM processed_request WHERE seq = ?", seq).Scan(&n) //nolint:errcheck // diagnostics only
 		var r int64
-		e.db.QueryRow("SELECT COUNT(*) FROM rejected_message WHERE seq = ?", seq).Scan(&r)
+		e.db.QueryRow("SELECT COUNT(*) FROM rejected_message WHERE seq = ?", seq).Scan(&r) //nolint:errcheck // diagnostics only
 		if n+r == 0 {
 			m, _ := st.GetMsg(ctx, seq)
 			t.Logf("missing seq %d subject %s", seq, m.Subject)

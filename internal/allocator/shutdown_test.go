@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -182,7 +183,7 @@ func TestMetricsServerCutsStalledClients(t *testing.T) {
 		c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
 		_, err = io.Copy(io.Discard, c)                    // until the server closes it
 		c.Close()
-		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 			t.Errorf("%s: still open after 5s, want it closed after about %s", tt.name, short)
 		}
 	}

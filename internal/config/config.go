@@ -16,6 +16,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/kelseyhightower/envconfig"
 	"github.com/nats-io/nats.go"
+
+	"github.com/allot-dev/allot/internal/buildinfo"
 )
 
 // Prefix is the environment variable prefix of every setting.
@@ -196,10 +198,12 @@ func Fatal(binary string, err error) {
 }
 
 // ParseFlags parses a command's arguments into fs, which takes no
-// positional arguments: the settings are ALLOT_ variables. It returns -1
+// positional arguments: the settings are ALLOT_ variables. -version prints
+// the build (stdout) and exits 0. It returns -1
 // when the command goes on, else the exit code: 0 after -h, 2 after a bad
 // flag or a stray argument, said in one line on fs's output.
 func ParseFlags(fs *flag.FlagSet, args []string) int {
+	version := buildinfo.Flag(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -209,6 +213,10 @@ func ParseFlags(fs *flag.FlagSet, args []string) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(fs.Output(), "%s: unexpected argument %q; the settings are %s_ environment variables\n", fs.Name(), fs.Arg(0), Prefix)
 		return 2
+	}
+	if *version {
+		buildinfo.Print(os.Stdout, fs.Name())
+		return 0
 	}
 	return -1
 }

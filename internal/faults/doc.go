@@ -1,5 +1,5 @@
 // Package faults is allot's fault-injection suite (issue 4). It holds only
-// tests: they build the real binaries (cmd/allocator, cmd/ingest, cmd/natsd)
+// tests: they build the real binaries (cmd/allocator, cmd/ingest, internal/cmd/natsd)
 // once, then run each scenario against real processes — a natsd JetStream
 // server with its own store directory, one or two allocators, one ingest —
 // and a fresh MariaDB database, drive a burst of mixed join / cancel / claim

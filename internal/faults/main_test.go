@@ -63,7 +63,7 @@ func build(dir string) error {
 	if buildRace() {
 		args = append(args, "-race")
 	}
-	args = append(args, "./cmd/allocator", "./cmd/ingest", "./cmd/natsd")
+	args = append(args, "./cmd/allocator", "./cmd/ingest", "./internal/cmd/natsd")
 	cmd := exec.Command(goBin, args...)
 	cmd.Dir = root
 	var stderr bytes.Buffer

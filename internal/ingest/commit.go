@@ -26,12 +26,9 @@ import (
 // still its own message, with its own Nats-Msg-Id, in arrival order, and a
 // batch is all or nothing, so a PubAck still means "durably stored".
 //
-// A batch costs the server a staging store of its own (about 10 ms here,
-// fsync or not), so small groups go out as ordinary pipelined publishes:
-// a queue of at least MinBatch requests is committed as a batch only while
-// the measured cost of a batch is below that of its messages published
-// alone. With the broker fsyncing every write (0.6 ms a message here) that
-// is any queue of about 16 or more; with an fsync interval, never. Anything a
+// A batch costs the server a staging store of its own (a few milliseconds
+// here), so small groups go out as ordinary pipelined publishes; only a
+// queue of at least MinBatch requests is committed as a batch. Anything a
 // batch cannot do (a duplicate id inside it, a server without atomic
 // publish, a lost answer) falls back to ordinary publishes of the same
 // messages with the same ids, which the broker's duplicate window turns
@@ -77,41 +74,6 @@ type committer struct {
 	// on every message goes out on its own.
 	noAtomic atomic.Bool
 	batches  func(n int) // observes committed batch sizes; may be nil
-
-	// What a batch and a message cost, measured (moving averages, seconds;
-	// 0 = not yet known): a batch has a fixed cost of its own at the
-	// broker, a message published alone costs an fsync when the broker
-	// syncs every write and next to nothing when it syncs on an interval,
-	// where batching would only slow things down. Only the worker reads
-	// and writes them.
-	batchCost, perMsg float64
-	groups            int
-}
-
-// ewma folds x into the moving average avg.
-func ewma(avg, x float64) float64 {
-	if avg == 0 {
-		return x
-	}
-	return 0.8*avg + 0.2*x
-}
-
-// batchPays reports whether a group of n should go out as one atomic
-// batch: when the measured cost of a batch is below that of n messages
-// alone, or to measure again now and then.
-func (c *committer) batchPays(n int) bool {
-	c.groups++
-	switch {
-	case c.batchCost == 0:
-		return true // measure a batch first
-	case c.perMsg == 0:
-		return false // then a group published message by message
-	}
-	pays := c.batchCost < float64(n)*c.perMsg
-	if c.groups%50 == 0 {
-		return !pays // measure the other way again now and then
-	}
-	return pays
 }
 
 // run serves the queue until ctx ends.
@@ -135,20 +97,10 @@ func (c *committer) run(ctx context.Context) {
 						break collect
 					}
 				}
-				if len(group) >= c.minBatch && !c.noAtomic.Load() && c.batchPays(len(group)) {
-					start := time.Now()
-					if c.commitBatch(group) {
-						c.batchCost = ewma(c.batchCost, time.Since(start).Seconds())
-						continue
-					}
+				if len(group) >= c.minBatch && !c.noAtomic.Load() && c.commitBatch(group) {
+					continue
 				}
-				start := time.Now()
-				if c.publishEach(group) && len(group) >= c.minBatch {
-					// Only a group as large as a batch measures what a
-					// message costs in a pipeline; a lone one measures a
-					// round trip.
-					c.perMsg = ewma(c.perMsg, time.Since(start).Seconds()/float64(len(group)))
-				}
+				c.publishEach(group)
 			}
 		}()
 	}
@@ -172,17 +124,13 @@ func (c *committer) publish(msg *nats.Msg, id string, deadline time.Time) pubRes
 	}
 }
 
-// publishEach publishes every message of group on its own, pipelined. It
-// reports whether every message was acknowledged (a measurement of what
-// publishing alone costs).
-func (c *committer) publishEach(group []*pubRequest) bool {
-	all := true
+// publishEach publishes every message of group on its own, pipelined.
+func (c *committer) publishEach(group []*pubRequest) {
 	futures := make([]jetstream.PubAckFuture, len(group))
 	for i, r := range group {
 		f, err := c.js.PublishMsgAsync(r.msg, jetstream.WithMsgID(r.id), jetstream.WithExpectStream(wire.RequestStream))
 		if err != nil {
 			r.res <- pubResult{err: err}
-			all = false
 			continue
 		}
 		futures[i] = f
@@ -198,17 +146,15 @@ func (c *committer) publishEach(group []*pubRequest) bool {
 			group[i].res <- pubResult{ack: ack, sent: true}
 		case err := <-f.Err():
 			group[i].res <- pubResult{sent: true, err: err}
-			all = false
 		case <-timeout.C:
 			for j := i; j < len(futures); j++ {
 				if futures[j] != nil {
 					group[j].res <- pubResult{sent: true, err: errors.New("no PubAck in time")}
 				}
 			}
-			return false
+			return
 		}
 	}
-	return all
 }
 
 // batchAck is the server's answer to a batch's commit.

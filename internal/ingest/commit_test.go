@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -15,32 +16,35 @@ import (
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
 // commitRig runs a committer against a real JetStream server whose request
-// stream allows atomic publish or not.
-func commitRig(t *testing.T, atomicOK bool) (*committer, jetstream.JetStream, *[]int) {
+// stream allows atomic publish or not. sizes returns the atomic batches'
+// sizes so far (the committer counts a batch after answering it, so a
+// reader waits for the count it expects).
+func commitRig(t *testing.T, atomicOK bool) (c *committer, js jetstream.JetStream, sizes func() []int) {
 	t.Helper()
 	ns := natstest.New(t)
 	nc, js := ns.Connect(t)
 	ctx := context.Background()
+	var (
+		mu  sync.Mutex
+		got []int
+	)
 	cfg := bus.RequestStreamConfig(bus.StreamConfig{})
 	cfg.AllowAtomicPublish = atomicOK
 	if _, err := js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu    sync.Mutex
-		sizes []int
-	)
-	c := &committer{nc: nc, js: js, log: slog.New(slog.NewTextHandler(io.Discard, nil)), in: make(chan *pubRequest, 1024),
+	c = &committer{nc: nc, js: js, log: slog.New(slog.NewTextHandler(io.Discard, nil)), in: make(chan *pubRequest, 1024),
 		minBatch: 4, maxBatch: 1000, timeout: 5 * time.Second,
-		batches: func(n int) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() }}
+		batches: func(n int) { mu.Lock(); got = append(got, n); mu.Unlock() }}
 	rctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	c.run(rctx)
-	return c, js, &sizes
+	return c, js, func() []int { mu.Lock(); defer mu.Unlock(); return slices.Clone(got) }
 }
 
 // publishAll publishes n requests at once, with ids[i] as Nats-Msg-Id, and
@@ -111,14 +115,15 @@ func TestGroupCommit(t *testing.T) {
 	ids := newIDs(600)
 	seqs := publishAll(t, c, ids)
 	requireStored(t, js, ids, seqs)
-	total := 0
-	for _, n := range *sizes {
-		total += n
+	total := func() int {
+		n := 0
+		for _, s := range sizes() {
+			n += s
+		}
+		return n
 	}
-	if total == 0 {
-		t.Fatal("600 concurrent publishes, yet none went out in an atomic batch")
-	}
-	t.Logf("%d of 600 requests in %d atomic batches", total, len(*sizes))
+	testenv.WaitFor(t, 5*time.Second, "600 concurrent publishes, some in an atomic batch", func() bool { return total() > 0 })
+	t.Logf("%d of 600 requests in %d atomic batches", total(), len(sizes()))
 }
 
 // TestGroupCommitFallsBack: a batch holding the same id twice (a retried
@@ -143,8 +148,8 @@ func TestGroupCommitFallsBack(t *testing.T) {
 		ids := newIDs(200)
 		seqs := publishAll(t, c, ids)
 		requireStored(t, js, ids, seqs)
-		if len(*sizes) != 0 || !c.noAtomic.Load() {
-			t.Fatalf("batches %v on a stream that refuses them; noAtomic %v", *sizes, c.noAtomic.Load())
+		if len(sizes()) != 0 || !c.noAtomic.Load() {
+			t.Fatalf("batches %v on a stream that refuses them; noAtomic %v", sizes(), c.noAtomic.Load())
 		}
 	})
 }

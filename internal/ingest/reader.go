@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,8 @@ type resultReader struct {
 	pending map[string][]chan readAnswer
 	kick    chan struct{}
 	sem     chan struct{}
-	queries func() // counts a query; may be nil
+	stopped chan struct{} // closed when run ends
+	queries func()        // counts a query; may be nil
 }
 
 // Bounds of the coalesced reads.
@@ -43,7 +45,7 @@ type readAnswer struct {
 
 func newResultReader(db *sql.DB, timeout time.Duration, queries func()) *resultReader {
 	return &resultReader{db: db, timeout: timeout, pending: make(map[string][]chan readAnswer),
-		kick: make(chan struct{}, 1), sem: make(chan struct{}, readConns), queries: queries}
+		kick: make(chan struct{}, 1), sem: make(chan struct{}, readConns), stopped: make(chan struct{}), queries: queries}
 }
 
 // get reads id's result, joining whatever read is gathered next.
@@ -66,13 +68,19 @@ func (rr *resultReader) get(ctx context.Context, id string) (wire.Result, bool, 
 		return a.r, a.ok, a.err
 	case <-ctx.Done():
 		return wire.Result{}, false, ctx.Err()
+	case <-rr.stopped:
+		return wire.Result{}, false, errReaderStopped
 	}
 }
+
+// errReaderStopped answers the reads still waiting when the service stops.
+var errReaderStopped = errors.New("ingest is stopping")
 
 // run serves the reads until ctx ends.
 func (rr *resultReader) run(ctx context.Context) {
 	rr.running.Store(true)
 	go func() {
+		defer close(rr.stopped)
 		defer rr.running.Store(false)
 		for {
 			select {

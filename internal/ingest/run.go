@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 )
 
@@ -63,7 +64,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	reg := cfg.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -132,8 +133,8 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	log.InfoContext(ctx, "ingest listening, starting", slog.String("addr", ln.Addr().String()))
 	err = bus.Retry(ctx, log, "ingest start", bus.StartAttempt, svc.Start)
 	if err != nil {
-		srv.Close() //nolint:errcheck
-		<-served
+		srv.Close()
+		<-served //nolint:errcheck // closed just above: ErrServerClosed
 		if ctx.Err() != nil {
 			return nil // asked to stop while waiting
 		}
@@ -159,7 +160,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := srv.Shutdown(shCtx); err != nil {
-		srv.Close() //nolint:errcheck
+		srv.Close()
 		return fmt.Errorf("ingest: graceful shutdown: %w", err)
 	}
 	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -191,15 +191,10 @@ func TestIdempotentRepeatOfAnAppliedRequest(t *testing.T) {
 	}
 }
 
-// fakeAllocator applies every request on alloc.req.> at once: it records a
-// result in processed_request and announces it, as the allocator does.
-func fakeAllocator(t *testing.T, h *harness, outcome string) {
-	t.Helper()
-	fakeNotifier(t, h, outcome, true)
-}
-
-// fakeNotifier is fakeAllocator that records the result in MySQL only when
-// store is set: without it, only the notification carries the result.
+// fakeNotifier applies every request on alloc.req.> at once, as the
+// allocator does: it announces a result, and records it in
+// processed_request only when store is set (without it, only the
+// notification carries the result).
 func fakeNotifier(t *testing.T, h *harness, outcome string, store bool) {
 	t.Helper()
 	sub, err := h.nc.Subscribe(wire.RequestSubjectPrefix+">", func(m *nats.Msg) {

@@ -18,7 +18,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -213,16 +212,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 // runner is one burst in flight.
 type runner struct {
 	cfg    Config
-	client *http.Client
+	client *http.Client // shared by the workers' API clients
 	plan   plan
-
-	// prefix[op] is the URL of op up to the user id; writeQuery and
-	// pollQuery are the ?wait= suffixes.
-	prefix     [3]string
-	method     [3]string
-	writeQuery string
-	pollURL    string
-	pollQuery  string
 
 	lat  []time.Duration // send → final result, per request
 	outc []uint8         // outcome code per request, 0 = no result
@@ -237,17 +228,7 @@ type runner struct {
 }
 
 func newRunner(cfg Config, client *http.Client) *runner {
-	a := cfg.BaseURL + "/v1/activities/" + strconv.FormatInt(cfg.Activity, 10)
-	wait := "?wait=" + cfg.Wait.String()
-	return &runner{
-		cfg:        cfg,
-		client:     client,
-		prefix:     [3]string{opClaim: a + "/claims/", opJoin: a + "/signups/", opCancel: a + "/signups/"},
-		method:     [3]string{opClaim: http.MethodPost, opJoin: http.MethodPost, opCancel: http.MethodDelete},
-		writeQuery: wait,
-		pollURL:    cfg.BaseURL + "/v1/requests/",
-		pollQuery:  wait,
-	}
+	return &runner{cfg: cfg, client: client}
 }
 
 // maxSamples bounds the error messages a report keeps.

@@ -117,7 +117,9 @@ func TestReportJSON(t *testing.T) {
 		t.Errorf("pass = %v, want true: %s", got["pass"], data)
 	}
 	var text strings.Builder
-	rep.WriteText(&text)
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
 	if !strings.Contains(text.String(), "verdict:              PASS") {
 		t.Errorf("text report without a PASS verdict:\n%s", text.String())
 	}

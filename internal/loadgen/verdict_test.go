@@ -93,7 +93,7 @@ func TestVerdict(t *testing.T) {
 			for _, sentinel := range all {
 				want := false
 				for _, w := range tt.want {
-					want = want || w == sentinel
+					want = want || errors.Is(w, sentinel)
 				}
 				if got := errors.Is(err, sentinel); got != want {
 					t.Errorf("errors.Is(Verdict, %v) = %v, want %v (verdict: %v)", sentinel, got, want, err)

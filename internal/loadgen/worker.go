@@ -1,41 +1,28 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"net/http"
-	"strconv"
+	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// answer is the part of a result, ack or error body the load generator
-// reads; one per worker, reset before each decode.
-type answer struct {
-	RequestID      string `json:"request_id"`
-	State          string `json:"state"`
-	Outcome        string `json:"outcome"`
-	PromotedUserID *int64 `json:"promoted_user_id"`
-	Error          string `json:"error"`
-}
-
-// worker fires requests one at a time and keeps its own tallies, merged
-// after the burst, so that the hot path shares nothing but two counters.
+// worker fires requests one at a time through its own client (they share
+// the transport) and keeps its own tallies, merged after the burst, so that
+// the hot path shares nothing but two counters.
 type worker struct {
-	r   *runner
-	rng *rand.Rand // backoff jitter
-
-	body bytes.Buffer // response body, reused
-	url  []byte       // request URL, reused
-	ans  answer
-	// token is the bearer token of the exchanges in progress.
-	token string
+	r *runner
+	c *client.Client // writes and polls with ?wait=cfg.Wait
+	o *client.Client // the open, with ?wait=cfg.OpenWait
+	// opts make w.c; users are its copies with each user's own token
+	// (Config.UserToken).
+	opts  []client.Option
+	users map[int64]*client.Client
 
 	statuses   map[int]int
 	outcomes   [len(outcomeNames)]int
@@ -49,13 +36,52 @@ type worker struct {
 	lastFinal  time.Duration // since t0: the last final result
 }
 
-func (r *runner) newWorker(id uint64) *worker {
-	return &worker{
-		r:        r,
-		rng:      rand.New(rand.NewPCG(r.cfg.Seed, id)),
-		url:      make([]byte, 0, 128),
-		statuses: make(map[int]int, 4),
-		token:    r.cfg.Token,
+func (r *runner) newWorker(uint64) *worker {
+	w := &worker{r: r, statuses: make(map[int]int, 4)}
+	observe := client.WithObserver(w.observe)
+	// 429 and 5xx are retried (nothing was stored); a transport error is
+	// reported at once, as a failure of the burst.
+	retries := client.WithRetries(r.cfg.MaxRetries, 5*time.Millisecond, time.Second)
+	// No Idempotency-Key: the burst measures the path most clients take,
+	// where a claim for a full activity can be answered at once.
+	noNetRetry, noKeys := client.WithNetRetries(0), client.WithoutKeys()
+	hc := client.WithHTTPClient(r.client)
+	w.opts = []client.Option{hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.Wait)}
+	token := client.WithToken(r.cfg.Token)
+	// The URL was validated by Config.Validate.
+	w.c, _ = client.New(r.cfg.BaseURL, append(w.opts, token)...)
+	w.o, _ = client.New(r.cfg.BaseURL, hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.OpenWait), token)
+	return w
+}
+
+// clientFor is the client of user's writes and polls: with
+// Config.UserToken, one per user (made on first use) carrying the user's
+// own token, so that each simulated user spends its own rate limit.
+func (w *worker) clientFor(user int64) *client.Client {
+	if w.r.cfg.UserToken == nil {
+		return w.c
+	}
+	if c, ok := w.users[user]; ok {
+		return c
+	}
+	if w.users == nil {
+		w.users = make(map[int64]*client.Client)
+	}
+	c, _ := client.New(w.r.cfg.BaseURL, append(w.opts, client.WithToken(w.r.cfg.UserToken(user)))...)
+	w.users[user] = c
+	return c
+}
+
+// observe counts one HTTP exchange of this worker's clients.
+func (w *worker) observe(x client.Exchange) {
+	if x.Status != 0 {
+		w.statuses[x.Status]++
+	}
+	if x.Retry {
+		w.retries++
+	}
+	if x.Method == http.MethodGet && strings.HasPrefix(x.Path, "/v1/requests/") {
+		w.polls++
 	}
 }
 
@@ -71,46 +97,23 @@ func (w *worker) loop(ctx context.Context) {
 	}
 }
 
-// errStatus is an answer the load generator does not expect.
-type errStatus struct {
-	code int
-	msg  string
-}
-
-func (e *errStatus) Error() string {
-	if e.msg == "" {
-		return "HTTP " + strconv.Itoa(e.code)
-	}
-	return "HTTP " + strconv.Itoa(e.code) + ": " + e.msg
-}
+// ops maps the plan's op codes to the client's.
+var ops = [3]client.Op{opClaim: client.OpClaim, opJoin: client.OpJoin, opCancel: client.OpCancel}
 
 // do sends request i and follows it to its final result.
 func (w *worker) do(ctx context.Context, i int) {
 	r := w.r
-	op, user := r.plan.ops[i], r.plan.users[i]
-	w.token = r.cfg.Token
-	if r.cfg.UserToken != nil {
-		w.token = r.cfg.UserToken(user)
-	}
-	defer func() { w.token = r.cfg.Token }()
-	w.url = append(w.url[:0], r.prefix[op]...)
-	w.url = strconv.AppendInt(w.url, user, 10)
-	w.url = append(w.url, r.writeQuery...)
-
 	start := time.Now()
-	code, err := w.send(ctx, r.method[op], string(w.url), nil)
+	c := w.clientFor(r.plan.users[i])
+	res, ack, err := c.Submit(ctx, client.Write{Op: ops[r.plan.ops[i]], Activity: r.cfg.Activity, User: r.plan.users[i]})
 	if err != nil {
 		w.fail(err)
 		return
 	}
-	if code != http.StatusOK && code != http.StatusAccepted {
-		w.fail(&errStatus{code, w.ans.Error})
-		return
-	}
 	w.accepted++
 	w.lastAccept = max(w.lastAccept, time.Since(r.t0))
-	if code == http.StatusAccepted || w.ans.State != wire.StateDone {
-		if err := w.poll(ctx); err != nil {
+	if res == nil {
+		if res, err = c.Wait(ctx, ack.RequestID); err != nil {
 			w.fail(err)
 			return
 		}
@@ -118,42 +121,20 @@ func (w *worker) do(ctx context.Context, i int) {
 	end := time.Now()
 	r.lat[i] = end.Sub(start)
 	w.lastFinal = max(w.lastFinal, end.Sub(r.t0))
-	r.outc[i] = w.record()
+	r.outc[i] = w.record(res)
 }
 
-// poll follows the request of the last answer until it is done.
-func (w *worker) poll(ctx context.Context) error {
-	id := w.ans.RequestID
-	if id == "" {
-		return errors.New("a 202 without a request_id")
-	}
-	u := w.r.pollURL + id + w.r.pollQuery
-	for {
-		w.polls++
-		code, err := w.send(ctx, http.MethodGet, u, nil)
-		if err != nil {
-			return err
-		}
-		if code != http.StatusOK {
-			return &errStatus{code, w.ans.Error}
-		}
-		if w.ans.State == wire.StateDone {
-			return nil
-		}
-	}
-}
-
-// record counts the final answer's outcome and returns its code.
-func (w *worker) record() uint8 {
-	if p := w.ans.PromotedUserID; p != nil {
+// record counts a final result's outcome and returns its code.
+func (w *worker) record(res *client.Result) uint8 {
+	if p := res.PromotedUserID; p != nil {
 		w.promoted = append(w.promoted, *p)
 	}
-	code := outcomeCode(w.ans.Outcome)
+	code := outcomeCode(string(res.Outcome))
 	if code == codeOther {
 		if w.other == nil {
 			w.other = make(map[string]int)
 		}
-		w.other[w.ans.Outcome]++
+		w.other[string(res.Outcome)]++
 		return code
 	}
 	w.outcomes[code]++
@@ -165,93 +146,14 @@ func (w *worker) fail(err error) {
 	w.r.sample(err.Error())
 }
 
-// send makes one HTTP exchange, retrying 429 and 503 (nothing was stored)
-// with a short jittered backoff, and decodes the body into w.ans.
-func (w *worker) send(ctx context.Context, method, url string, body []byte) (int, error) {
-	backoff := 5 * time.Millisecond
-	for attempt := 0; ; attempt++ {
-		code, err := w.exchange(ctx, method, url, body)
-		if err != nil {
-			return 0, err
-		}
-		w.statuses[code]++
-		if code != http.StatusTooManyRequests && code != http.StatusServiceUnavailable {
-			return code, nil
-		}
-		if attempt >= w.r.cfg.MaxRetries {
-			return code, fmt.Errorf("HTTP %d still after %d retries: %s", code, attempt, w.ans.Error)
-		}
-		w.retries++
-		t := time.NewTimer(backoff/2 + rand.N(backoff))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return 0, ctx.Err()
-		case <-t.C:
-		}
-		backoff = min(backoff*2, time.Second)
-	}
-}
-
-func (w *worker) exchange(ctx context.Context, method, url string, body []byte) (int, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		return 0, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if w.token != "" {
-		req.Header.Set("Authorization", "Bearer "+w.token)
-	}
-	resp, err := w.r.client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	w.body.Reset()
-	_, err = w.body.ReadFrom(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return 0, fmt.Errorf("%s %s: read the answer: %w", method, url, err)
-	}
-	w.ans = answer{}
-	if w.body.Len() > 0 {
-		if err := json.Unmarshal(w.body.Bytes(), &w.ans); err != nil {
-			if resp.StatusCode < 300 {
-				return 0, fmt.Errorf("%s %s: HTTP %d with a body that is not the expected JSON: %w", method, url, resp.StatusCode, err)
-			}
-			// An error page from something that is not the API (a proxy,
-			// a mux): keep its start for the report.
-			b := w.body.Bytes()
-			w.ans.Error = string(bytes.TrimSpace(b[:min(len(b), 120)]))
-		}
-	}
-	return resp.StatusCode, nil
-}
-
-// open sends PUT /v1/activities/{a} {"capacity": N} and requires a done
-// OPENED or RESIZED.
+// open opens the activity with its capacity and requires a done OPENED or
+// RESIZED.
 func (w *worker) open(ctx context.Context) (string, error) {
-	r := w.r
-	u := r.cfg.BaseURL + "/v1/activities/" + strconv.FormatInt(r.cfg.Activity, 10) + "?wait=" + r.cfg.OpenWait.String()
-	body := []byte(`{"capacity":` + strconv.FormatInt(r.cfg.Capacity, 10) + `}`)
-	code, err := w.send(ctx, http.MethodPut, u, body)
+	res, err := w.o.Open(ctx, w.r.cfg.Activity, w.r.cfg.Capacity)
 	if err != nil {
 		return "", err
 	}
-	if code != http.StatusOK && code != http.StatusAccepted {
-		return "", &errStatus{code, w.ans.Error}
-	}
-	if code == http.StatusAccepted || w.ans.State != wire.StateDone {
-		if err := w.poll(ctx); err != nil {
-			return "", err
-		}
-	}
-	switch out := w.ans.Outcome; out {
+	switch out := string(res.Outcome); out {
 	case wire.OutcomeOpened, wire.OutcomeResized:
 		return out, nil
 	default:
@@ -269,23 +171,14 @@ type State struct {
 
 // state reads the activity; nil when it does not exist (404).
 func (w *worker) state(ctx context.Context) (*State, error) {
-	u := w.r.cfg.BaseURL + "/v1/activities/" + strconv.FormatInt(w.r.cfg.Activity, 10)
-	code, err := w.send(ctx, http.MethodGet, u, nil)
+	a, err := w.c.Activity(ctx, w.r.cfg.Activity)
+	if errors.Is(err, client.ErrNotFound) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}
-	switch code {
-	case http.StatusOK:
-		var s State
-		if err := json.Unmarshal(w.body.Bytes(), &s); err != nil {
-			return nil, fmt.Errorf("GET %s: %w", u, err)
-		}
-		return &s, nil
-	case http.StatusNotFound:
-		return nil, nil
-	default:
-		return nil, &errStatus{code, w.ans.Error}
-	}
+	return &State{Capacity: a.Capacity, Confirmed: a.Confirmed, Waiting: a.Waiting, Remaining: a.Remaining}, nil
 }
 
 // outcomeNames are the outcomes counted without a map; index = code.

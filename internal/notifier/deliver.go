@@ -3,7 +3,6 @@ package notifier
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/allot-dev/allot/internal/wire"
+	"github.com/allot-dev/allot/client"
 )
 
 // Errors that decide how a failed delivery ends.
@@ -28,7 +27,8 @@ var (
 	ErrPermanent = errors.New("the webhook rejected the event")
 	// ErrMalformedEvent means the message is not an event: not a JSON
 	// object, or without a usable event_id. It is dead-lettered at once.
-	ErrMalformedEvent = errors.New("malformed event")
+	// It is client.ErrMalformedEvent, which receivers match too.
+	ErrMalformedEvent = client.ErrMalformedEvent
 	// ErrAttemptsExhausted means every attempt of a delivery failed.
 	ErrAttemptsExhausted = errors.New("delivery attempts exhausted")
 )
@@ -66,20 +66,9 @@ func permanentStatus(code int) bool {
 // maxErrorBody is how much of a failed answer is kept.
 const maxErrorBody = 512
 
-// decodeEvent checks that data is an event a receiver can dedupe.
-func decodeEvent(data []byte) (wire.Event, error) {
-	var ev wire.Event
-	if err := json.Unmarshal(data, &ev); err != nil {
-		return ev, fmt.Errorf("%w: %v", ErrMalformedEvent, err)
-	}
-	if ev.EventID == "" {
-		return ev, fmt.Errorf("%w: no event_id", ErrMalformedEvent)
-	}
-	if len(ev.EventID) > 255 || strings.IndexFunc(ev.EventID, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
-		return ev, fmt.Errorf("%w: event_id %q is not a printable token of at most 255 bytes", ErrMalformedEvent, ev.EventID)
-	}
-	return ev, nil
-}
+// decodeEvent checks that data is an event a receiver can dedupe, with
+// the public decoder webhook receivers use too.
+func decodeEvent(data []byte) (client.Event, error) { return client.DecodeEvent(data) }
 
 // handle delivers one message and ends it: Ack after a 2xx or a stored dead
 // letter, Nak when stopping. ctx ends on Stop.
@@ -108,7 +97,7 @@ func (n *Notifier) handle(ctx context.Context, msg jetstream.Msg) {
 		return
 	}
 	log = log.With(slog.String("event_id", ev.EventID), slog.Int64("activity_id", ev.ActivityID),
-		slog.String("kind", ev.Kind))
+		slog.String("kind", string(ev.Kind)))
 
 	if n.cfg.URL == "" {
 		log.InfoContext(ctx, "event", slog.Int64("user_id", ev.UserID), slog.String("request_id", ev.RequestID),

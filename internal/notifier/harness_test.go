@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -228,14 +229,15 @@ func (r *receiver) URL() string { return r.srv.URL }
 func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	body, _ := io.ReadAll(req.Body)
 	key := req.Header.Get("Idempotency-Key")
-	var ev wire.Event
+	// As a webhook receiver would: the public type and decoder.
+	ev, decodeErr := client.DecodeEvent(body)
 	r.mu.Lock()
 	switch {
 	case req.Method != http.MethodPost:
 		r.problems = append(r.problems, "method "+req.Method)
 	case req.Header.Get("Content-Type") != "application/json":
 		r.problems = append(r.problems, "content type "+req.Header.Get("Content-Type"))
-	case json.Unmarshal(body, &ev) != nil || ev.EventID != key:
+	case decodeErr != nil || ev.EventID != key:
 		r.problems = append(r.problems, "key "+key+" with body "+string(body))
 	}
 	r.calls[key]++

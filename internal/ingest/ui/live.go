@@ -125,7 +125,7 @@ func (s *Server) ServeLive(w http.ResponseWriter, r *http.Request, activity int6
 			return
 		case <-s.cfg.Done:
 			out.message(MsgBye, map[string]string{"reason": "The server is shutting down; the page reconnects by itself."})
-			out.flush() //nolint:errcheck // ending anyway
+			out.flush() // ending anyway
 			return
 		case data := <-feed:
 			out.event(data)
@@ -195,7 +195,7 @@ func (s *Server) consume(ctx context.Context, activity int64, handle jetstream.M
 	}
 	cc, err := cons.Consume(handle)
 	if err != nil {
-		s.deleteConsumer(cons)
+		s.deleteConsumer(cons) //nolint:errcheck // the Consume error is the one to report
 		return nil, nil, err
 	}
 	return cons, cc, nil

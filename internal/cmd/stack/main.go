@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +29,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -99,7 +99,7 @@ func run(ctx context.Context, args []string) int {
 
 	if err := store.EnsureDatabase(ctx, c.MySQLDSN); err != nil {
 		if errors.Is(err, store.ErrUnreachable) {
-			fmt.Fprintf(os.Stderr, "%s: %v\n  start MariaDB/MySQL first, e.g. `sudo start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd` (or `sudo service mariadb start`), or point ALLOT_MYSQL_DSN at one\n", binary, err)
+			fmt.Fprintf(os.Stderr, "%s: %v\n  `make run` starts a private MariaDB/MySQL when none answers; or start one yourself, or point ALLOT_MYSQL_DSN at one\n", binary, err)
 		} else {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		}
@@ -120,11 +120,7 @@ func run(ctx context.Context, args []string) int {
 	}
 
 	// Each part gets its own pool and connection, as separate processes would.
-	type part struct {
-		name string
-		run  func(context.Context) error
-	}
-	var parts []part
+	var parts []lifecycle.Part
 	for _, name := range []string{"allocator", "ingest"} {
 		db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
 		if err != nil {
@@ -148,37 +144,21 @@ func run(ctx context.Context, args []string) int {
 		defer nc.Drain() //nolint:errcheck
 		switch name {
 		case "allocator":
-			parts = append(parts, part{name, func(ctx context.Context) error {
+			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {
 				return allocator.Run(ctx, c.AllocatorEnv.RunConfig(), db, nc, plog)
 			}})
 		case "ingest":
-			parts = append(parts, part{name, func(ctx context.Context) error {
+			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {
 				return ingest.Run(ctx, c.IngestEnv.RunConfig(), db, nc, plog)
 			}})
 		}
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(parts))
-	for _, p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// A part stopped because another one failed only echoes that.
-			if err := p.run(ctx); err != nil && !errors.Is(err, context.Canceled) {
-				errs <- fmt.Errorf("%s: %w", p.name, err)
-			}
-			cancel() // one part stopping stops the stack
-		}()
-	}
 	fmt.Fprintf(os.Stderr, "\nallot is up: %s  (NATS %s, MySQL %s)\n%s\nCtrl-C stops everything.\n\n",
-		httpURL(c.HTTPAddr), config.MaskURL(natsURL), config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthEnv))
-	wg.Wait()
-	close(errs)
+		baseURL(c.HTTPAddr), config.MaskURL(natsURL), config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthEnv))
+	// One part stopping stops the stack; the first error is the one said.
 	code := 0
-	for err := range errs {
+	if err := lifecycle.Run(ctx, parts...); err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, store.ErrStreamReplaced) {
 			fmt.Fprintf(os.Stderr, "  the NATS store (%s) and the database no longer belong together: restore the store, or start over with both empty: make reset\n", c.NATSStore)
@@ -187,6 +167,20 @@ func run(ctx context.Context, args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "allot stopped.")
 	return code
+}
+
+// baseURL is the URL a browser on this machine opens for the listen
+// address addr: a wildcard host (":8080", "0.0.0.0:8080", "[::]:8080")
+// reads localhost, a named host stays as it is.
+func baseURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // resetStack deletes the embedded server's store and the database, for a
@@ -210,15 +204,6 @@ func resetStack(ctx context.Context, c cfg, out io.Writer) int {
 	}
 	fmt.Fprintf(out, "%s: dropped database %s and deleted the NATS store %s; the next start begins empty\n", binary, name, dir)
 	return 0
-}
-
-// httpURL is the URL a browser on this machine opens for addr.
-func httpURL(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" || host == "0.0.0.0" || host == "::" || host == "127.0.0.1" {
-		host = "localhost"
-	}
-	return "http://" + net.JoinHostPort(host, port)
 }
 
 // authLine says whether the API needs tokens, and how to switch them on.

@@ -57,3 +57,19 @@ func TestResetRefusesAnExternalNATS(t *testing.T) {
 		t.Fatal("the database was dropped")
 	}
 }
+
+func TestBaseURL(t *testing.T) {
+	tests := []struct{ addr, want string }{
+		{":8080", "http://localhost:8080"},
+		{"0.0.0.0:8080", "http://localhost:8080"},
+		{"[::]:8080", "http://localhost:8080"},
+		{"127.0.0.1:18181", "http://127.0.0.1:18181"},
+		{"example.internal:80", "http://example.internal:80"},
+		{"[::1]:8080", "http://[::1]:8080"},
+	}
+	for _, tt := range tests {
+		if got := baseURL(tt.addr); got != tt.want {
+			t.Errorf("baseURL(%q) = %q, want %q", tt.addr, got, tt.want)
+		}
+	}
+}

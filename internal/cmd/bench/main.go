@@ -272,7 +272,6 @@ func freePort() (int, error) {
 // server is a system under test running as its own process.
 type server struct {
 	cmd *exec.Cmd
-	url string
 }
 
 func start(ctx context.Context, bin string, args []string, env []string, ready string) (*server, error) {

@@ -1,0 +1,219 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// script is a fake server that answers each request with the next step.
+type script struct {
+	mu    sync.Mutex
+	steps []func(w http.ResponseWriter, r *http.Request)
+	seen  []*http.Request
+}
+
+func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	s.seen = append(s.seen, r)
+	if len(s.steps) == 0 {
+		s.mu.Unlock()
+		http.Error(w, `{"error":"unexpected request"}`, http.StatusTeapot)
+		return
+	}
+	step := s.steps[0]
+	s.steps = s.steps[1:]
+	s.mu.Unlock()
+	step(w, r)
+}
+
+func answer(status int, body string, header ...string) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		w.Write([]byte(body)) //nolint:errcheck
+	}
+}
+
+const (
+	id      = "0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b"
+	pending = `{"request_id":"` + id + `","state":"pending"}`
+	done    = `{"request_id":"` + id + `","state":"done","op":"join","activity_id":1,"user_id":2,"outcome":"WAITING","status":"WAITING","position":1,"promoted_user_id":null,"seq":9,"applied_at":"2026-01-01T00:00:00Z"}`
+)
+
+func fake(t *testing.T, steps ...func(http.ResponseWriter, *http.Request)) (*script, *Client) {
+	t.Helper()
+	s := &script{steps: steps}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c, err := New(srv.URL, WithWait(2*time.Second), WithRetries(5, time.Millisecond, 20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
+// TestJoinRetriesWithOneKeyAndHonoursRetryAfter: a 503 with Retry-After,
+// a transport-level retry, a 202, a pending poll, then the result; every
+// attempt of the write carries the same key, and the client waited out the
+// Retry-After.
+func TestJoinRetriesWithOneKeyAndHonoursRetryAfter(t *testing.T) {
+	s, c := fake(t,
+		answer(503, `{"error":"overloaded"}`, "Retry-After", "1"),
+		answer(429, `{"error":"slow down"}`),
+		answer(202, pending, "Location", "/v1/requests/"+id),
+		answer(200, pending),
+		answer(200, done),
+	)
+	start := time.Now()
+	res, err := c.Join(context.Background(), 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Outcome != Waiting || *res.Position != 1 || *res.Status != StatusWaiting {
+		t.Errorf("result %+v, want WAITING at position 1", res)
+	}
+	if el := time.Since(start); el < time.Second {
+		t.Errorf("done after %v: the Retry-After of 1s was not honoured", el)
+	}
+	var keys []string
+	for _, r := range s.seen[:3] {
+		if r.Method != http.MethodPost || r.URL.Path != "/v1/activities/1/signups/2" || r.URL.Query().Get("wait") != "2s" {
+			t.Errorf("write sent as %s %s", r.Method, r.URL)
+		}
+		keys = append(keys, r.Header.Get("Idempotency-Key"))
+	}
+	if keys[0] == "" || keys[0] != keys[1] || keys[1] != keys[2] {
+		t.Errorf("the attempts carried keys %q, want one key", keys)
+	}
+	for _, r := range s.seen[3:] {
+		if r.URL.Path != "/v1/requests/"+id || r.URL.Query().Get("wait") != "2s" {
+			t.Errorf("poll sent as %s %s", r.Method, r.URL)
+		}
+	}
+
+	// A second logical attempt gets a key of its own.
+	s2, c2 := fake(t, answer(200, done))
+	if _, err := c2.Join(context.Background(), 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if k := s2.seen[0].Header.Get("Idempotency-Key"); k == keys[0] {
+		t.Error("two logical attempts shared a key")
+	}
+}
+
+// TestClientErrorsAreNotRetried: a 4xx is the caller's mistake: one
+// attempt, an APIError with the server's sentence; 404 matches ErrNotFound.
+func TestClientErrorsAreNotRetried(t *testing.T) {
+	s, c := fake(t, answer(422, `{"error":"The key is bound to another request."}`))
+	_, err := c.Claim(context.Background(), 1, 2)
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 422 || !strings.Contains(ae.Message, "bound") {
+		t.Fatalf("err = %v, want an APIError 422 with the server's sentence", err)
+	}
+	if len(s.seen) != 1 {
+		t.Errorf("%d attempts, want 1", len(s.seen))
+	}
+	_, c = fake(t, answer(404, `{"error":"Activity 1 was never opened."}`))
+	if _, err := c.Activity(context.Background(), 1); !errors.Is(err, ErrNotFound) {
+		t.Errorf("err = %v, want ErrNotFound", err)
+	}
+}
+
+// TestRetriesAreBounded: a server that keeps answering 503 costs the
+// configured attempts, then its error.
+func TestRetriesAreBounded(t *testing.T) {
+	var steps []func(http.ResponseWriter, *http.Request)
+	for range 10 {
+		steps = append(steps, answer(503, `{"error":"down"}`))
+	}
+	s, c := fake(t, steps...)
+	var seen []Exchange
+	c.observe = func(x Exchange) { seen = append(seen, x) }
+	_, err := c.Open(context.Background(), 1, 5)
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != 503 {
+		t.Fatalf("err = %v, want the last 503", err)
+	}
+	if len(s.seen) != 6 || len(seen) != 6 || seen[5].Retry || !seen[4].Retry {
+		t.Errorf("%d attempts (%d observed), want 1 + 5 retries, the last not retried", len(s.seen), len(seen))
+	}
+	if body := s.seen[0]; body.Method != http.MethodPut || body.URL.Path != "/v1/activities/1" {
+		t.Errorf("open sent as %s %s", body.Method, body.URL)
+	}
+}
+
+// TestWaitBacksOffWhenTheServerDoesNotHold: pending answered at once is
+// followed after a growing backoff, not in a busy loop.
+func TestWaitBacksOffWhenTheServerDoesNotHold(t *testing.T) {
+	s, c := fake(t, answer(200, pending), answer(200, pending), answer(200, pending), answer(200, done))
+	c.minBackoff, c.maxBackoff = 40*time.Millisecond, time.Second
+	start := time.Now()
+	res, err := c.Wait(context.Background(), id)
+	if err != nil || !res.Done() {
+		t.Fatalf("Wait = %+v, %v", res, err)
+	}
+	// 3 backoffs of at least 20, 40 and 80ms.
+	if el := time.Since(start); el < 140*time.Millisecond {
+		t.Errorf("4 polls in %v: no backoff between early pending answers", el)
+	}
+	if len(s.seen) != 4 {
+		t.Errorf("%d polls, want 4", len(s.seen))
+	}
+}
+
+func TestDecodeEvent(t *testing.T) {
+	tests := []struct {
+		name, data string
+		ok         bool
+	}{
+		{"an event", `{"event_id":"e1","kind":"promoted","activity_id":1,"user_id":2,"request_id":"r","seq":3,"at":"2026-01-01T00:00:00Z"}`, true},
+		{"not JSON", `nope`, false},
+		{"no event_id", `{"kind":"promoted"}`, false},
+		{"an event_id with a space", `{"event_id":"a b"}`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ev, err := DecodeEvent([]byte(tt.data))
+			if tt.ok != (err == nil) || (!tt.ok && !errors.Is(err, ErrMalformedEvent)) {
+				t.Fatalf("DecodeEvent = %v, want ok=%v (else ErrMalformedEvent)", err, tt.ok)
+			}
+			if tt.ok && (ev.Kind != EventPromoted || ev.UserID != 2) {
+				t.Errorf("decoded %+v", ev)
+			}
+		})
+	}
+}
+
+func TestNewRefusesABadURL(t *testing.T) {
+	for _, u := range []string{"", "localhost:8080", "ftp://x", "http://"} {
+		if _, err := New(u); err == nil {
+			t.Errorf("New(%q) accepted it", u)
+		}
+	}
+}
+
+func TestWithoutKeys(t *testing.T) {
+	s, c := fake(t, answer(200, done), answer(200, done))
+	WithoutKeys()(c)
+	if _, err := c.Join(context.Background(), 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Do(context.Background(), Write{Op: OpJoin, Activity: 1, User: 2, Key: "mine"}); err != nil {
+		t.Fatal(err)
+	}
+	if k := s.seen[0].Header.Get("Idempotency-Key"); k != "" {
+		t.Errorf("WithoutKeys sent key %q", k)
+	}
+	if k := s.seen[1].Header.Get("Idempotency-Key"); k != "mine" {
+		t.Errorf("an explicit key was sent as %q", k)
+	}
+}

@@ -1,0 +1,140 @@
+package client
+
+import "time"
+
+// Op is the operation a request carries.
+type Op string
+
+// The operations.
+const (
+	OpOpen   Op = "open" // creates or resizes an activity
+	OpJoin   Op = "join"
+	OpCancel Op = "cancel"
+	OpClaim  Op = "claim"
+)
+
+// Outcome is the result of applying a request.
+type Outcome string
+
+// The outcomes, by op (see CONTRACT.md).
+const (
+	Opened           Outcome = "OPENED"            // open
+	Resized          Outcome = "RESIZED"           // open, also when the capacity is unchanged
+	Rejected         Outcome = "REJECTED"          // open below the confirmed count, or stored but refused when applied (see Result.Reason)
+	Confirmed        Outcome = "CONFIRMED"         // join took a seat
+	Waiting          Outcome = "WAITING"           // join joined the waitlist (Result.Position)
+	AlreadyConfirmed Outcome = "ALREADY_CONFIRMED" // join: unchanged
+	AlreadyWaiting   Outcome = "ALREADY_WAITING"   // join or claim: the user waits; unchanged
+	Cancelled        Outcome = "CANCELLED"         // cancel (Result.PromotedUserID)
+	NotSignedUp      Outcome = "NOT_SIGNED_UP"     // cancel: no live signup
+	Granted          Outcome = "GRANTED"           // claim took a seat
+	SoldOut          Outcome = "SOLD_OUT"          // claim: no seat left
+	AlreadyOwned     Outcome = "ALREADY_OWNED"     // claim: the user holds a seat
+	NoSuchActivity   Outcome = "NO_SUCH_ACTIVITY"  // any op: never opened
+)
+
+// Status is a signup's status.
+type Status string
+
+// The statuses.
+const (
+	StatusConfirmed Status = "CONFIRMED"
+	StatusWaiting   Status = "WAITING"
+	StatusCancelled Status = "CANCELLED"
+)
+
+// EventKind is the kind of an event, the last token of its subject
+// alloc.evt.<activity>.<kind>.
+type EventKind string
+
+// The event kinds. Each change of one signup's status yields exactly one
+// event; opened, resized and sold_out are about the activity.
+const (
+	EventOpened     EventKind = "opened"
+	EventResized    EventKind = "resized"
+	EventConfirmed  EventKind = "confirmed"
+	EventWaitlisted EventKind = "waitlisted"
+	EventGranted    EventKind = "granted"
+	EventPromoted   EventKind = "promoted"
+	EventCancelled  EventKind = "cancelled"
+	EventSoldOut    EventKind = "sold_out"
+)
+
+// Request states as a polling client sees them.
+const (
+	StatePending = "pending"
+	StateDone    = "done"
+)
+
+// Ack is the answer to a write that is stored but not yet applied (HTTP
+// 202), and the poll answer while it is pending.
+type Ack struct {
+	RequestID string `json:"request_id"`
+	State     string `json:"state"`
+}
+
+// Result is a request's final, recorded result: the poll answer when
+// State is done. It is also what the allocator publishes after a commit.
+type Result struct {
+	RequestID  string  `json:"request_id"`
+	State      string  `json:"state"`
+	Op         Op      `json:"op"`
+	ActivityID int64   `json:"activity_id"`
+	UserID     int64   `json:"user_id"` // 0 for open
+	Outcome    Outcome `json:"outcome"`
+	// Reason says why a stored request was REJECTED when applied.
+	Reason string `json:"reason,omitempty"`
+	// Status is the user's signup status after the request; nil for open
+	// and when the user has no signup.
+	Status *Status `json:"status"`
+	// Position is the 1-based place on the waitlist, for WAITING.
+	Position *int64 `json:"position"`
+	// PromotedUserID is the waiter a cancel promoted, if any.
+	PromotedUserID *int64 `json:"promoted_user_id"`
+	// PromotedUserIDs are the waiters a resize up promoted, in queue order.
+	PromotedUserIDs []int64 `json:"promoted_user_ids,omitempty"`
+	// Capacity is the capacity an open set.
+	Capacity *int64 `json:"capacity,omitempty"`
+	// Seq is the request's sequence in the request stream: the order in
+	// which it was applied.
+	Seq       uint64    `json:"seq"`
+	AppliedAt time.Time `json:"applied_at"`
+	// Shed marks a claim ingest answered at once from the allocator's view
+	// of a full activity, exactly as the allocator would have.
+	Shed bool `json:"shed,omitempty"`
+}
+
+// Done reports whether r is a final result rather than a pending state.
+func (r *Result) Done() bool { return r.State == StateDone }
+
+// Event is the message on alloc.evt.<activity>.<kind> (stream
+// ALLOT_EVENTS), and the body the notifier POSTs to a webhook with
+// Idempotency-Key set to EventID. Delivery is at least once: a receiver
+// dedupes by EventID.
+type Event struct {
+	EventID    string    `json:"event_id"`
+	Kind       EventKind `json:"kind"`
+	ActivityID int64     `json:"activity_id"`
+	UserID     int64     `json:"user_id"`    // 0 for opened, resized and sold_out
+	RequestID  string    `json:"request_id"` // the request that caused it
+	Seq        uint64    `json:"seq"`        // that request's stream sequence
+	At         time.Time `json:"at"`
+}
+
+// ActivityState is an activity's counters, read in one snapshot.
+type ActivityState struct {
+	ActivityID int64 `json:"activity_id"`
+	Capacity   int64 `json:"capacity"`
+	Confirmed  int64 `json:"confirmed"`
+	Waiting    int64 `json:"waiting"`
+	Remaining  int64 `json:"remaining"`
+}
+
+// SignupState is one user's signup in one activity.
+type SignupState struct {
+	ActivityID int64  `json:"activity_id"`
+	UserID     int64  `json:"user_id"`
+	Status     Status `json:"status"`
+	// Position is the 1-based place on the waitlist while WAITING.
+	Position *int64 `json:"position"`
+}

@@ -1,0 +1,85 @@
+// Package lifecycle runs the long-lived parts of a process (a service's
+// loop, an HTTP server) together with one rule, the errgroup's: the first
+// part to fail or to stop on its own stops the others, and its error is
+// the one returned. ingest, the allocator, the notifier and the make-run
+// stack share it instead of a hand-written copy each.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// ErrStopped is wrapped by the error of a part that returned nil while the
+// others still ran: in a process whose parts belong together, one ending
+// alone is a failure.
+var ErrStopped = errors.New("stopped on its own")
+
+// Part is one long-lived part of a process.
+type Part struct {
+	// Name prefixes the part's error.
+	Name string
+	// Run runs until ctx ends (then returns nil, or ctx's error) or the
+	// part fails.
+	Run func(ctx context.Context) error
+}
+
+// Run runs parts until ctx ends or one of them returns, and waits for all
+// of them. It returns nil when they all stopped because ctx ended, else the
+// first error (a part's own, or ErrStopped for a part that returned nil
+// early), prefixed with the part's name.
+func Run(ctx context.Context, parts ...Part) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, p := range parts {
+		g.Go(func() error {
+			err := p.Run(gctx)
+			switch {
+			case gctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)):
+				return nil // stopped because it was told to
+			case err == nil:
+				return fmt.Errorf("%s: %w", p.Name, ErrStopped)
+			default:
+				return fmt.Errorf("%s: %w", p.Name, err)
+			}
+		})
+	}
+	return g.Wait()
+}
+
+// HTTPServer is a Part that serves srv on ln until ctx ends, then calls
+// beforeShutdown (if set: e.g. to answer long polls at once), shuts srv
+// down gracefully within timeout, and closes it if that runs out.
+func HTTPServer(name string, srv *http.Server, ln net.Listener, timeout time.Duration, beforeShutdown func()) Part {
+	return Part{Name: name, Run: func(ctx context.Context) error {
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		select {
+		case err := <-served:
+			return fmt.Errorf("serve: %w", err)
+		case <-ctx.Done():
+		}
+		if beforeShutdown != nil {
+			beforeShutdown()
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			srv.Close()
+			err = fmt.Errorf("graceful shutdown: %w", err)
+			if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+				err = errors.Join(err, fmt.Errorf("serve: %w", serr))
+			}
+			return err
+		}
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve: %w", err)
+		}
+		return nil
+	}}
+}
