@@ -27,6 +27,7 @@ import (
 
 	"github.com/allot-dev/allot/api"
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -400,6 +401,52 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(lonely, exchange{routeActivity, "GET", "/v1/activities/9001", nil, "", 503, mustConform})
 	d.do(lonely, exchange{routeSignup, "GET", "/v1/activities/9001/signups/2", nil, "", 503, mustConform})
 	d.do(lonely, exchange{routeRequest, "GET", "/v1/requests/" + pid, nil, "", 503, mustConform})
+
+	// An instance that requires bearer tokens: 401 without one, 403 with
+	// one that may not do the thing; the right token passes.
+	const hsKey = "openapi-test-hs256-key-0123456789abcdef"
+	v, err := auth.New(auth.Config{HS256Key: []byte(hsKey)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(v.Close)
+	secured, _ := startIngest(t, st.DB.DSN, st.NS, ingest.Options{Auth: v, BadAuthRate: -1})
+	token := func(sub string, scopes ...string) map[string]string {
+		tok, err := auth.MintHS256([]byte(hsKey), auth.Claims{Subject: sub, Scopes: scopes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string]string{"Authorization": "Bearer " + tok}
+	}
+	user3 := token("3")
+	for _, x := range []exchange{
+		{routeActivity, "PUT", "/v1/activities/9005", nil, cap1, 401, mustConform},
+		{routeActivity, "PUT", "/v1/activities/9005", user3, cap1, 403, mustConform},
+		{routeActivity, "GET", "/v1/activities/9001", nil, "", 401, mustConform},
+		{routeActivity, "GET", "/v1/activities/9001", user3, "", 200, mustConform},
+		{routeSignup, "POST", "/v1/activities/9001/signups/4", nil, "", 401, mustConform},
+		{routeSignup, "POST", "/v1/activities/9001/signups/4", user3, "", 403, mustConform},
+		{routeSignup, "DELETE", "/v1/activities/9001/signups/4", nil, "", 401, mustConform},
+		{routeSignup, "DELETE", "/v1/activities/9001/signups/4", user3, "", 403, mustConform},
+		{routeSignup, "GET", "/v1/activities/9001/signups/2", nil, "", 401, mustConform},
+		{routeSignup, "GET", "/v1/activities/9001/signups/2", user3, "", 403, mustConform},
+		{routeSignup, "GET", "/v1/activities/9001/signups/2", token("2"), "", 200, mustConform},
+		{routeClaim, "POST", "/v1/activities/9001/claims/4", nil, "", 401, mustConform},
+		{routeClaim, "POST", "/v1/activities/9001/claims/4", user3, "", 403, mustConform},
+		{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), nil, "", 401, mustConform},
+		{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), user3, "", 404, mustConform}, // an admin's open
+		{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), token("1", "allot:admin"), "", 200, mustConform},
+		{routeLive, "GET", "/v1/activities/9001/live", nil, "", 401, mustConform},
+		{routeLive, "GET", "/v1/activities/9001/live?access_token=x", nil, "", 401, mustConform},
+		{routeLive, "GET", "/v1/activities/9001/live", user3, "", 403, mustConform},
+		{"/metrics", "GET", "/metrics", nil, "", 401, mustConform},
+		{"/metrics", "GET", "/metrics", user3, "", 403, mustConform},
+		{"/metrics", "GET", "/metrics", token("ops", "allot:operator"), "", 200, mustConform},
+		{"/healthz", "GET", "/healthz", nil, "", 200, mustConform},
+		{"/readyz", "GET", "/readyz", nil, "", 200, mustConform},
+	} {
+		d.do(secured, x)
+	}
 
 	// Every declared response was seen, but the one a test cannot bring
 	// about cheaply.
