@@ -35,7 +35,7 @@ func leastPrivilegeUsers(t *testing.T, db *dbtest.DB) map[string]string {
 		t.Fatal(err)
 	}
 	var b [4]byte
-	rand.Read(b[:]) //nolint:errcheck // never fails
+	rand.Read(b[:])
 	suffix := "_" + hex.EncodeToString(b[:])
 	roles := []string{"migrate", "allocator", "ingest", "audit"}
 	script := string(body)

@@ -96,7 +96,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			slog.String("addr", addr))
 	default:
 		if ln != nil {
-			ln.Close() //nolint:errcheck
+			ln.Close()
 		}
 		return fmt.Errorf("ingest: %w", errOpenNotLoopback(addr))
 	}
@@ -113,14 +113,14 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	if cfg.MetricsAddr != "" {
 		mln, err := net.Listen("tcp", cfg.MetricsAddr)
 		if err != nil {
-			ln.Close() //nolint:errcheck
+			ln.Close()
 			return fmt.Errorf("ingest: listen on %s (ALLOT_INGEST_METRICS_ADDR): %w", cfg.MetricsAddr, err)
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go msrv.Serve(mln) //nolint:errcheck // ends with Close below
-		defer msrv.Close() //nolint:errcheck
+		defer msrv.Close()
 		log.InfoContext(ctx, "ingest metrics listening", slog.String("addr", mln.Addr().String()))
 	}
 	// Serve at once, not ready, while JetStream is waited for: a cluster

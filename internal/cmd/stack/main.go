@@ -84,7 +84,7 @@ func run(ctx context.Context, args []string) int {
 	// make run serves this machine only: on a loopback address ingest may
 	// run without authentication (it says so), anywhere else it needs a key.
 	if _, set := os.LookupEnv("ALLOT_HTTP_ADDR"); !set {
-		os.Setenv("ALLOT_HTTP_ADDR", defaultHTTPAddr) //nolint:errcheck // a valid name and value
+		os.Setenv("ALLOT_HTTP_ADDR", defaultHTTPAddr)
 	}
 	var c cfg
 	if err := config.Load(&c); err != nil {
