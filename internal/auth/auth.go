@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -71,6 +72,9 @@ type Config struct {
 	JWKSUnknownKID time.Duration
 	// HTTPClient fetches the JWKS; default a client with a 10s timeout.
 	HTTPClient *http.Client
+	// Log receives failed JWKS fetches (the last good keys stay in use);
+	// nil discards them.
+	Log *slog.Logger
 }
 
 // Identity is a verified caller.
@@ -139,11 +143,15 @@ func New(cfg Config) (*Verifier, error) {
 			RefreshInterval:   refresh,
 			RefreshUnknownKID: rate.NewLimiter(rate.Every(unknown), 1),
 			RateLimitWaitMax:  time.Second,
-			// Errors of the background refresh are not logged by the
-			// library's default handler into the global logger; a failed
-			// refresh keeps the last good keys.
-			RefreshErrorHandlerFunc: func(string) func(context.Context, error) {
-				return func(context.Context, error) {}
+			// A failed fetch keeps the last good keys; it is logged here
+			// rather than by the library into the global logger.
+			RefreshErrorHandlerFunc: func(u string) func(context.Context, error) {
+				return func(ctx context.Context, err error) {
+					if cfg.Log != nil {
+						cfg.Log.WarnContext(ctx, "JWKS fetch failed; tokens of keys not yet fetched are refused",
+							slog.String("jwks_url", u), slog.Any("err", err))
+					}
+				}
 			},
 		})
 		if err != nil {

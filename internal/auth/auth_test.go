@@ -2,12 +2,21 @@ package auth
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 const key = "unit-test-hs256-key-0123456789abcdef"
@@ -130,4 +139,52 @@ func TestMintAndBearer(t *testing.T) {
 	if !strings.HasPrefix(tok, "eyJ") {
 		t.Fatalf("token %q is not a JWS", tok)
 	}
+}
+
+// TestJWKSLateStart: a JWKS endpoint that fails at start does not stop the
+// verifier; once it serves keys, a token of one of them is accepted
+// without a restart.
+func TestJWKSLateStart(t *testing.T) {
+	t.Parallel()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwk, err := jwkset.NewJWKFromKey(priv.Public(), jwkset.JWKOptions{Metadata: jwkset.JWKMetadataOptions{KID: "k1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := json.Marshal(jwkset.JWKSMarshal{Keys: []jwkset.JWKMarshal{jwk.Marshal()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var up atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !up.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.Write(set) //nolint:errcheck
+	}))
+	defer srv.Close()
+	v, err := New(Config{JWKSURL: srv.URL, JWKSUnknownKID: time.Millisecond, JWKSRefresh: time.Hour})
+	if err != nil {
+		t.Fatalf("New with the JWKS down: %v", err)
+	}
+	defer v.Close()
+	tk := jwt.NewWithClaims(jwt.SigningMethodEdDSA, jwt.MapClaims{"sub": "9", "exp": time.Now().Add(time.Minute).Unix()})
+	tk.Header["kid"] = "k1"
+	tok, err := tk.SignedString(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Verify(context.Background(), tok); !errors.Is(err, ErrInvalidToken) {
+		t.Fatalf("with the JWKS down: %v, want ErrInvalidToken", err)
+	}
+	up.Store(true)
+	// The unknown key id fetches the JWKS again, at most once a millisecond.
+	testenv.WaitFor(t, 5*time.Second, "the token verifies once the JWKS is up", func() bool {
+		id, err := v.Verify(context.Background(), tok)
+		return err == nil && id.User == 9
+	})
 }

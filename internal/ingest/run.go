@@ -80,7 +80,9 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	switch {
 	case opts.Auth != nil: // a verifier of the caller's (tests, launchers)
 	case len(cfg.Auth.HS256Key) > 0 || cfg.Auth.JWKSURL != "":
-		v, err := auth.New(cfg.Auth)
+		ac := cfg.Auth
+		ac.Log = log
+		v, err := auth.New(ac)
 		if err != nil {
 			return fmt.Errorf("ingest: %w", err)
 		}
