@@ -20,6 +20,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -32,6 +33,8 @@ type RunConfig struct {
 	MetricsAddr string
 	// hooks are every allocator's (tests only).
 	hooks Hooks
+	// listen opens the metrics listener; net.Listen when nil (tests only).
+	listen func(network, address string) (net.Listener, error)
 }
 
 // Run migrates the schema and runs an allocator for every partition until
@@ -39,28 +42,40 @@ type RunConfig struct {
 // allocator process competes for every partition; the server pins each
 // partition to one of them and hands it to a survivor when that one stops.
 // It is what cmd/allocator runs, and what `make run` runs in-process.
+//
+// The partitions and the metrics server run on one rule: the first to fail
+// stops the others, and its error is the one returned (nil after a clean
+// shutdown). The metrics server stops last, once the partitions have.
 func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger) error {
 	if err := store.Migrate(ctx, db); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
-	var all []*Allocator
 	// Serve /readyz (503) and /metrics at once, and wait for JetStream
 	// rather than exit: a cluster that has just formed may take a while to
 	// create R3 streams.
 	var ready atomic.Bool
-	srv, err := serveMetrics(cfg.MetricsAddr, reg, db, nc, &ready)
+	metrics, err := serveMetrics(cfg.MetricsAddr, cfg.listen, reg, db, nc, &ready)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if srv != nil {
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			srv.Shutdown(shutdownCtx) //nolint:errcheck
-		}
-	}()
+	ran := make(chan struct{}) // the partitions have stopped
+	// No name: the allocator's errors are returned as they always were.
+	parts := []lifecycle.Part{{Run: func(ctx context.Context) error {
+		defer close(ran)
+		return runPartitions(ctx, cfg, db, nc, log, reg, &ready)
+	}}}
+	if metrics != nil {
+		parts = append(parts, lifecycle.StopAfter(ran, *metrics))
+	}
+	return lifecycle.Run(ctx, parts...)
+}
+
+// runPartitions waits for the streams, joins the membership, and runs an
+// allocator for every partition until ctx ends or one of them fails; then
+// stops them all at once. It returns nil when ctx ended.
+func runPartitions(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger, reg *prometheus.Registry, ready *atomic.Bool) error {
 	if js, err := jetstream.New(nc); err == nil {
 		err := bus.Retry(ctx, log, "allocator: ensure streams", bus.StartAttempt, func(ctx context.Context) error {
 			return bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: cfg.Partitions, Replicas: cfg.Replicas,
@@ -87,6 +102,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	if members != nil {
 		cfg.Prefers = members.Prefers
 	}
+	var all []*Allocator
 	stopAll := func() {
 		stops := make([]func(), len(all))
 		for i, a := range all {
@@ -122,6 +138,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	for _, a := range all {
 		go func() { done <- a.Wait() }()
 	}
+	var err error
 	select {
 	case <-ctx.Done():
 		log.Info("allocator stopping: finishing the batches in hand")
@@ -162,10 +179,10 @@ func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
 }
 
-// serveMetrics serves /metrics, /healthz and /readyz on addr (nothing when
-// addr is empty). /readyz answers 503 until ready is set, and while NATS or
+// serveMetrics listens on addr and returns the part that serves /metrics,
+// /healthz and /readyz there (nothing when addr is empty). /readyz answers 503 until ready is set, and while NATS or
 // MySQL is unreachable.
-func serveMetrics(addr string, reg *prometheus.Registry, db *sql.DB, nc *nats.Conn, ready *atomic.Bool) (*http.Server, error) {
+func serveMetrics(addr string, listen func(network, address string) (net.Listener, error), reg *prometheus.Registry, db *sql.DB, nc *nats.Conn, ready *atomic.Bool) (*lifecycle.Part, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -187,11 +204,13 @@ func serveMetrics(addr string, reg *prometheus.Registry, db *sql.DB, nc *nats.Co
 		}
 		w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
 	})
-	ln, err := net.Listen("tcp", addr)
+	if listen == nil {
+		listen = net.Listen
+	}
+	ln, err := listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
-	srv := newMetricsServer(mux, metricsTimeouts)
-	go srv.Serve(ln) //nolint:errcheck // closed on shutdown
-	return srv, nil
+	p := lifecycle.HTTPServer("allocator metrics", newMetricsServer(mux, metricsTimeouts), ln, 5*time.Second, nil)
+	return &p, nil
 }

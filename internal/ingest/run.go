@@ -3,7 +3,6 @@ package ingest
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -19,6 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/lifecycle"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: in-flight publishes
@@ -112,6 +112,11 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
 		}
 	}
+	timeout := cfg.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	var metrics *lifecycle.Part
 	if cfg.MetricsAddr != "" {
 		mln, err := net.Listen("tcp", cfg.MetricsAddr)
 		if err != nil {
@@ -121,8 +126,8 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go msrv.Serve(mln) //nolint:errcheck // ends with Close below
-		defer msrv.Close()
+		p := lifecycle.HTTPServer("ingest metrics", msrv, mln, 5*time.Second, nil)
+		metrics = &p
 		log.InfoContext(ctx, "ingest metrics listening", slog.String("addr", mln.Addr().String()))
 	}
 	// Serve at once, not ready, while JetStream is waited for: a cluster
@@ -130,43 +135,48 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	// is a reason to retry, not to exit.
 	gate := new(startGate)
 	srv := newHTTPServer(gate, svc.opts, log)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
 	log.InfoContext(ctx, "ingest listening, starting", slog.String("addr", ln.Addr().String()))
-	err = bus.Retry(ctx, log, "ingest start", bus.StartAttempt, svc.Start)
-	if err != nil {
-		srv.Close()
-		<-served //nolint:errcheck // closed just above: ErrServerClosed
-		if ctx.Err() != nil {
-			return nil // asked to stop while waiting
-		}
-		return err
-	}
-	defer svc.Stop()
-	gate.open(svc.Handler())
-	log.InfoContext(ctx, "ingest ready", slog.String("addr", ln.Addr().String()))
 
-	select {
-	case err := <-served:
-		return fmt.Errorf("ingest: serve: %w", err)
-	case <-ctx.Done():
+	// The parts run on one rule: the first to fail stops the others, and
+	// its error is the one returned. The shutdown keeps its order: waits
+	// end, the API server shuts down, the Service stops, and only then the
+	// metrics listener, which serves until the end.
+	served := make(chan struct{})  // the API server has stopped
+	stopped := make(chan struct{}) // and then the Service
+	api := lifecycle.HTTPServer("ingest", srv, ln, timeout, func() {
+		log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
+		// Cut waits first: a handler waiting 30s for a result would
+		// otherwise hold the shutdown; it answers "pending" now, which is
+		// true.
+		svc.endWaits()
+	})
+	serve := api.Run
+	api.Run = func(ctx context.Context) error {
+		defer close(served)
+		return serve(ctx)
 	}
-	timeout := cfg.ShutdownTimeout
-	if timeout <= 0 {
-		timeout = DefaultShutdownTimeout
+	// No name: Start's errors say "ingest start" already.
+	service := lifecycle.Part{Run: func(ctx context.Context) error {
+		defer close(stopped)
+		if err := bus.Retry(ctx, log, "ingest start", bus.StartAttempt, svc.Start); err != nil {
+			if ctx.Err() != nil {
+				return nil // asked to stop while waiting
+			}
+			return err
+		}
+		gate.open(svc.Handler())
+		log.InfoContext(ctx, "ingest ready", slog.String("addr", ln.Addr().String()))
+		<-ctx.Done()
+		<-served
+		svc.Stop()
+		return nil
+	}}
+	parts := []lifecycle.Part{api, service}
+	if metrics != nil {
+		parts = append(parts, lifecycle.StopAfter(stopped, *metrics))
 	}
-	log.InfoContext(ctx, "ingest shutting down", slog.Duration("timeout", timeout))
-	// Cut waits first: a handler waiting 30s for a result would otherwise
-	// hold the shutdown; it answers "pending" now, which is true.
-	svc.endWaits()
-	shCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
-	if err := srv.Shutdown(shCtx); err != nil {
-		srv.Close()
-		return fmt.Errorf("ingest: graceful shutdown: %w", err)
-	}
-	if err := <-served; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("ingest: serve: %w", err)
+	if err := lifecycle.Run(ctx, parts...); err != nil {
+		return err
 	}
 	log.InfoContext(ctx, "ingest stopped")
 	return nil

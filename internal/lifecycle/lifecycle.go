@@ -23,7 +23,8 @@ var ErrStopped = errors.New("stopped on its own")
 
 // Part is one long-lived part of a process.
 type Part struct {
-	// Name prefixes the part's error.
+	// Name prefixes the part's error; when empty, the part's errors are
+	// returned as they are (they name the part already).
 	Name string
 	// Run runs until ctx ends (then returns nil, or ctx's error) or the
 	// part fails.
@@ -33,7 +34,7 @@ type Part struct {
 // Run runs parts until ctx ends or one of them returns, and waits for all
 // of them. It returns nil when they all stopped because ctx ended, else the
 // first error (a part's own, or ErrStopped for a part that returned nil
-// early), prefixed with the part's name.
+// early), prefixed with the part's name when it has one.
 func Run(ctx context.Context, parts ...Part) error {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, p := range parts {
@@ -43,10 +44,12 @@ func Run(ctx context.Context, parts ...Part) error {
 			case gctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)):
 				return nil // stopped because it was told to
 			case err == nil:
-				return fmt.Errorf("%s: %w", p.Name, ErrStopped)
-			default:
-				return fmt.Errorf("%s: %w", p.Name, err)
+				err = ErrStopped
 			}
+			if p.Name == "" {
+				return err
+			}
+			return fmt.Errorf("%s: %w", p.Name, err)
 		})
 	}
 	return g.Wait()
@@ -54,13 +57,15 @@ func Run(ctx context.Context, parts ...Part) error {
 
 // HTTPServer is a Part that serves srv on ln until ctx ends, then calls
 // beforeShutdown (if set: e.g. to answer long polls at once), shuts srv
-// down gracefully within timeout, and closes it if that runs out.
+// down gracefully within timeout, and closes it if that runs out. If
+// serving fails first, it closes srv and returns that error.
 func HTTPServer(name string, srv *http.Server, ln net.Listener, timeout time.Duration, beforeShutdown func()) Part {
 	return Part{Name: name, Run: func(ctx context.Context) error {
 		served := make(chan error, 1)
 		go func() { served <- srv.Serve(ln) }()
 		select {
 		case err := <-served:
+			srv.Close() // the connections it has accepted go too
 			return fmt.Errorf("serve: %w", err)
 		case <-ctx.Done():
 		}
@@ -81,5 +86,33 @@ func HTTPServer(name string, srv *http.Server, ln net.Listener, timeout time.Dur
 			return fmt.Errorf("serve: %w", err)
 		}
 		return nil
+	}}
+}
+
+// StopAfter returns p, told to stop once done is closed rather than when
+// the others are: a metrics server that serves until the rest of the
+// process has stopped, so that its last numbers can still be scraped. It
+// still stops the others at once if it fails first. done must be closed
+// when another part of the same Run returns (or later), so that Run's
+// context ends too; StopAfter's part returns only then.
+func StopAfter(done <-chan struct{}, p Part) Part {
+	return Part{Name: p.Name, Run: func(ctx context.Context) error {
+		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			select {
+			case <-done:
+				cancel()
+			case <-stop:
+			}
+		}()
+		err := p.Run(pctx)
+		if pctx.Err() == nil {
+			return err // failed on its own
+		}
+		<-ctx.Done() // the others are stopping, or have: Run's rule applies
+		return err
 	}}
 }

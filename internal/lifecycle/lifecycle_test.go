@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,4 +101,50 @@ func TestHTTPServerDrainsThenStops(t *testing.T) {
 		t.Error("beforeShutdown was not called")
 	}
 	http.DefaultClient.CloseIdleConnections()
+}
+
+func TestStopAfter(t *testing.T) {
+	boom := errors.New("boom")
+	t.Run("stops only once done is closed", func(t *testing.T) {
+		done := make(chan struct{})
+		var order []string
+		var mu sync.Mutex
+		record := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(10*time.Millisecond, cancel)
+		err := Run(ctx,
+			Part{Name: "main", Run: func(ctx context.Context) error {
+				defer close(done)
+				<-ctx.Done()
+				time.Sleep(20 * time.Millisecond) // stopping takes a while
+				record("main")
+				return nil
+			}},
+			StopAfter(done, Part{Name: "metrics", Run: func(ctx context.Context) error {
+				<-ctx.Done()
+				record("metrics")
+				return nil
+			}}))
+		if err != nil {
+			t.Fatalf("Run = %v, want nil", err)
+		}
+		if len(order) != 2 || order[0] != "main" {
+			t.Errorf("stopped in order %v, want main then metrics", order)
+		}
+	})
+	t.Run("fails first: its error wins, the others stop", func(t *testing.T) {
+		done := make(chan struct{})
+		var stopped atomic.Int32
+		main := blocker(&stopped)
+		run := main.Run
+		main.Run = func(ctx context.Context) error { defer close(done); return run(ctx) }
+		err := Run(context.Background(), main,
+			StopAfter(done, Part{Name: "metrics", Run: func(context.Context) error { return boom }}))
+		if !errors.Is(err, boom) || err.Error()[:8] != "metrics:" {
+			t.Fatalf("Run = %v, want metrics: boom", err)
+		}
+		if stopped.Load() != 1 {
+			t.Error("the other part did not stop")
+		}
+	})
 }

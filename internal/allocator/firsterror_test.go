@@ -1,0 +1,102 @@
+package allocator
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+)
+
+var errListenerBroke = errors.New("listener broke")
+
+// brokenListener is a listener that stops accepting with
+// errListenerBroke when told to.
+type brokenListener struct {
+	net.Listener
+	broken atomic.Bool
+}
+
+func (l *brokenListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil && l.broken.Load() {
+		return nil, errListenerBroke
+	}
+	return c, err
+}
+
+func (l *brokenListener) breakNow() {
+	l.broken.Store(true)
+	l.Listener.Close()
+}
+
+// TestRunFirstErrorWins: with every partition running, Run returns the
+// first error promptly when the metrics listener fails, without its
+// context ending, after stopping every partition (goleak checks the
+// goroutines).
+func TestRunFirstErrorWins(t *testing.T) {
+	t.Parallel()
+	const partitions = 2
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var ln *brokenListener
+	listening := make(chan struct{})
+	var stops atomic.Int32
+	cfg := RunConfig{Config: Config{Partitions: partitions}, MetricsAddr: "127.0.0.1:0",
+		hooks: Hooks{Stopping: func() { stops.Add(1) }},
+		listen: func(network, address string) (net.Listener, error) {
+			defer close(listening)
+			inner, err := net.Listen(network, address)
+			if err != nil {
+				return nil, err
+			}
+			ln = &brokenListener{Listener: inner}
+			return ln, nil
+		}}
+	ran := make(chan error, 1)
+	go func() { ran <- Run(context.Background(), cfg, db.DB, nc, log) }()
+	select {
+	case <-listening:
+	case err := <-ran:
+		t.Fatalf("Run returned %v before listening", err)
+	}
+	readyz := func() int {
+		r, err := http.Get("http://" + ln.Addr().String() + "/readyz")
+		if err != nil {
+			return 0
+		}
+		r.Body.Close()
+		return r.StatusCode
+	}
+	for deadline := time.Now().Add(30 * time.Second); readyz() != http.StatusOK; time.Sleep(25 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not ready within 30s")
+		}
+	}
+	http.DefaultClient.CloseIdleConnections()
+
+	ln.breakNow()
+	select {
+	case err := <-ran:
+		if !errors.Is(err, errListenerBroke) {
+			t.Fatalf("Run = %v, want the listener's error", err)
+		}
+		if got, want := err.Error(), "allocator metrics: serve: "+errListenerBroke.Error(); got != want {
+			t.Errorf("Run = %q, want %q", got, want)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return within 20s of its metrics listener failing")
+	}
+	if n := stops.Load(); n != partitions {
+		t.Errorf("%d of %d partitions stopped", n, partitions)
+	}
+}

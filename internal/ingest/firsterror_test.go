@@ -1,0 +1,103 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+)
+
+var errListenerBroke = errors.New("listener broke")
+
+// brokenListener is a listener that stops accepting with
+// errListenerBroke when told to.
+type brokenListener struct {
+	net.Listener
+	broken atomic.Bool
+}
+
+func (l *brokenListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil && l.broken.Load() {
+		return nil, errListenerBroke
+	}
+	return c, err
+}
+
+func (l *brokenListener) breakNow() {
+	l.broken.Store(true)
+	l.Listener.Close()
+}
+
+// TestRunFirstErrorWins: ready, with a metrics listener of its own, Run
+// returns the first error promptly when the API listener fails, without
+// its context ending, and stops what it started: the metrics listener,
+// the Service's subscriptions (goleak checks the goroutines).
+func TestRunFirstErrorWins(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &brokenListener{Listener: inner}
+	free, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := free.Addr().String()
+	free.Close()
+	ran := make(chan error, 1)
+	go func() {
+		ran <- Run(context.Background(), RunConfig{Listener: ln, Registry: prometheus.NewRegistry(),
+			ShutdownTimeout: 5 * time.Second, MetricsAddr: metricsAddr}, db.DB, nc, nil)
+	}()
+	get := func(url string) int {
+		resp, err := http.Get(url)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually(t, 20*time.Second, "Run gets ready", func() bool { return get("http://"+inner.Addr().String()+"/readyz") == http.StatusOK })
+	if c := get("http://" + metricsAddr + "/metrics"); c != http.StatusOK {
+		t.Fatalf("metrics listener: %d, want 200", c)
+	}
+	// Besides the connection's shared reply inbox, the Service subscribes
+	// to results and watches views.
+	if n := nc.NumSubscriptions(); n < 2 {
+		t.Fatalf("%d subscriptions while ready, want the Service's and the reply inbox", n)
+	}
+
+	ln.breakNow()
+	select {
+	case err := <-ran:
+		if !errors.Is(err, errListenerBroke) {
+			t.Fatalf("Run = %v, want the listener's error", err)
+		}
+		if got, want := err.Error(), "ingest: serve: "+errListenerBroke.Error(); got != want {
+			t.Errorf("Run = %q, want %q", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return within 10s of its listener failing")
+	}
+	if c, err := net.DialTimeout("tcp", metricsAddr, time.Second); err == nil {
+		c.Close()
+		t.Error("the metrics listener still accepts after Run returned")
+	}
+	if n := nc.NumSubscriptions(); n > 1 {
+		t.Errorf("%d subscriptions left after Run returned, want only the reply inbox: the Service did not stop", n)
+	}
+	http.DefaultClient.CloseIdleConnections()
+}
