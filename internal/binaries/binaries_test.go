@@ -17,7 +17,7 @@ type sample struct {
 	HTTPAddr   string `split_words:"true"`
 	Plain      time.Duration
 	Skipped    string `envconfig:"SKIPPED" ignored:"true"`
-	unexported string
+	unexported string //nolint:unused // envconfig and Vars skip it
 	Again      string `envconfig:"A_VAR" default:"other"`
 }
 
