@@ -4,9 +4,9 @@ package deploy
 // cluster), so this test checks what can be checked against the code:
 //
 //   - every ALLOT_ variable a compose service or a Kubernetes container gets
-//     is read by the binary it runs (envconfig tags of cmd/<binary>'s cfg
-//     struct, embedded structs such as internal/config.Common followed, plus
-//     os.Getenv("ALLOT_…") literals), and its value parses as the field's type;
+//     is read by the binary it runs (the envconfig tags of its configuration
+//     types in internal/binaries, embedded structs such as config.Common
+//     followed), and its value parses as the field's type;
 //   - every command runs /usr/local/bin/<binary> with <binary> a directory
 //     under cmd/ that deploy/Dockerfile builds, with flags the binary defines;
 //   - health checks and readiness probes hit /readyz (/healthz for the
@@ -15,9 +15,11 @@ package deploy
 //     graceful-termination budgets exceed the binaries' shutdown times, and
 //     NATS runs JetStream with sync_interval always.
 //
-// The binaries' variables are read from the Go source with go/parser, never
-// listed here, so a renamed variable fails the test. TestChecksCatchBreakage
-// shows each check failing on a deliberately broken copy of the files.
+// The binaries' variables come from the very types their mains load
+// (internal/binaries), by reflection, never listed here, so a renamed
+// variable fails the test; their flags are read from the Go source.
+// TestChecksCatchBreakage shows each check failing on a deliberately broken
+// copy of the files.
 
 import (
 	"encoding/base64"
@@ -28,7 +30,6 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"path"
 	"path/filepath"
 	"reflect"
 	"regexp"
@@ -38,23 +39,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/internal/binaries"
 )
 
 // ---------------------------------------------------------------------------
 // What the code says: binaries, their ALLOT_ variables and flags.
 
-// envVar is one ALLOT_ variable a binary reads.
-type envVar struct {
-	goType     string // "int", "bool", "float64", "string", "time.Duration", …
-	def        string
-	hasDefault bool
-}
-
 type binary struct {
 	name  string
-	env   map[string]envVar // full name, ALLOT_…
+	env   map[string]binaries.Var // full name, ALLOT_…
 	flags map[string]bool
-	err   error // the source could not be read; reported where the binary is used
+	err   error // the binary cannot be read; reported where it is used
 }
 
 type world struct {
@@ -71,10 +67,6 @@ func loadWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	module, err := modulePath(root)
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := &world{root: root, bins: map[string]*binary{}}
 	dirs, err := os.ReadDir(filepath.Join(root, "cmd"))
 	if err != nil {
@@ -84,13 +76,9 @@ func loadWorld(t *testing.T) *world {
 		if !d.IsDir() {
 			continue
 		}
-		// A binary whose config this test cannot read fails only where a
-		// deployment file uses it: other cmd/ directories are not its business.
-		b, err := loadBinary(root, module, d.Name())
-		if err != nil {
-			b = &binary{name: d.Name(), err: err}
-		}
-		w.bins[d.Name()] = b
+		// A binary this test cannot read fails only where a deployment file
+		// uses it: other cmd/ directories are not its business.
+		w.bins[d.Name()] = loadBinary(root, d.Name())
 	}
 	df, err := os.ReadFile(filepath.Join(root, "deploy", "Dockerfile"))
 	if err != nil {
@@ -103,26 +91,27 @@ func loadWorld(t *testing.T) *world {
 	return w
 }
 
-func modulePath(root string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		return "", err
+func loadBinary(root, name string) *binary {
+	b := &binary{name: name, env: map[string]binaries.Var{}, flags: map[string]bool{"h": true, "help": true}}
+	i := slices.IndexFunc(binaries.All, func(b binaries.Binary) bool { return b.Dir == "cmd/"+name })
+	if i < 0 {
+		b.err = fmt.Errorf("cmd/%s is not in internal/binaries.All", name)
+		return b
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
-			return f[1], nil
-		}
+	for _, v := range binaries.Vars(binaries.All[i].Config...) {
+		b.env[v.Name] = v
 	}
-	return "", fmt.Errorf("no module line in go.mod")
+	b.err = readFlags(filepath.Join(root, "cmd", name), b.flags)
+	return b
 }
 
-// parsePkg parses the non-test Go files of a directory.
-func parsePkg(dir string) ([]*ast.File, error) {
+// readFlags adds the flags the non-test Go files of dir define:
+// fs.StringVar(&v, "name", …), fs.String("name", …), fs.Var(v, "name", …).
+func readFlags(dir string, flags map[string]bool) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var files []*ast.File
 	fset := token.NewFileSet()
 	for _, e := range ents {
 		if e.IsDir() || !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
@@ -130,88 +119,8 @@ func parsePkg(dir string) ([]*ast.File, error) {
 		}
 		f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.SkipObjectResolution)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		files = append(files, f)
-	}
-	return files, nil
-}
-
-// findType finds the declaration of type name in files.
-func findType(files []*ast.File, name string) (*ast.TypeSpec, *ast.File) {
-	for _, f := range files {
-		for _, decl := range f.Decls {
-			gd, ok := decl.(*ast.GenDecl)
-			if !ok || gd.Tok != token.TYPE {
-				continue
-			}
-			for _, spec := range gd.Specs {
-				if ts := spec.(*ast.TypeSpec); ts.Name.Name == name {
-					return ts, f
-				}
-			}
-		}
-	}
-	return nil, nil
-}
-
-// resolveStruct follows a type expression written in file f of the package
-// made of files (a local name, pkg.Name of the module, an alias or a named
-// type) to the struct it denotes, with the file and package declaring it.
-func resolveStruct(e ast.Expr, f *ast.File, files []*ast.File, root, module string) (*ast.StructType, *ast.File, []*ast.File, error) {
-	for range 10 { // aliases of aliases, bounded
-		switch t := e.(type) {
-		case *ast.StarExpr:
-			e = t.X
-			continue
-		case *ast.StructType:
-			return t, f, files, nil
-		case *ast.Ident:
-			ts, tf := findType(files, t.Name)
-			if ts == nil {
-				return nil, nil, nil, fmt.Errorf("type %s: not declared in this package", t.Name)
-			}
-			e, f = ts.Type, tf
-			continue
-		case *ast.SelectorExpr:
-			pkg := importPath(f, t.X.(*ast.Ident).Name)
-			if !strings.HasPrefix(pkg, module+"/") {
-				return nil, nil, nil, fmt.Errorf("type from %q: outside the module, cannot follow", pkg)
-			}
-			pfiles, err := parsePkg(filepath.Join(root, strings.TrimPrefix(pkg, module+"/")))
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			ts, tf := findType(pfiles, t.Sel.Name)
-			if ts == nil {
-				return nil, nil, nil, fmt.Errorf("type %s.%s: not declared", pkg, t.Sel.Name)
-			}
-			e, f, files = ts.Type, tf, pfiles
-			continue
-		default:
-			return nil, nil, nil, fmt.Errorf("embedded field of unsupported type %T", t)
-		}
-	}
-	return nil, nil, nil, fmt.Errorf("type chain too long")
-}
-
-func loadBinary(root, module, name string) (*binary, error) {
-	dir := filepath.Join(root, "cmd", name)
-	files, err := parsePkg(dir)
-	if err != nil {
-		return nil, err
-	}
-	b := &binary{name: name, env: map[string]envVar{}, flags: map[string]bool{"h": true, "help": true}}
-	if ts, f := findType(files, "cfg"); ts != nil {
-		st, sf, sfiles, err := resolveStruct(ts.Type, f, files, root, module)
-		if err != nil {
-			return nil, err
-		}
-		if err := collectEnv(b.env, st, sf, sfiles, root, module); err != nil {
-			return nil, err
-		}
-	}
-	for _, f := range files {
 		ast.Inspect(f, func(n ast.Node) bool {
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
@@ -221,13 +130,6 @@ func loadBinary(root, module, name string) (*binary, error) {
 			if !ok {
 				return true
 			}
-			// os.Getenv("ALLOT_…") and os.LookupEnv("ALLOT_…").
-			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "os" && (sel.Sel.Name == "Getenv" || sel.Sel.Name == "LookupEnv") {
-				if s, ok := strLit(call.Args, 0); ok && strings.HasPrefix(s, "ALLOT_") {
-					b.env[s] = envVar{goType: "string"}
-				}
-			}
-			// Flags: fs.StringVar(&v, "name", …), fs.String("name", …), fs.Var(v, "name", …).
 			idx := -1
 			switch sel.Sel.Name {
 			case "String", "Int", "Int64", "Uint", "Uint64", "Bool", "Float64", "Duration", "Func", "BoolFunc":
@@ -235,116 +137,48 @@ func loadBinary(root, module, name string) (*binary, error) {
 			case "StringVar", "IntVar", "Int64Var", "UintVar", "Uint64Var", "BoolVar", "Float64Var", "DurationVar", "Var", "TextVar":
 				idx = 1
 			}
-			if s, ok := strLit(call.Args, idx); ok && idx >= 0 {
-				b.flags[s] = true
+			if idx < 0 || idx >= len(call.Args) {
+				return true
+			}
+			if lit, ok := call.Args[idx].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+				if s, err := strconv.Unquote(lit.Value); err == nil {
+					flags[s] = true
+				}
 			}
 			return true
 		})
 	}
-	return b, nil
-}
-
-func strLit(args []ast.Expr, i int) (string, bool) {
-	if i < 0 || i >= len(args) {
-		return "", false
-	}
-	lit, ok := args[i].(*ast.BasicLit)
-	if !ok || lit.Kind != token.STRING {
-		return "", false
-	}
-	s, err := strconv.Unquote(lit.Value)
-	return s, err == nil
-}
-
-// collectEnv adds the envconfig variables of st (declared in file f of the
-// package made of files), following embedded structs into other packages of
-// the module.
-func collectEnv(env map[string]envVar, st *ast.StructType, f *ast.File, files []*ast.File, root, module string) error {
-	for _, field := range st.Fields.List {
-		tag := reflect.StructTag("")
-		if field.Tag != nil {
-			s, err := strconv.Unquote(field.Tag.Value)
-			if err != nil {
-				return err
-			}
-			tag = reflect.StructTag(s)
-		}
-		if tag.Get("ignored") == "true" {
-			continue
-		}
-		if len(field.Names) == 0 { // embedded: envconfig flattens it
-			est, ef, efiles, err := resolveStruct(field.Type, f, files, root, module)
-			if err != nil {
-				return err
-			}
-			if err := collectEnv(env, est, ef, efiles, root, module); err != nil {
-				return err
-			}
-			continue
-		}
-		if _, nested := field.Type.(*ast.StructType); nested {
-			return fmt.Errorf("nested struct fields are not supported by this test")
-		}
-		for _, n := range field.Names {
-			if !n.IsExported() {
-				continue // envconfig skips unexported fields
-			}
-			key := tag.Get("envconfig")
-			if key == "" {
-				key = strings.ToUpper(n.Name)
-			}
-			def, hasDef := tag.Lookup("default")
-			env["ALLOT_"+key] = envVar{goType: typeName(field.Type, files), def: def, hasDefault: hasDef}
-		}
-	}
 	return nil
 }
 
-// typeName renders a field type; named string types of the package (such
-// as the notifier's secretURL) resolve to their underlying basic type.
-func typeName(e ast.Expr, files []*ast.File) string {
-	switch e := e.(type) {
-	case *ast.Ident:
-		for _, f := range files {
-			for _, decl := range f.Decls {
-				if gd, ok := decl.(*ast.GenDecl); ok && gd.Tok == token.TYPE {
-					for _, spec := range gd.Specs {
-						if ts := spec.(*ast.TypeSpec); ts.Name.Name == e.Name {
-							return typeName(ts.Type, nil)
-						}
-					}
-				}
-			}
-		}
-		return e.Name
-	case *ast.SelectorExpr:
-		return fmt.Sprintf("%s.%s", e.X.(*ast.Ident).Name, e.Sel.Name)
+var durationType = reflect.TypeFor[time.Duration]()
+
+// typeName names a variable's type as messages say it: "int",
+// "time.Duration", "string" (also for named string types).
+func typeName(t reflect.Type) string {
+	if t == durationType {
+		return "time.Duration"
 	}
-	return fmt.Sprintf("%T", e)
+	return t.Kind().String()
 }
 
-func importPath(f *ast.File, name string) string {
-	for _, imp := range f.Imports {
-		p, _ := strconv.Unquote(imp.Path.Value)
-		if (imp.Name != nil && imp.Name.Name == name) || (imp.Name == nil && path.Base(p) == name) {
-			return p
-		}
-	}
-	return ""
-}
-
-// validValue reports whether value parses as envconfig would parse it.
-func validValue(goType, value string) error {
+// validValue reports whether value parses as envconfig would parse it
+// into a field of type t.
+func validValue(t reflect.Type, value string) error {
 	var err error
-	switch goType {
-	case "int", "int64", "uint", "uint64":
-		_, err = strconv.ParseInt(value, 10, 64)
-	case "float64":
-		_, err = strconv.ParseFloat(value, 64)
-	case "bool":
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		if t == durationType {
+			_, err = time.ParseDuration(value)
+		} else {
+			_, err = strconv.ParseInt(value, 0, t.Bits())
+		}
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		_, err = strconv.ParseUint(value, 0, t.Bits())
+	case reflect.Float32, reflect.Float64:
+		_, err = strconv.ParseFloat(value, t.Bits())
+	case reflect.Bool:
 		_, err = strconv.ParseBool(value)
-	case "time.Duration":
-		_, err = time.ParseDuration(value)
 	}
 	return err
 }
@@ -398,11 +232,11 @@ func (w *world) checkEnv(p process, b *binary, problems *[]string) {
 	for _, k := range sortedKeys(p.env) {
 		v, ok := b.env[k]
 		if !ok {
-			*problems = append(*problems, fmt.Sprintf("%s: %s is not read by %s (no such envconfig tag in cmd/%s)", p.where, k, b.name, b.name))
+			*problems = append(*problems, fmt.Sprintf("%s: %s is not read by %s (not a variable of its type in internal/binaries)", p.where, k, b.name))
 			continue
 		}
-		if err := validValue(v.goType, p.env[k]); err != nil {
-			*problems = append(*problems, fmt.Sprintf("%s: %s=%q is not a valid %s", p.where, k, p.env[k], v.goType))
+		if err := validValue(v.Type, p.env[k]); err != nil {
+			*problems = append(*problems, fmt.Sprintf("%s: %s=%q is not a valid %s", p.where, k, p.env[k], typeName(v.Type)))
 		}
 	}
 }
@@ -413,10 +247,10 @@ func effective(p process, b *binary, key string) (string, bool) {
 		return v, true
 	}
 	v, ok := b.env[key]
-	if !ok || !v.hasDefault {
+	if !ok || !v.HasDefault {
 		return "", false
 	}
-	return v.def, true
+	return v.Default, true
 }
 
 // healthEndpoint is where each long-running binary answers probes: the
@@ -955,7 +789,7 @@ func TestConfigDiscovery(t *testing.T) {
 		{"allocator", "ALLOT_PINNED_TTL", true},
 		{"allocator", "ALLOT_HTTP_ADDR", false},
 		{"notifier", "ALLOT_NOTIFY_URL", true},
-		{"loadgen", "ALLOT_HTTP_ADDR", true}, // os.Getenv
+		{"loadgen", "ALLOT_HTTP_ADDR", true}, // os.Getenv, through binaries.Getenv
 	} {
 		b := w.bins[tc.bin]
 		if b == nil || b.err != nil {
@@ -965,8 +799,8 @@ func TestConfigDiscovery(t *testing.T) {
 			t.Errorf("%s reads %s: got %v, want %v", tc.bin, tc.v, got, tc.want)
 		}
 	}
-	if v := w.bins["allocator"].env["ALLOT_PINNED_TTL"]; v.goType != "time.Duration" || v.def == "" {
-		t.Errorf("ALLOT_PINNED_TTL: type %q default %q", v.goType, v.def)
+	if v := w.bins["allocator"].env["ALLOT_PINNED_TTL"]; typeName(v.Type) != "time.Duration" || v.Default == "" {
+		t.Errorf("ALLOT_PINNED_TTL: type %v default %q", v.Type, v.Default)
 	}
 	if !w.bins["loadgen"].flags["url"] || w.bins["loadgen"].flags["no-such-flag"] {
 		t.Errorf("loadgen flags: %v", w.bins["loadgen"].flags)

@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
@@ -27,8 +28,7 @@ import (
 const binary = "allocator"
 
 type cfg struct {
-	config.Common
-	allocator.Env
+	binaries.Allocator
 
 	migrateOnly bool // -migrate-only: MySQL is all it needs
 }

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
@@ -46,9 +47,7 @@ const (
 )
 
 // cfg is the audit's configuration, read from ALLOT_ variables.
-type cfg struct {
-	config.Common
-}
+type cfg binaries.Audit
 
 // Validate reports the first invalid value as one sentence.
 func (c *cfg) Validate() error {

@@ -17,6 +17,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
@@ -26,10 +27,7 @@ import (
 const binary = "ingest"
 
 // cfg is ingest's configuration, read from ALLOT_ variables.
-type cfg struct {
-	config.Common
-	ingest.Env
-}
+type cfg binaries.Ingest
 
 // Validate reports the first invalid value as one sentence.
 func (c cfg) Validate() error {

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/loadgen"
 )
@@ -49,7 +50,7 @@ var errUsage = errors.New("usage")
 
 // defaultURL is the ingest of `make run`, or ALLOT_HTTP_ADDR when set.
 func defaultURL() string {
-	addr := os.Getenv("ALLOT_HTTP_ADDR")
+	addr := binaries.Getenv[binaries.Loadgen]().HTTPAddr
 	if addr == "" {
 		addr = ":8080"
 	}
@@ -127,9 +128,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return bad(strings.TrimPrefix(err.Error(), loadgen.ErrConfig.Error()+": "))
 	}
 	if c.Token == "" {
-		c.Token = os.Getenv("ALLOT_TOKEN") // not the flag's default: -h would print it
+		c.Token = binaries.Getenv[binaries.Loadgen]().Token // not the flag's default: -h would print it
 	}
-	if key := os.Getenv("ALLOT_AUTH_HS256_KEY"); c.Token == "" && key != "" {
+	if key := binaries.Getenv[binaries.Loadgen]().AuthHS256Key; c.Token == "" && key != "" {
 		if err := mintTokens(c, key); err != nil {
 			return bad(err.Error())
 		}
@@ -142,8 +143,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 // as real users do. Tokens are minted once per user, on first use.
 func mintTokens(c *loadgen.Config, key string) error {
 	mint := func(sub string, scopes ...string) (string, error) {
+		env := binaries.Getenv[binaries.Loadgen]()
 		return auth.MintHS256([]byte(key), auth.Claims{Subject: sub, Scopes: scopes, TTL: 24 * time.Hour,
-			Issuer: os.Getenv("ALLOT_AUTH_ISSUER"), Audience: os.Getenv("ALLOT_AUTH_AUDIENCE")})
+			Issuer: env.AuthIssuer, Audience: env.AuthAudience})
 	}
 	admin, err := mint("loadgen", auth.ScopeAdmin)
 	if err != nil {

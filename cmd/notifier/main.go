@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
@@ -34,45 +35,14 @@ import (
 
 const binary = "notifier"
 
-// secretURL is a webhook URL that prints with its password and query values
-// masked: webhook URLs often carry their credentials.
-type secretURL string
+// secretURL is a webhook URL that prints masked.
+type secretURL = binaries.SecretURL
 
-func (u secretURL) String() string {
-	if u == "" {
-		return ""
-	}
-	p, err := url.Parse(string(u))
-	if err != nil {
-		return "*****"
-	}
-	if q := p.Query(); len(q) > 0 {
-		for k := range q {
-			q[k] = []string{"*****"}
-		}
-		p.RawQuery = q.Encode()
-	}
-	return p.Redacted()
-}
-
-type cfg struct {
-	config.Common
-	NotifyURL         secretURL     `envconfig:"NOTIFY_URL" desc:"webhook URL events are POSTed to; empty = log them only"`
-	NotifyFilter      string        `envconfig:"NOTIFY_FILTER" default:"alloc.evt.*.promoted" desc:"subject filter within alloc.evt.>"`
-	NotifyDurable     string        `envconfig:"NOTIFY_DURABLE" default:"notifier" desc:"durable consumer name"`
-	NotifyTimeout     time.Duration `envconfig:"NOTIFY_TIMEOUT" default:"5s" desc:"one webhook attempt"`
-	NotifyMaxAttempts int           `envconfig:"NOTIFY_MAX_ATTEMPTS" default:"8" desc:"attempts before an event is dead-lettered"`
-	NotifyBackoffBase time.Duration `envconfig:"NOTIFY_BACKOFF_BASE" default:"500ms" desc:"first retry waits up to this"`
-	NotifyBackoffMax  time.Duration `envconfig:"NOTIFY_BACKOFF_MAX" default:"30s" desc:"no retry waits longer"`
-	NotifyWorkers     int           `envconfig:"NOTIFY_WORKERS" default:"4" desc:"events delivered concurrently; 1 keeps stream order"`
-	NotifyMetricsAddr string        `envconfig:"NOTIFY_METRICS_ADDR" desc:"serve /metrics and /healthz here; empty = off"`
-}
+type cfg binaries.Notifier
 
 // durableName is what NATS accepts as a consumer name, kept conservative.
 var durableName = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// Validate reports the first invalid value as one sentence. MySQL settings
-// are checked only as far as Common does: the notifier never uses them.
 func (c *cfg) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err

@@ -1,17 +1,16 @@
 package config_test
 
 import (
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
-	"reflect"
 	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/allot-dev/allot/internal/binaries"
+	"github.com/allot-dev/allot/internal/dbtest"
 )
 
 // setting is one ALLOT_ variable the code reads.
@@ -20,57 +19,35 @@ type setting struct {
 	hasDef     bool
 }
 
-// codeSettings finds every envconfig tag in the module's non-test Go files
-// (package main included, whose config structs cannot be imported) and
-// every ALLOT_ variable read with os.Getenv.
-func codeSettings(t *testing.T, root string) map[string]setting {
+// codeSettings lists every ALLOT_ variable of every binary's configuration
+// types (internal/binaries), and the tests' ALLOT_TEST_MYSQL_DSN. A name
+// several binaries read is returned once per default they give it.
+func codeSettings(t *testing.T, root string) map[string][]setting {
 	t.Helper()
-	out := map[string]setting{}
-	fset := token.NewFileSet()
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == "var" || d.Name() == "bin" || strings.HasPrefix(d.Name(), ".")) && path != root {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
-		ast.Inspect(f, func(n ast.Node) bool {
-			switch n := n.(type) {
-			case *ast.Field:
-				if n.Tag == nil {
-					return true
-				}
-				tag, _ := strconv.Unquote(n.Tag.Value)
-				st := reflect.StructTag(tag)
-				if name := st.Get("envconfig"); name != "" {
-					def, ok := st.Lookup("default")
-					out["ALLOT_"+name] = setting{def: def, hasDef: ok, where: fset.Position(n.Pos()).String()}
-				}
-			case *ast.CallExpr:
-				sel, ok := n.Fun.(*ast.SelectorExpr)
-				if !ok || sel.Sel.Name != "Getenv" || len(n.Args) != 1 {
-					return true
-				}
-				if lit, ok := n.Args[0].(*ast.BasicLit); ok {
-					name, _ := strconv.Unquote(lit.Value)
-					if _, seen := out[name]; strings.HasPrefix(name, "ALLOT_") && !seen {
-						out[name] = setting{where: fset.Position(n.Pos()).String()}
-					}
-				}
+	out := map[string][]setting{
+		"ALLOT_TEST_MYSQL_DSN": {{def: dbtest.DefaultDSN, hasDef: true, where: "internal/dbtest"}},
+	}
+	listed := map[string]bool{}
+	for _, b := range binaries.All {
+		listed[b.Dir] = true
+		for _, v := range binaries.Vars(b.Config...) {
+			s := setting{def: v.Default, hasDef: v.HasDefault, where: b.Dir}
+			if !slices.ContainsFunc(out[v.Name], func(o setting) bool { return o.def == s.def && o.hasDef == s.hasDef }) {
+				out[v.Name] = append(out[v.Name], s)
 			}
-			return true
-		})
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+		}
+	}
+	// Every command is listed, so that none of its variables goes unseen.
+	for _, dir := range []string{"cmd", "internal/cmd"} {
+		ents, err := os.ReadDir(filepath.Join(root, dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range ents {
+			if e.IsDir() && !listed[path.Join(dir, e.Name())] {
+				t.Errorf("%s/%s is not in binaries.All: its variables are not checked", dir, e.Name())
+			}
+		}
 	}
 	return out
 }
@@ -126,13 +103,16 @@ func TestREADMEConfigurationTable(t *testing.T) {
 	if len(code) < 30 {
 		t.Fatalf("found only %d settings in the code: the scan is broken", len(code))
 	}
-	for name, s := range code {
+	for name, ss := range code {
 		cell, ok := table[name]
-		switch {
-		case !ok:
-			t.Errorf("%s (%s) is not in README.md's configuration table", name, s.where)
-		case s.hasDef && s.def != "" && cell != s.def && !strings.Contains(cell, "`"+s.def+"`"):
-			t.Errorf("%s: README.md says the default is %s, the code (%s) says %q", name, cell, s.where, s.def)
+		if !ok {
+			t.Errorf("%s (%s) is not in README.md's configuration table", name, ss[0].where)
+			continue
+		}
+		for _, s := range ss {
+			if s.hasDef && s.def != "" && cell != s.def && !strings.Contains(cell, "`"+s.def+"`") {
+				t.Errorf("%s: README.md says the default is %s, the code (%s) says %q", name, cell, s.where, s.def)
+			}
 		}
 	}
 	for name := range table {

@@ -23,19 +23,15 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/baseline"
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/config"
 )
 
 const binary = "baseline"
 
-// cfg is the environment: allot's common settings plus the baseline's own.
-type cfg struct {
-	config.Common
-	RedisAddr string `envconfig:"REDIS_ADDR" default:"127.0.0.1:6379" desc:"Redis of the gated design"`
-	// BaselineMaxConns is separate from ALLOT_MYSQL_MAX_CONNS on purpose:
-	// the baselines reproduce the issue's 64-connection pool.
-	BaselineMaxConns int `envconfig:"BASELINE_MYSQL_MAX_CONNS" default:"64" desc:"MySQL pool size of the baseline"`
-}
+// cfg is the environment: allot's common settings plus the baseline's own
+// (binaries.Baseline).
+type cfg binaries.Baseline
 
 func (c *cfg) Validate() error { return c.Common.Validate() }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/baseline"
 	"github.com/allot-dev/allot/internal/bench"
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/store"
@@ -64,7 +65,7 @@ func main() {
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
-	o.dsn = os.Getenv("ALLOT_MYSQL_DSN")
+	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN
 	if o.dsn == "" {
 		o.dsn = "root@tcp(127.0.0.1:3306)/allot_bench?parseTime=true"
 	}

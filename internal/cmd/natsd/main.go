@@ -29,10 +29,10 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/kelseyhightower/envconfig"
 
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 )
@@ -40,17 +40,7 @@ import (
 const binary = "natsd"
 
 // cfg is natsd's configuration: ALLOT_ variables, then flags.
-type cfg struct {
-	Host  string        `envconfig:"EMBEDDED_NATS_HOST" default:"127.0.0.1" desc:"listen host"`
-	Port  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"client port; -1 or 0 picks a free one"`
-	Store string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"JetStream store directory"`
-	Sync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the file store; 0 = always (every write on disk before its ack)"`
-
-	Cluster     string `envconfig:"EMBEDDED_NATS_CLUSTER" desc:"cluster name; empty = a single server"`
-	Name        string `envconfig:"EMBEDDED_NATS_NAME" desc:"this node's server name, unique in the cluster"`
-	ClusterPort int    `envconfig:"EMBEDDED_NATS_CLUSTER_PORT" desc:"route port of this node"`
-	Routes      string `envconfig:"EMBEDDED_NATS_ROUTES" desc:"comma-separated route URLs of the cluster's nodes"`
-}
+type cfg binaries.Natsd
 
 // Validate reports the first invalid value as one sentence.
 func (c *cfg) Validate() error {

@@ -21,11 +21,11 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
@@ -35,22 +35,7 @@ import (
 
 const binary = "stack"
 
-// IngestEnv and AllocatorEnv are the settings of the two parts; named
-// apart so both can be embedded (envconfig reads embedded structs' fields
-// as the binary's own). ALLOT_PARTITIONS fills both alike.
-type (
-	IngestEnv    = ingest.Env
-	AllocatorEnv = allocator.Env
-)
-
-type cfg struct {
-	config.Common
-	IngestEnv
-	AllocatorEnv
-	NATSPort  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"port of the embedded NATS server (the machine's own NATS holds 4222)"`
-	NATSStore string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"store directory of the embedded NATS server"`
-	NATSSync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
-}
+type cfg binaries.Stack
 
 func (c *cfg) Validate() error {
 	if err := c.Common.Validate(); err != nil {

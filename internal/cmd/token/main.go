@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/binaries"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -27,7 +28,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	key := os.Getenv("ALLOT_AUTH_HS256_KEY")
+	env := binaries.Getenv[binaries.Token]()
+	key := env.AuthHS256Key
 	if len(key) < auth.MinHS256Key {
 		fmt.Fprintf(stderr, "token: ALLOT_AUTH_HS256_KEY must be set to the ingest's key, at least %d bytes\n", auth.MinHS256Key)
 		return 2
@@ -42,7 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	tok, err := auth.MintHS256([]byte(key), auth.Claims{
 		Subject: *sub, Scopes: scopes, TTL: *ttl,
-		Issuer: os.Getenv("ALLOT_AUTH_ISSUER"), Audience: os.Getenv("ALLOT_AUTH_AUDIENCE"),
+		Issuer: env.AuthIssuer, Audience: env.AuthAudience,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "token: %v\n", err)
