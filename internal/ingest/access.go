@@ -87,11 +87,11 @@ func (b *badAuth) clientKey(r *http.Request) int64 {
 
 // guard wraps h in p. With authentication off, every request passes and
 // carries no identity.
-func (s *Service) guard(p policy, h func(http.ResponseWriter, *http.Request, string, string)) func(http.ResponseWriter, *http.Request, string, string) {
+func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 	if s.opts.Auth == nil || p == public {
 		return h
 	}
-	return func(w http.ResponseWriter, r *http.Request, a, b string) {
+	return func(w http.ResponseWriter, r *http.Request) {
 		var key int64
 		if s.badAuth != nil {
 			key = s.badAuth.clientKey(r)
@@ -132,12 +132,12 @@ func (s *Service) guard(p policy, h func(http.ResponseWriter, *http.Request, str
 			}
 		case self:
 			// A malformed {user} is left to the handler: a 400 says more.
-			if user, err := parseID(b, "user"); err == nil && !id.ActsFor(user) {
+			if user, err := parseID(r.PathValue("user"), "user"); err == nil && !id.ActsFor(user) {
 				writeError(w, http.StatusForbidden, msgNotYours)
 				return
 			}
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, id)), a, b)
+		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, id)))
 	}
 }
 

@@ -197,9 +197,9 @@ func TestPanicIsA500(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Options{})
 	rt := h.svc.Handler().(*router)
-	rt.routes[routeHealth].endpoints[0].h = func(http.ResponseWriter, *http.Request, string, string) { panic("boom") }
+	rt.mux.HandleFunc("GET /boom", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	rec := httptest.NewRecorder()
-	rt.ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	rt.ServeHTTP(rec, httptest.NewRequest("GET", "/boom", nil))
 	if rec.Code != http.StatusInternalServerError {
 		t.Fatalf("status %d, want 500", rec.Code)
 	}

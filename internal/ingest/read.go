@@ -13,8 +13,8 @@ import (
 // (done), or pending for an id ingest issued, or 404. MySQL is read before
 // the checksum is checked, so that results of requests other tools published
 // are readable too.
-func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ string) {
-	uid, id, err := parseRequestID(raw)
+func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
+	uid, id, err := parseRequestID(r.PathValue("request_id"))
 	if err != nil {
 		writeInputError(w, err)
 		return
@@ -86,8 +86,8 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request, raw, _ stri
 }
 
 // handleActivity serves GET /v1/activities/{activity}.
-func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request, aStr, _ string) {
-	activity, err := parseID(aStr, "activity")
+func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request) {
+	activity, err := parseID(r.PathValue("activity"), "activity")
 	if err != nil {
 		writeInputError(w, err)
 		return
@@ -108,13 +108,13 @@ func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request, aStr, _
 }
 
 // handleSignup serves GET /v1/activities/{activity}/signups/{user}.
-func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request, aStr, uStr string) {
-	activity, err := parseID(aStr, "activity")
+func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
+	activity, err := parseID(r.PathValue("activity"), "activity")
 	if err != nil {
 		writeInputError(w, err)
 		return
 	}
-	user, err := parseID(uStr, "user")
+	user, err := parseID(r.PathValue("user"), "user")
 	if err != nil {
 		writeInputError(w, err)
 		return
@@ -152,7 +152,7 @@ func (s *Service) dbError(ctx context.Context, w http.ResponseWriter, what strin
 var statusOK = []byte(`{"status":"ok"}`)
 
 // handleHealth serves /healthz: the process answers.
-func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request, _, _ string) {
+func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	writeRaw(w, http.StatusOK, statusOK)
 }
 
@@ -161,7 +161,7 @@ func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request, _, _ stri
 // is down still takes writes (202), and the reads that need MySQL answer
 // 503 on their own; taking it out of a load balancer would refuse the
 // writes too.
-func (s *Service) handleReady(w http.ResponseWriter, _ *http.Request, _, _ string) {
+func (s *Service) handleReady(w http.ResponseWriter, _ *http.Request) {
 	if !s.nc.IsConnected() {
 		writeError(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected.")
 		return

@@ -3,6 +3,7 @@ package ingest
 import (
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"strings"
 
@@ -13,40 +14,113 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// The router is hand-written rather than an http.ServeMux because the
-// contract wants JSON bodies on 404 and 405 and no redirects (ServeMux
-// answers those in text and redirects unclean paths), and because matching
-// a handful of fixed shapes by hand costs nothing on the hot path.
+// The routes are an http.ServeMux with method-and-wildcard patterns. The
+// contract wants JSON bodies on 404 and 405 and no redirects, which the
+// ServeMux alone does not give (it answers those in text and redirects
+// unclean paths), so:
+//   - every path pattern is also registered without a method, answering the
+//     contract's 405 with the route's Allow header;
+//   - "/" catches every path no route matches, answering the JSON 404;
+//   - router.ServeHTTP answers 404 itself for a path with an empty segment
+//     (//), which no route has and the mux would redirect, and hands the mux
+//     a path escaped segment by segment, so that it splits the decoded path
+//     where it has a slash and takes "." and ".." as path values instead of
+//     cleaning them away.
+// A path value is any non-empty segment; the handler validates it, so that
+// /v1/activities/abc is a 400 (bad id), not a 404.
 
 // endpoint is one method of one route.
 type endpoint struct {
 	method string
-	label  string // metrics label: "METHOD pattern"
-	h      func(w http.ResponseWriter, r *http.Request, a, b string)
+	h      http.HandlerFunc
 }
 
-// route is one path pattern with its methods.
-type route struct {
-	pattern   string
-	allow     string // the Allow header of a 405
-	notAllow  string // the sentence of a 405
-	endpoints []endpoint
+// unmatchedLabel is the route label of requests no route matches.
+const unmatchedLabel = "unmatched"
+
+type router struct {
+	s   *Service
+	mux *http.ServeMux
+	// labels maps each registered pattern to its metrics label: "METHOD
+	// path" for an endpoint, the path for its 405, unmatched for the 404.
+	labels map[string]string
 }
 
-func newRoute(pattern string, eps ...endpoint) route {
-	rt := route{pattern: pattern, endpoints: eps}
+func (s *Service) routes(g prometheus.Gatherer) http.Handler {
+	metricsHandler := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+	rt := &router{s: s, mux: http.NewServeMux(), labels: map[string]string{}}
+	rt.handle("/healthz",
+		endpoint{http.MethodGet, s.handleHealth})
+	rt.handle("/readyz",
+		endpoint{http.MethodGet, s.handleReady})
+	rt.handle("/metrics",
+		endpoint{http.MethodGet, s.guard(operator, metricsHandler.ServeHTTP)})
+	rt.handle("/v1/activities/{activity}",
+		endpoint{http.MethodPut, s.guard(admin, s.writeHandler(wire.OpOpen))},
+		endpoint{http.MethodGet, s.guard(anyCaller, s.handleActivity)})
+	rt.handle("/v1/activities/{activity}/signups/{user}",
+		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpJoin))},
+		endpoint{http.MethodDelete, s.guard(self, s.writeHandler(wire.OpCancel))},
+		endpoint{http.MethodGet, s.guard(self, s.handleSignup)})
+	rt.handle("/v1/activities/{activity}/claims/{user}",
+		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpClaim))})
+	rt.handle("/v1/requests/{request_id}",
+		endpoint{http.MethodGet, s.guard(anyCaller, s.handlePoll)})
+	// The live operator page: / for browsers only, so that an API client
+	// still gets the contract's JSON 404 there. The page and its assets are
+	// a static shell holding no data (a browser cannot send a bearer token
+	// when it navigates); the feed that fills it needs allot:operator.
+	rt.handle("/",
+		endpoint{http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
+			if !ui.AcceptsHTML(r) {
+				writeError(w, http.StatusNotFound, msgNoRoute)
+				return
+			}
+			s.ui.ServePage(w, r)
+		}})
+	rt.handle("/ui/{asset}",
+		endpoint{http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
+			s.ui.ServeAsset(w, r, r.PathValue("asset"))
+		}})
+	rt.handle("/v1/activities/{activity}/live",
+		endpoint{http.MethodGet, s.guard(operator, func(w http.ResponseWriter, r *http.Request) {
+			activity, err := parseID(r.PathValue("activity"), "activity")
+			if err != nil {
+				writeInputError(w, err)
+				return
+			}
+			s.ui.ServeLive(w, r, activity)
+		})})
+	rt.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotFound, msgNoRoute)
+	})
+	rt.labels["/"] = unmatchedLabel
+	return rt
+}
+
+// handle registers the endpoints of path, and its 405 for every other
+// method. HEAD is served by GET.
+func (rt *router) handle(path string, eps ...endpoint) {
+	pattern := path
+	if path == "/" {
+		pattern = "/{$}" // / alone, not the subtree
+	}
 	var methods []string
-	for i := range rt.endpoints {
-		ep := &rt.endpoints[i]
-		ep.label = ep.method + " " + pattern
+	for _, ep := range eps {
+		rt.mux.HandleFunc(ep.method+" "+pattern, ep.h)
+		rt.labels[ep.method+" "+pattern] = ep.method + " " + path
 		methods = append(methods, ep.method)
 		if ep.method == http.MethodGet {
 			methods = append(methods, http.MethodHead)
 		}
 	}
-	rt.allow = strings.Join(methods, ", ")
-	rt.notAllow = "This method is not allowed on this path; use " + joinOr(methods) + "."
-	return rt
+	allow := []string{strings.Join(methods, ", ")}
+	notAllowed := "This method is not allowed on this path; use " + joinOr(methods) + "."
+	rt.mux.HandleFunc(pattern, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header()["Allow"] = allow
+		writeError(w, http.StatusMethodNotAllowed, notAllowed)
+	})
+	rt.labels[pattern] = path
 }
 
 func joinOr(ms []string) string {
@@ -56,146 +130,25 @@ func joinOr(ms []string) string {
 	return strings.Join(ms[:len(ms)-1], ", ") + " or " + ms[len(ms)-1]
 }
 
-// find returns the endpoint of method; HEAD is served by GET.
-func (rt *route) find(method string) *endpoint {
-	if method == http.MethodHead {
-		method = http.MethodGet
+// label is the metrics label of the pattern the mux matched ("" when it
+// was not asked).
+func (rt *router) label(pattern string) string {
+	if l, ok := rt.labels[pattern]; ok {
+		return l
 	}
-	for i := range rt.endpoints {
-		if rt.endpoints[i].method == method {
-			return &rt.endpoints[i]
-		}
+	if pattern == "" {
+		return unmatchedLabel
 	}
-	return nil
-}
-
-type routeID int
-
-const (
-	routeHealth routeID = iota
-	routeReady
-	routeMetrics
-	routeActivity
-	routeSignup
-	routeClaim
-	routeRequest
-	// The live operator page (package ui).
-	routePage
-	routeAsset
-	routeLive
-	numRoutes
-)
-
-// unmatchedLabel is the route label of requests no route matches.
-const unmatchedLabel = "unmatched"
-
-type router struct {
-	s      *Service
-	routes [numRoutes]route
-}
-
-func (s *Service) routes(g prometheus.Gatherer) http.Handler {
-	metricsHandler := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
-	rt := &router{s: s}
-	rt.routes[routeHealth] = newRoute("/healthz",
-		endpoint{method: http.MethodGet, h: s.handleHealth})
-	rt.routes[routeReady] = newRoute("/readyz",
-		endpoint{method: http.MethodGet, h: s.handleReady})
-	rt.routes[routeMetrics] = newRoute("/metrics",
-		endpoint{method: http.MethodGet, h: s.guard(operator, func(w http.ResponseWriter, r *http.Request, _, _ string) {
-			metricsHandler.ServeHTTP(w, r)
-		})})
-	rt.routes[routeActivity] = newRoute("/v1/activities/{activity}",
-		endpoint{method: http.MethodPut, h: s.guard(admin, s.writeHandler(wire.OpOpen))},
-		endpoint{method: http.MethodGet, h: s.guard(anyCaller, s.handleActivity)})
-	rt.routes[routeSignup] = newRoute("/v1/activities/{activity}/signups/{user}",
-		endpoint{method: http.MethodPost, h: s.guard(self, s.writeHandler(wire.OpJoin))},
-		endpoint{method: http.MethodDelete, h: s.guard(self, s.writeHandler(wire.OpCancel))},
-		endpoint{method: http.MethodGet, h: s.guard(self, s.handleSignup)})
-	rt.routes[routeClaim] = newRoute("/v1/activities/{activity}/claims/{user}",
-		endpoint{method: http.MethodPost, h: s.guard(self, s.writeHandler(wire.OpClaim))})
-	rt.routes[routeRequest] = newRoute("/v1/requests/{request_id}",
-		endpoint{method: http.MethodGet, h: s.guard(anyCaller, s.handlePoll)})
-	// The live operator page: / for browsers only, so that an API client
-	// still gets the contract's JSON 404 there. The page and its assets are
-	// a static shell holding no data (a browser cannot send a bearer token
-	// when it navigates); the feed that fills it needs allot:operator.
-	rt.routes[routePage] = newRoute("/",
-		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, _, _ string) {
-			if !ui.AcceptsHTML(r) {
-				writeError(w, http.StatusNotFound, msgNoRoute)
-				return
-			}
-			s.ui.ServePage(w, r)
-		}})
-	rt.routes[routeAsset] = newRoute("/ui/{asset}",
-		endpoint{method: http.MethodGet, h: func(w http.ResponseWriter, r *http.Request, name, _ string) {
-			s.ui.ServeAsset(w, r, name)
-		}})
-	rt.routes[routeLive] = newRoute("/v1/activities/{activity}/live",
-		endpoint{method: http.MethodGet, h: s.guard(operator, func(w http.ResponseWriter, r *http.Request, a, _ string) {
-			activity, err := parseID(a, "activity")
-			if err != nil {
-				writeInputError(w, err)
-				return
-			}
-			s.ui.ServeLive(w, r, activity)
-		})})
-	return rt
-}
-
-// match finds the route of path and its one or two path values. A path
-// value is any non-empty segment; the handler validates it, so that
-// /v1/activities/abc is a 400 (bad id), not a 404.
-func match(path string) (routeID, string, string, bool) {
-	switch path {
-	case "/healthz":
-		return routeHealth, "", "", true
-	case "/readyz":
-		return routeReady, "", "", true
-	case "/metrics":
-		return routeMetrics, "", "", true
-	case "/":
-		return routePage, "", "", true
-	}
-	if name, ok := strings.CutPrefix(path, "/ui/"); ok && name != "" && strings.IndexByte(name, '/') < 0 {
-		return routeAsset, name, "", true
-	}
-	if rest, ok := strings.CutPrefix(path, "/v1/activities/"); ok {
-		a, rest, more := strings.Cut(rest, "/")
-		if a == "" {
-			return 0, "", "", false
-		}
-		if !more {
-			return routeActivity, a, "", true
-		}
-		if rest == "live" {
-			return routeLive, a, "", true
-		}
-		kind, u, more := strings.Cut(rest, "/")
-		if !more || u == "" || strings.IndexByte(u, '/') >= 0 {
-			return 0, "", "", false
-		}
-		switch kind {
-		case "signups":
-			return routeSignup, a, u, true
-		case "claims":
-			return routeClaim, a, u, true
-		}
-		return 0, "", "", false
-	}
-	if id, ok := strings.CutPrefix(path, "/v1/requests/"); ok && id != "" && strings.IndexByte(id, '/') < 0 {
-		return routeRequest, id, "", true
-	}
-	return 0, "", "", false
+	return pattern
 }
 
 // ServeHTTP routes r, answers 404 and 405 in JSON, turns a panic into a
 // logged 500 and counts every answer by route pattern and code.
 func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sw := &statusWriter{ResponseWriter: w}
-	label := unmatchedLabel
+	mr := r // the request the mux routes; it records the pattern matched
 	defer func() {
+		label := rt.label(mr.Pattern)
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value, compared as net/http does
 				rt.s.metrics.countRequest(label, sw.code)
@@ -210,21 +163,57 @@ func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		rt.s.metrics.countRequest(label, sw.code)
 	}()
-	id, a, b, ok := match(r.URL.Path)
-	if !ok {
+	path := r.URL.Path
+	if path == "" || path[0] != '/' || strings.Contains(path, "//") {
+		// No route has an empty segment; the mux would redirect these.
 		writeError(sw, http.StatusNotFound, msgNoRoute)
 		return
 	}
-	route := &rt.routes[id]
-	ep := route.find(r.Method)
-	if ep == nil {
-		label = route.pattern
-		sw.Header()["Allow"] = []string{route.allow}
-		writeError(sw, http.StatusMethodNotAllowed, route.notAllow)
-		return
+	if r.URL.RawPath != "" || hasDotSegment(path) {
+		u := *r.URL
+		u.RawPath = muxPath(path)
+		mr = new(http.Request)
+		*mr = *r
+		mr.URL = &u
 	}
-	label = ep.label
-	ep.h(sw, r, a, b)
+	rt.mux.ServeHTTP(sw, mr)
+}
+
+// hasDotSegment reports whether path has a segment "." or "..", which the
+// mux would clean away.
+func hasDotSegment(path string) bool {
+	for i := 0; i < len(path); i++ {
+		if path[i] != '/' || i+1 >= len(path) || path[i+1] != '.' {
+			continue
+		}
+		rest := path[i+2:]
+		if rest == "" || rest[0] == '/' || rest == "." || strings.HasPrefix(rest, "./") {
+			return true
+		}
+	}
+	return false
+}
+
+// muxPath escapes path (decoded, clean of empty segments) segment by
+// segment, "." and ".." too: the mux matches the escaped path, so that it
+// then splits where the decoded path has a slash (a %2F in the request
+// separates segments, as r.URL.Path has it) and neither cleans nor
+// redirects a dot segment.
+func muxPath(path string) string {
+	var b strings.Builder
+	b.Grow(len(path) + 8)
+	for seg := range strings.SplitSeq(path[1:], "/") {
+		b.WriteByte('/')
+		switch seg {
+		case ".":
+			b.WriteString("%2E")
+		case "..":
+			b.WriteString("%2E%2E")
+		default:
+			b.WriteString(url.PathEscape(seg))
+		}
+	}
+	return b.String()
 }
 
 // statusWriter remembers the status code written, for the metrics and the

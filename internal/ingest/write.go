@@ -23,9 +23,9 @@ import (
 
 // writeHandler serves the write route of op: validate everything, then
 // publish, then answer 202 (or 200 with the result when ?wait= sees it).
-func (s *Service) writeHandler(op string) func(http.ResponseWriter, *http.Request, string, string) {
-	return func(w http.ResponseWriter, r *http.Request, a, u string) {
-		s.write(w, r, op, a, u)
+func (s *Service) writeHandler(op string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		s.write(w, r, op, r.PathValue("activity"), r.PathValue("user"))
 	}
 }
 
