@@ -509,7 +509,7 @@ func checkEvents(t *testing.T, sp *spec, js jetstream.JetStream) {
 		if m.Header.Get("Nats-Msg-Id") != e.EventID {
 			t.Errorf("event %s: Nats-Msg-Id %q", e.EventID, m.Header.Get("Nats-Msg-Id"))
 		}
-		kinds[e.Kind] = true
+		kinds[string(e.Kind)] = true
 	}
 	for _, k := range sp.schema(t, "EventKind").Enum {
 		if !kinds[k.Value] {

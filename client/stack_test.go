@@ -174,22 +174,22 @@ func TestTypesMatchTheServers(t *testing.T) {
 // TestWordsMatchTheServers: the typed constants spell the server's words.
 func TestWordsMatchTheServers(t *testing.T) {
 	pairs := [][2]string{
-		{string(client.OpOpen), wire.OpOpen}, {string(client.OpJoin), wire.OpJoin},
-		{string(client.OpCancel), wire.OpCancel}, {string(client.OpClaim), wire.OpClaim},
-		{string(client.Opened), wire.OutcomeOpened}, {string(client.Resized), wire.OutcomeResized},
-		{string(client.Rejected), wire.OutcomeRejected}, {string(client.Confirmed), wire.OutcomeConfirmed},
-		{string(client.Waiting), wire.OutcomeWaiting}, {string(client.AlreadyConfirmed), wire.OutcomeAlreadyConfirmed},
-		{string(client.AlreadyWaiting), wire.OutcomeAlreadyWaiting}, {string(client.Cancelled), wire.OutcomeCancelled},
-		{string(client.NotSignedUp), wire.OutcomeNotSignedUp}, {string(client.Granted), wire.OutcomeGranted},
-		{string(client.SoldOut), wire.OutcomeSoldOut}, {string(client.AlreadyOwned), wire.OutcomeAlreadyOwned},
-		{string(client.NoSuchActivity), wire.OutcomeNoSuchActivity},
-		{string(client.StatusConfirmed), wire.StatusConfirmed}, {string(client.StatusWaiting), wire.StatusWaiting},
-		{string(client.StatusCancelled), wire.StatusCancelled},
-		{string(client.EventOpened), wire.EventOpened}, {string(client.EventResized), wire.EventResized},
-		{string(client.EventConfirmed), wire.EventConfirmed}, {string(client.EventWaitlisted), wire.EventWaitlisted},
-		{string(client.EventGranted), wire.EventGranted}, {string(client.EventPromoted), wire.EventPromoted},
-		{string(client.EventCancelled), wire.EventCancelled}, {string(client.EventSoldOut), wire.EventSoldOut},
-		{client.StatePending, wire.StatePending}, {client.StateDone, wire.StateDone},
+		{string(client.OpOpen), string(wire.OpOpen)}, {string(client.OpJoin), string(wire.OpJoin)},
+		{string(client.OpCancel), string(wire.OpCancel)}, {string(client.OpClaim), string(wire.OpClaim)},
+		{string(client.Opened), string(wire.OutcomeOpened)}, {string(client.Resized), string(wire.OutcomeResized)},
+		{string(client.Rejected), string(wire.OutcomeRejected)}, {string(client.Confirmed), string(wire.OutcomeConfirmed)},
+		{string(client.Waiting), string(wire.OutcomeWaiting)}, {string(client.AlreadyConfirmed), string(wire.OutcomeAlreadyConfirmed)},
+		{string(client.AlreadyWaiting), string(wire.OutcomeAlreadyWaiting)}, {string(client.Cancelled), string(wire.OutcomeCancelled)},
+		{string(client.NotSignedUp), string(wire.OutcomeNotSignedUp)}, {string(client.Granted), string(wire.OutcomeGranted)},
+		{string(client.SoldOut), string(wire.OutcomeSoldOut)}, {string(client.AlreadyOwned), string(wire.OutcomeAlreadyOwned)},
+		{string(client.NoSuchActivity), string(wire.OutcomeNoSuchActivity)},
+		{string(client.StatusConfirmed), string(wire.StatusConfirmed)}, {string(client.StatusWaiting), string(wire.StatusWaiting)},
+		{string(client.StatusCancelled), string(wire.StatusCancelled)},
+		{string(client.EventOpened), string(wire.EventOpened)}, {string(client.EventResized), string(wire.EventResized)},
+		{string(client.EventConfirmed), string(wire.EventConfirmed)}, {string(client.EventWaitlisted), string(wire.EventWaitlisted)},
+		{string(client.EventGranted), string(wire.EventGranted)}, {string(client.EventPromoted), string(wire.EventPromoted)},
+		{string(client.EventCancelled), string(wire.EventCancelled)}, {string(client.EventSoldOut), string(wire.EventSoldOut)},
+		{client.StatePending, string(wire.StatePending)}, {client.StateDone, string(wire.StateDone)},
 	}
 	for _, p := range pairs {
 		if p[0] != p[1] {

@@ -30,7 +30,7 @@ var ErrCorruptState = errors.New("allocation: corrupt state")
 
 // Request is what the domain needs of a request.
 type Request struct {
-	Op         string // wire.OpOpen, OpJoin, OpCancel, OpClaim
+	Op         wire.Op
 	ActivityID int64
 	UserID     int64 // 0 for open
 	Capacity   int64 // open only; ignored by the other ops
@@ -39,25 +39,25 @@ type Request struct {
 // Signup is one user's row in activity_signup.
 type Signup struct {
 	UserID   int64
-	Status   string // wire.StatusConfirmed, StatusWaiting, StatusCancelled
+	Status   wire.Status
 	QueueSeq uint64
 }
 
 // Event is an event the decision emits: Kind is one of wire.EventXxx, UserID
 // is 0 for the activity-level events (opened, resized, sold_out).
 type Event struct {
-	Kind   string
+	Kind   wire.EventKind
 	UserID int64
 }
 
 // Decision is the result of applying one request. Empty lists are nil.
 type Decision struct {
 	// Outcome is one of wire.OutcomeXxx.
-	Outcome string
+	Outcome wire.Outcome
 	// Status is the requesting user's signup status after the request; ""
 	// when there is no signup state to report (open ops, NOT_SIGNED_UP,
 	// SOLD_OUT, NO_SUCH_ACTIVITY).
-	Status string
+	Status wire.Status
 	// Position is the 1-based waitlist position when Status is WAITING, else 0.
 	Position int64
 	// PromotedUserIDs are the users promoted by this request, in queue order
@@ -190,7 +190,7 @@ type decisionBuf struct {
 }
 
 // newChange starts a decision for a request that changes state.
-func newChange(outcome string) Decision {
+func newChange(outcome wire.Outcome) Decision {
 	buf := new(decisionBuf)
 	return Decision{
 		Outcome: outcome,
@@ -285,7 +285,7 @@ func (a *Activity) claim(user int64, seq uint64) Decision {
 
 // takeSeat gives a free seat to a user without a live signup, for join and
 // claim alike.
-func (a *Activity) takeSeat(user int64, seq uint64, outcome, kind string) Decision {
+func (a *Activity) takeSeat(user int64, seq uint64, outcome wire.Outcome, kind wire.EventKind) Decision {
 	d := newChange(outcome)
 	a.setMember(user, member{seq: seq, slot: -1})
 	a.Confirmed++

@@ -19,7 +19,7 @@ func reqJoin(user int64) Request   { return Request{Op: wire.OpJoin, ActivityID:
 func reqCancel(user int64) Request { return Request{Op: wire.OpCancel, ActivityID: act, UserID: user} }
 func reqClaim(user int64) Request  { return Request{Op: wire.OpClaim, ActivityID: act, UserID: user} }
 
-func ev(kind string, user int64) Event { return Event{Kind: kind, UserID: user} }
+func ev(kind wire.EventKind, user int64) Event { return Event{Kind: kind, UserID: user} }
 func conf(user int64, seq uint64) Signup {
 	return Signup{UserID: user, Status: wire.StatusConfirmed, QueueSeq: seq}
 }

@@ -156,7 +156,7 @@ func seedSteps(steps ...seedStep) []byte {
 
 // fuzzOps weighs the ops: opens are rarer, since a resize that promotes
 // everyone would keep waitlists too short to reach compaction.
-var fuzzOps = [8]string{
+var fuzzOps = [8]wire.Op{
 	wire.OpOpen, wire.OpJoin, wire.OpJoin, wire.OpJoin, wire.OpCancel, wire.OpCancel, wire.OpClaim, wire.OpOpen,
 }
 

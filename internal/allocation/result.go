@@ -57,7 +57,7 @@ func EncodeEvents(events []Event) string {
 		if i > 0 {
 			b.WriteByte(';')
 		}
-		b.WriteString(e.Kind)
+		b.WriteString(string(e.Kind))
 		b.WriteByte(':')
 		b.WriteString(strconv.FormatInt(e.UserID, 10))
 	}
@@ -77,7 +77,7 @@ func DecodeEvents(s string) ([]Event, error) {
 		if !ok || err != nil || kind == "" {
 			return nil, fmt.Errorf("events column: bad entry %q", p)
 		}
-		out = append(out, Event{Kind: kind, UserID: id})
+		out = append(out, Event{Kind: wire.EventKind(kind), UserID: id})
 	}
 	return out, nil
 }

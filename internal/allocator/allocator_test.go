@@ -59,7 +59,7 @@ func (e *env) start(cfg Config, hooks Hooks) *Allocator {
 
 func capacity(n int64) *int64 { return &n }
 
-func req(op string, activity, user int64) wire.Request {
+func req(op wire.Op, activity, user int64) wire.Request {
 	r := wire.Request{RequestID: uuid.Must(uuid.NewV7()).String(), Op: op, ActivityID: activity, UserID: user, ReceivedAt: time.Now().UTC()}
 	return r
 }
@@ -147,8 +147,8 @@ func (e *env) events(want int) []wire.Event {
 	return out
 }
 
-func kinds(evs []wire.Event) map[string]int {
-	m := map[string]int{}
+func kinds(evs []wire.Event) map[wire.EventKind]int {
+	m := map[wire.EventKind]int{}
 	for _, e := range evs {
 		m[e.Kind]++
 	}
@@ -283,7 +283,7 @@ func TestGapLeftByDeadConsumerIsFilledInOrder(t *testing.T) {
 	e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
 	e.waitFence(last)
 
-	for i, want := range []string{wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting} {
+	for i, want := range []wire.Outcome{wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting} {
 		if got := e.result(early[i].RequestID).Outcome; got != want {
 			t.Errorf("early join %d: outcome %s, want %s", i+1, got, want)
 		}
@@ -458,7 +458,7 @@ func TestHoleInsideABatchIsFilled(t *testing.T) {
 	if err := a.handle(ctx, holed); err != nil {
 		t.Fatal(err)
 	}
-	for i, want := range []string{wire.OutcomeConfirmed, wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting, wire.OutcomeWaiting, wire.OutcomeWaiting} {
+	for i, want := range []wire.Outcome{wire.OutcomeConfirmed, wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting, wire.OutcomeWaiting, wire.OutcomeWaiting} {
 		r := e.result(joins[i].RequestID)
 		if r.Outcome != want {
 			t.Errorf("join %d: %s, want %s", i+1, r.Outcome, want)
@@ -492,7 +492,7 @@ func TestOneBadRequestDoesNotSinkItsBatch(t *testing.T) {
 	}
 	e.start(Config{BatchWait: 50 * time.Millisecond}, Hooks{})
 	e.waitFence(last)
-	for r, want := range map[wire.Request]string{good1: wire.OutcomeConfirmed, good2: wire.OutcomeConfirmed, good3: wire.OutcomeWaiting} {
+	for r, want := range map[wire.Request]wire.Outcome{good1: wire.OutcomeConfirmed, good2: wire.OutcomeConfirmed, good3: wire.OutcomeWaiting} {
 		if got := e.result(r.RequestID).Outcome; got != want {
 			t.Errorf("user %d: %s, want %s", r.UserID, got, want)
 		}
@@ -592,7 +592,7 @@ func TestBadRequestInsideAFilledGap(t *testing.T) {
 		t.Fatalf("%v messages read from the stream to fill the gap, want at least %d", filled, held)
 	}
 
-	want := map[int64]string{1: wire.OutcomeConfirmed, 2: wire.OutcomeConfirmed, 3: wire.OutcomeWaiting, 4: wire.OutcomeWaiting}
+	want := map[int64]wire.Outcome{1: wire.OutcomeConfirmed, 2: wire.OutcomeConfirmed, 3: wire.OutcomeWaiting, 4: wire.OutcomeWaiting}
 	for _, r := range append(early, late...) {
 		if r.UserID == 666 {
 			continue

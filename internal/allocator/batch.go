@@ -398,7 +398,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		res := allocation.ResultOf(r.req, r.seq, d, after)
 		res.AppliedAt = now
 		out.results = append(out.results, res)
-		a.m.decisions.WithLabelValues(r.req.Op, d.Outcome).Inc()
+		a.m.decisions.WithLabelValues(string(r.req.Op), string(d.Outcome)).Inc()
 		a.m.acceptToApply.Observe(now.Sub(r.req.ReceivedAt).Seconds())
 		rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition, Events: allocation.EncodeEvents(d.Events)})
 		out.events += len(d.Events)

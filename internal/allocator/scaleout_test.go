@@ -218,7 +218,7 @@ func checkEvents(t *testing.T, e *env) {
 			t.Fatal(err)
 		}
 		for i, ev := range evs {
-			want[wire.EventID(id, i)+" "+ev.Kind]++
+			want[wire.EventID(id, i)+" "+string(ev.Kind)]++
 			total++
 		}
 	}
@@ -255,7 +255,7 @@ func checkEvents(t *testing.T, e *env) {
 				continue
 			}
 			seen[ev.EventID] = string(m.Data())
-			got[ev.EventID+" "+ev.Kind]++
+			got[ev.EventID+" "+string(ev.Kind)]++
 		}
 		if n == 0 {
 			break
@@ -280,7 +280,7 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 	e.start(Config{}, Hooks{})
 	e.waitFence(last)
 
-	want := map[string]int{}
+	want := map[wire.EventKind]int{}
 	capacity := map[int64]int64{}
 	rows, err := e.db.Query("SELECT activity_id, outcome, promoted_user_ids, capacity FROM processed_request ORDER BY seq")
 	if err != nil {
@@ -289,7 +289,7 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 	for rows.Next() {
 		var (
 			act      int64
-			outcome  string
+			outcome  wire.Outcome
 			promoted *string
 			cap      *int64
 		)
@@ -325,7 +325,7 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 	}
 	rows.Close()
 
-	got := map[string]int{}
+	got := map[wire.EventKind]int{}
 	ids := map[string]bool{}
 	c, err := e.js.OrderedConsumer(context.Background(), wire.EventStream, jetstream.OrderedConsumerConfig{})
 	if err != nil {
@@ -354,7 +354,7 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 			if soldOut == 0 {
 				t.Fatal("no sold_out event in a burst that fills activities")
 			}
-			for _, k := range []string{wire.EventOpened, wire.EventConfirmed, wire.EventWaitlisted, wire.EventGranted, wire.EventCancelled, wire.EventPromoted, wire.EventResized} {
+			for _, k := range []wire.EventKind{wire.EventOpened, wire.EventConfirmed, wire.EventWaitlisted, wire.EventGranted, wire.EventCancelled, wire.EventPromoted, wire.EventResized} {
 				if want[k] == 0 {
 					t.Fatalf("the burst produced no %s event; make it richer", k)
 				}

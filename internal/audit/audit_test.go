@@ -99,10 +99,10 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 		outcomes[o] = true
 	}
 	rows.Close()
-	for _, o := range []string{wire.OutcomeOpened, wire.OutcomeResized, wire.OutcomeRejected, wire.OutcomeConfirmed,
+	for _, o := range []wire.Outcome{wire.OutcomeOpened, wire.OutcomeResized, wire.OutcomeRejected, wire.OutcomeConfirmed,
 		wire.OutcomeWaiting, wire.OutcomeAlreadyConfirmed, wire.OutcomeAlreadyWaiting, wire.OutcomeCancelled,
 		wire.OutcomeNotSignedUp, wire.OutcomeGranted, wire.OutcomeSoldOut, wire.OutcomeAlreadyOwned, wire.OutcomeNoSuchActivity} {
-		if !outcomes[o] {
+		if !outcomes[string(o)] {
 			t.Errorf("the burst never produced outcome %s; the audit would not cover it", o)
 		}
 	}
@@ -181,7 +181,7 @@ func TestTamperingIsReported(t *testing.T) {
 			tamper:  []string{"UPDATE activity_signup SET status = 'CONFIRMED' WHERE activity_id = 50 AND user_id = 2"},
 			restore: []string{"UPDATE activity_signup SET status = 'WAITING' WHERE activity_id = 50 AND user_id = 2"},
 			want: audit.Divergence{Seq: tr.seqs[tr.j2.RequestID], RequestID: tr.j2.RequestID, Kind: audit.KindSignup,
-				ActivityID: 50, UserID: 2, Field: "status", Expected: wire.StatusWaiting, Actual: wire.StatusConfirmed},
+				ActivityID: 50, UserID: 2, Field: "status", Expected: string(wire.StatusWaiting), Actual: string(wire.StatusConfirmed)},
 		},
 		{
 			name:    "confirmed_count bumped",

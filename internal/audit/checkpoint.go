@@ -233,8 +233,8 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 			continue
 		}
 		a.signups[signupKey{act, user}] = &signupTrack{status: status, queueSeq: queueSeq, by: by}
-		if status == wire.StatusConfirmed || status == wire.StatusWaiting {
-			live[act] = append(live[act], allocation.Signup{UserID: user, Status: status, QueueSeq: queueSeq})
+		if st := wire.Status(status); st == wire.StatusConfirmed || st == wire.StatusWaiting {
+			live[act] = append(live[act], allocation.Signup{UserID: user, Status: st, QueueSeq: queueSeq})
 		}
 	}
 	rows.Close()

@@ -56,7 +56,7 @@ func (e *env) startAllocator() {
 
 func (e *env) stopAllocator() { e.alloc.Stop() }
 
-func newReq(op string, activity, user int64) wire.Request {
+func newReq(op wire.Op, activity, user int64) wire.Request {
 	return wire.Request{RequestID: uuid.Must(uuid.NewV7()).String(), Op: op, ActivityID: activity, UserID: user, ReceivedAt: time.Now().UTC()}
 }
 

@@ -153,7 +153,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 			a.diverge(Divergence{
 				Seq: seq, RequestID: req.RequestID, Kind: KindRejectedUnexpected,
 				ActivityID: req.ActivityID, UserID: req.UserID,
-				Expected: "applied with outcome " + d.Outcome, Actual: "rejected: " + rej.reason,
+				Expected: "applied with outcome " + string(d.Outcome), Actual: "rejected: " + rej.reason,
 				Detail: "the replay follows the allocator and leaves the request unapplied",
 			})
 		}
@@ -177,7 +177,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 			t = new(signupTrack)
 			a.signups[k] = t
 		}
-		t.status, t.queueSeq, t.by = s.Status, s.QueueSeq, by
+		t.status, t.queueSeq, t.by = string(s.Status), s.QueueSeq, by
 	}
 	if !check {
 		return nil
@@ -192,7 +192,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		a.diverge(Divergence{
 			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing,
 			ActivityID: req.ActivityID, UserID: req.UserID,
-			Expected: "a processed_request row with outcome " + want.Outcome, Actual: "none",
+			Expected: "a processed_request row with outcome " + string(want.Outcome), Actual: "none",
 		})
 		return nil
 	}
@@ -311,8 +311,8 @@ func (a *auditor) compareResult(want wire.Result, got *resultRow) {
 	if got.RequestID != want.RequestID {
 		field("request_id", want.RequestID, got.RequestID)
 	}
-	if got.Op != want.Op {
-		field("op", want.Op, got.Op)
+	if got.Op != string(want.Op) {
+		field("op", string(want.Op), got.Op)
 	}
 	if got.ActivityID != want.ActivityID {
 		field("activity_id", itoa(want.ActivityID), itoa(got.ActivityID))
@@ -320,10 +320,10 @@ func (a *auditor) compareResult(want wire.Result, got *resultRow) {
 	if got.UserID != want.UserID {
 		field("user_id", itoa(want.UserID), itoa(got.UserID))
 	}
-	if got.Outcome != want.Outcome {
-		field("outcome", want.Outcome, got.Outcome)
+	if got.Outcome != string(want.Outcome) {
+		field("outcome", string(want.Outcome), got.Outcome)
 	}
-	if want.Status == nil && got.Status.Valid || want.Status != nil && (!got.Status.Valid || got.Status.String != *want.Status) {
+	if want.Status == nil && got.Status.Valid || want.Status != nil && (!got.Status.Valid || got.Status.String != string(*want.Status)) {
 		field("status", strOrNull(want.Status), nullStr(got.Status))
 	}
 	if !sameInt(want.Position, got.Position) {
@@ -487,11 +487,11 @@ func sameInt(want *int64, got sql.NullInt64) bool {
 	return got.Valid && got.Int64 == *want
 }
 
-func strOrNull(p *string) string {
+func strOrNull[T ~string](p *T) string {
 	if p == nil {
 		return "null"
 	}
-	return *p
+	return string(*p)
 }
 
 func nullStr(s sql.NullString) string {

@@ -97,9 +97,9 @@ func describeDecision(d allocation.Decision, err error) string {
 		return "error: " + err.Error()
 	}
 	var b strings.Builder
-	b.WriteString(d.Outcome)
+	b.WriteString(string(d.Outcome))
 	if d.Status != "" {
-		b.WriteString(" status " + d.Status)
+		b.WriteString(" status " + string(d.Status))
 	}
 	if d.Status == wire.StatusWaiting {
 		fmt.Fprintf(&b, " position %d", d.Position)

@@ -42,7 +42,7 @@ func SeedClaim(ctx context.Context, db *sql.DB, item, player int64) (string, err
 			return err
 		}
 		if n == 0 {
-			outcome = wire.OutcomeSoldOut
+			outcome = string(wire.OutcomeSoldOut)
 			return nil
 		}
 		_, err = tx.ExecContext(ctx,
@@ -53,11 +53,11 @@ func SeedClaim(ctx context.Context, db *sql.DB, item, player int64) (string, err
 		if err != nil {
 			return err
 		}
-		outcome = wire.OutcomeGranted
+		outcome = string(wire.OutcomeGranted)
 		return nil
 	})
 	if errors.Is(err, errAlreadyOwned) {
-		return wire.OutcomeAlreadyOwned, nil
+		return string(wire.OutcomeAlreadyOwned), nil
 	}
 	if err != nil {
 		return "", fmt.Errorf("seed claim: %w", err)
@@ -146,10 +146,10 @@ func GatedClaim(ctx context.Context, db *sql.DB, g *Gate, item, player int64) (s
 		if _, err := g.redis.Incr(ctx, key); err != nil {
 			return "", fmt.Errorf("gated claim: give back: %w", err)
 		}
-		return wire.OutcomeSoldOut, nil
+		return string(wire.OutcomeSoldOut), nil
 	}
 	outcome, err := SeedClaim(ctx, db, item, player)
-	if err != nil || outcome == wire.OutcomeAlreadyOwned {
+	if err != nil || outcome == string(wire.OutcomeAlreadyOwned) {
 		if _, ierr := g.redis.Incr(ctx, key); ierr != nil {
 			return "", errors.Join(err, fmt.Errorf("gated claim: give back: %w", ierr))
 		}

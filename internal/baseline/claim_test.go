@@ -50,10 +50,10 @@ func TestSeedClaimBurst(t *testing.T) {
 	if owners := checkOwners(t, d, burstItem); owners != burstItems {
 		t.Errorf("owners = %d, want exactly %d", owners, burstItems)
 	}
-	if g := st.Outcomes[wire.OutcomeGranted]; g != burstItems {
+	if g := st.Outcomes[string(wire.OutcomeGranted)]; g != burstItems {
 		t.Errorf("GRANTED answers = %d, want %d", g, burstItems)
 	}
-	if sum := st.Outcomes[wire.OutcomeGranted] + st.Outcomes[wire.OutcomeSoldOut] + st.Outcomes[wire.OutcomeAlreadyOwned]; sum != burstClaims {
+	if sum := st.Outcomes[string(wire.OutcomeGranted)] + st.Outcomes[string(wire.OutcomeSoldOut)] + st.Outcomes[string(wire.OutcomeAlreadyOwned)]; sum != burstClaims {
 		t.Errorf("GRANTED+SOLD_OUT+ALREADY_OWNED = %d, want %d (outcomes %v)", sum, burstClaims, st.Outcomes)
 	}
 }
@@ -78,7 +78,7 @@ func TestGatedClaimBurst(t *testing.T) {
 		t.Fatalf("calls = %d, errors = %d (first: %s), want %d calls and no errors", st.Calls, st.Errors, st.FirstError, burstClaims)
 	}
 	owners := checkOwners(t, d, burstItem)
-	if g := st.Outcomes[wire.OutcomeGranted]; int64(g) != owners {
+	if g := st.Outcomes[string(wire.OutcomeGranted)]; int64(g) != owners {
 		t.Errorf("GRANTED answers = %d, owners in MySQL = %d, want equal", g, owners)
 	}
 	if owners < burstItems {
@@ -113,7 +113,7 @@ func TestGatedClaimSoldOutSparesMySQL(t *testing.T) {
 	}
 	// The counter says none are left, so MySQL's one item is never touched.
 	out, err := GatedClaim(ctx, db, g, 7, 1)
-	if err != nil || out != wire.OutcomeSoldOut {
+	if err != nil || out != string(wire.OutcomeSoldOut) {
 		t.Fatalf("GatedClaim = %q, %v; want SOLD_OUT", out, err)
 	}
 	if n := d.Count(t, "SELECT remaining FROM seed_limited_stock WHERE item_id = 7"); n != 1 {
@@ -135,11 +135,11 @@ func TestSeedClaimSequential(t *testing.T) {
 		player int64
 		want   string
 	}{
-		{"first claim", 1, wire.OutcomeGranted},
-		{"same player again", 1, wire.OutcomeAlreadyOwned},
-		{"second player takes the last", 2, wire.OutcomeGranted},
-		{"third player finds none", 3, wire.OutcomeSoldOut},
-		{"owner after sell-out", 2, wire.OutcomeSoldOut},
+		{"first claim", 1, string(wire.OutcomeGranted)},
+		{"same player again", 1, string(wire.OutcomeAlreadyOwned)},
+		{"second player takes the last", 2, string(wire.OutcomeGranted)},
+		{"third player finds none", 3, string(wire.OutcomeSoldOut)},
+		{"owner after sell-out", 2, string(wire.OutcomeSoldOut)},
 	}
 	for _, s := range steps {
 		got, err := SeedClaim(ctx, db, 5, s.player)

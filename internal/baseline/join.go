@@ -55,22 +55,22 @@ func SeedJoin(ctx context.Context, db *sql.DB, activity, user int64) (string, er
 			return err
 		}
 		if !ok {
-			outcome = wire.OutcomeNoSuchActivity
+			outcome = string(wire.OutcomeNoSuchActivity)
 			return nil
 		}
 		id, prev, found, err := findSignup(ctx, tx, activity, user)
 		if err != nil {
 			return err
 		}
-		if found && prev != wire.StatusCancelled {
+		if found && prev != string(wire.StatusCancelled) {
 			outcome = alreadyOutcome(prev)
 			return nil
 		}
 		seq := a.nextSeq
 		hasSeat := a.confirmed < a.capacity
-		status, add := wire.StatusWaiting, 0
+		status, add := string(wire.StatusWaiting), 0
 		if hasSeat {
-			status, add = wire.StatusConfirmed, 1
+			status, add = string(wire.StatusConfirmed), 1
 		}
 		if !found {
 			_, err = tx.ExecContext(ctx,
@@ -100,10 +100,10 @@ func SeedJoin(ctx context.Context, db *sql.DB, activity, user int64) (string, er
 }
 
 func alreadyOutcome(status string) string {
-	if status == wire.StatusConfirmed {
-		return wire.OutcomeAlreadyConfirmed
+	if status == string(wire.StatusConfirmed) {
+		return string(wire.OutcomeAlreadyConfirmed)
 	}
-	return wire.OutcomeAlreadyWaiting
+	return string(wire.OutcomeAlreadyWaiting)
 }
 
 // SeedCancel is write-up 000's cancel, one transaction: lock the activity
@@ -119,22 +119,22 @@ func SeedCancel(ctx context.Context, db *sql.DB, activity, user int64) (outcome 
 			return err
 		}
 		if !ok {
-			outcome = wire.OutcomeNoSuchActivity
+			outcome = string(wire.OutcomeNoSuchActivity)
 			return nil
 		}
 		id, status, found, err := findSignup(ctx, tx, activity, user)
 		if err != nil {
 			return err
 		}
-		if !found || status == wire.StatusCancelled {
-			outcome = wire.OutcomeNotSignedUp
+		if !found || status == string(wire.StatusCancelled) {
+			outcome = string(wire.OutcomeNotSignedUp)
 			return nil
 		}
 		if _, err := tx.ExecContext(ctx, "UPDATE seed_activity_signup SET status = 'CANCELLED' WHERE id = ?", id); err != nil {
 			return err
 		}
-		outcome = wire.OutcomeCancelled
-		if status == wire.StatusWaiting {
+		outcome = string(wire.OutcomeCancelled)
+		if status == string(wire.StatusWaiting) {
 			return nil
 		}
 		var headID, headUser int64

@@ -21,7 +21,7 @@ func TestSeedJoinBurst(t *testing.T) {
 	if st.Errors != 0 {
 		t.Fatalf("%d errors, first: %s", st.Errors, st.FirstError)
 	}
-	if st.Outcomes[wire.OutcomeConfirmed] != capacity || st.Outcomes[wire.OutcomeWaiting] != joins-capacity {
+	if st.Outcomes[string(wire.OutcomeConfirmed)] != capacity || st.Outcomes[string(wire.OutcomeWaiting)] != joins-capacity {
 		t.Fatalf("outcomes = %v, want %d CONFIRMED and %d WAITING", st.Outcomes, capacity, joins-capacity)
 	}
 	checks := []struct {
@@ -73,21 +73,21 @@ func TestSeedCancel(t *testing.T) {
 			t.Fatalf("cancel %d = %q, promoted %d, %v; want %q, promoted %d", user, got, promoted, err, want, wantPromoted)
 		}
 	}
-	join(a, wire.OutcomeConfirmed)
-	join(b, wire.OutcomeWaiting)
-	join(c, wire.OutcomeWaiting)
-	join(b, wire.OutcomeAlreadyWaiting)
-	join(a, wire.OutcomeAlreadyConfirmed)
-	cancel(a, wire.OutcomeCancelled, b)
-	cancel(a, wire.OutcomeNotSignedUp, 0)
-	cancel(b, wire.OutcomeCancelled, c)
-	join(a, wire.OutcomeWaiting)
-	cancel(a, wire.OutcomeCancelled, 0)
-	cancel(c, wire.OutcomeCancelled, 0)
+	join(a, string(wire.OutcomeConfirmed))
+	join(b, string(wire.OutcomeWaiting))
+	join(c, string(wire.OutcomeWaiting))
+	join(b, string(wire.OutcomeAlreadyWaiting))
+	join(a, string(wire.OutcomeAlreadyConfirmed))
+	cancel(a, string(wire.OutcomeCancelled), b)
+	cancel(a, string(wire.OutcomeNotSignedUp), 0)
+	cancel(b, string(wire.OutcomeCancelled), c)
+	join(a, string(wire.OutcomeWaiting))
+	cancel(a, string(wire.OutcomeCancelled), 0)
+	cancel(c, string(wire.OutcomeCancelled), 0)
 	if s, err := ActivityState(ctx, db, 1); err != nil || s.Confirmed != 0 || s.Waiting != 0 {
 		t.Fatalf("ActivityState = %+v, %v; want empty", s, err)
 	}
-	if got, err := SeedJoin(ctx, db, 999, a); err != nil || got != wire.OutcomeNoSuchActivity {
+	if got, err := SeedJoin(ctx, db, 999, a); err != nil || got != string(wire.OutcomeNoSuchActivity) {
 		t.Fatalf("join of a missing activity = %q, %v; want NO_SUCH_ACTIVITY", got, err)
 	}
 }

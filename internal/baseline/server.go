@@ -135,11 +135,11 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Opening resets: a baseline run starts from an empty activity.
-	outcome := wire.OutcomeOpened
+	outcome := string(wire.OutcomeOpened)
 	if existed {
-		outcome = wire.OutcomeResized
+		outcome = string(wire.OutcomeResized)
 	}
-	res := result(wire.OpOpen, a, 0, outcome, "")
+	res := result(string(wire.OpOpen), a, 0, outcome, "")
 	res.Capacity = &c
 	writeJSON(w, http.StatusOK, res)
 }
@@ -184,10 +184,10 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := ""
-	if outcome == wire.OutcomeGranted || outcome == wire.OutcomeAlreadyOwned {
-		status = wire.StatusConfirmed
+	if outcome == string(wire.OutcomeGranted) || outcome == string(wire.OutcomeAlreadyOwned) {
+		status = string(wire.StatusConfirmed)
 	}
-	writeJSON(w, http.StatusOK, result(wire.OpClaim, a, u, outcome, status))
+	writeJSON(w, http.StatusOK, result(string(wire.OpClaim), a, u, outcome, status))
 }
 
 func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
@@ -202,12 +202,12 @@ func (s *Server) handleJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	status := ""
 	switch outcome {
-	case wire.OutcomeConfirmed, wire.OutcomeAlreadyConfirmed:
-		status = wire.StatusConfirmed
-	case wire.OutcomeWaiting, wire.OutcomeAlreadyWaiting:
-		status = wire.StatusWaiting
+	case string(wire.OutcomeConfirmed), string(wire.OutcomeAlreadyConfirmed):
+		status = string(wire.StatusConfirmed)
+	case string(wire.OutcomeWaiting), string(wire.OutcomeAlreadyWaiting):
+		status = string(wire.StatusWaiting)
 	}
-	writeJSON(w, http.StatusOK, result(wire.OpJoin, a, u, outcome, status))
+	writeJSON(w, http.StatusOK, result(string(wire.OpJoin), a, u, outcome, status))
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
@@ -221,10 +221,10 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := ""
-	if outcome == wire.OutcomeCancelled {
-		status = wire.StatusCancelled
+	if outcome == string(wire.OutcomeCancelled) {
+		status = string(wire.StatusCancelled)
 	}
-	res := result(wire.OpCancel, a, u, outcome, status)
+	res := result(string(wire.OpCancel), a, u, outcome, status)
 	if promoted != 0 {
 		res.PromotedUserID = &promoted
 	}
@@ -244,14 +244,15 @@ func result(op string, activity, user int64, outcome, status string) wire.Result
 	res := wire.Result{
 		RequestID:  uuid.Must(uuid.NewV7()).String(),
 		State:      wire.StateDone,
-		Op:         op,
+		Op:         wire.Op(op),
 		ActivityID: activity,
 		UserID:     user,
-		Outcome:    outcome,
+		Outcome:    wire.Outcome(outcome),
 		AppliedAt:  time.Now().UTC(),
 	}
 	if status != "" {
-		res.Status = &status
+		st := wire.Status(status)
+		res.Status = &st
 	}
 	return res
 }

@@ -40,12 +40,12 @@ func TestHandlerClaimRoutes(t *testing.T) {
 		status             int
 		outcome            string
 	}{
-		{"PUT", "/v1/activities/3?wait=10s", `{"capacity": 2}`, 200, wire.OutcomeOpened},
-		{"PUT", "/v1/activities/3", `{"capacity": 2}`, 200, wire.OutcomeResized},
-		{"POST", "/v1/activities/3/claims/1?wait=30s", "", 200, wire.OutcomeGranted},
-		{"POST", "/v1/activities/3/claims/1", "", 200, wire.OutcomeAlreadyOwned},
-		{"POST", "/v1/activities/3/claims/2", "", 200, wire.OutcomeGranted},
-		{"POST", "/v1/activities/3/claims/3", "", 200, wire.OutcomeSoldOut},
+		{"PUT", "/v1/activities/3?wait=10s", `{"capacity": 2}`, 200, string(wire.OutcomeOpened)},
+		{"PUT", "/v1/activities/3", `{"capacity": 2}`, 200, string(wire.OutcomeResized)},
+		{"POST", "/v1/activities/3/claims/1?wait=30s", "", 200, string(wire.OutcomeGranted)},
+		{"POST", "/v1/activities/3/claims/1", "", 200, string(wire.OutcomeAlreadyOwned)},
+		{"POST", "/v1/activities/3/claims/2", "", 200, string(wire.OutcomeGranted)},
+		{"POST", "/v1/activities/3/claims/3", "", 200, string(wire.OutcomeSoldOut)},
 		{"POST", "/v1/activities/x/claims/2", "", 400, ""},
 		{"PUT", "/v1/activities/3", `{"capacity": -1}`, 400, ""},
 		{"POST", "/v1/activities/3/signups/2", "", 404, ""},

@@ -132,8 +132,8 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			continue
 		}
 		seen[k] = true
-		want := map[int]string{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed}[state[k]]
-		if status != want {
+		want := map[int]wire.Status{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed}[state[k]]
+		if wire.Status(status) != want {
 			problems = append(problems, fmt.Sprintf("activity %d user %d: row %s, the history leaves %s", k.activity, k.user, status, want))
 		}
 	}

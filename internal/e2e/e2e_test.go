@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -112,7 +113,7 @@ func (s *stack) tryDone(method, path string, into *map[string]any) error {
 func (s *stack) open(activity, capacity int) {
 	s.t.Helper()
 	m := s.done("PUT", fmt.Sprintf("/v1/activities/%d", activity), fmt.Sprintf(`{"capacity": %d}`, capacity))
-	if o := m["outcome"]; o != wire.OutcomeOpened && o != wire.OutcomeResized {
+	if o := m["outcome"]; o != string(wire.OutcomeOpened) && o != string(wire.OutcomeResized) {
 		s.t.Fatalf("open %d: %v", activity, m)
 	}
 }
@@ -142,6 +143,11 @@ func want(t *testing.T, what string, m map[string]any, fields ...any) {
 		w := fields[i+1]
 		if n, ok := w.(int); ok {
 			w = float64(n)
+		}
+		// A typed word (wire.Op, wire.Outcome, …) compares as the JSON
+		// string it is sent as.
+		if v := reflect.ValueOf(w); v.IsValid() && v.Kind() == reflect.String {
+			w = v.String()
 		}
 		if got != w {
 			t.Fatalf("%s: %s = %v, want %v (answer %v)", what, k, got, w, m)
@@ -215,24 +221,24 @@ func TestSeedWaitlistStory(t *testing.T) {
 	s := newStack(t, allocator.Config{})
 	const act, A, B, C = 9001, 1, 2, 3
 	s.open(act, 1)
-	want(t, "A joins", s.join(act, A), "outcome", wire.OutcomeConfirmed, "status", wire.StatusConfirmed)
-	want(t, "B joins", s.join(act, B), "outcome", wire.OutcomeWaiting, "position", 1)
-	want(t, "C joins", s.join(act, C), "outcome", wire.OutcomeWaiting, "position", 2)
+	want(t, "A joins", s.join(act, A), "outcome", string(wire.OutcomeConfirmed), "status", string(wire.StatusConfirmed))
+	want(t, "B joins", s.join(act, B), "outcome", string(wire.OutcomeWaiting), "position", 1)
+	want(t, "C joins", s.join(act, C), "outcome", string(wire.OutcomeWaiting), "position", 2)
 
-	want(t, "cancel A", s.cancel(act, A), "outcome", wire.OutcomeCancelled, "promoted_user_id", B)
-	want(t, "B after", s.signup(act, B), "status", wire.StatusConfirmed)
-	want(t, "C after", s.signup(act, C), "status", wire.StatusWaiting, "position", 1)
+	want(t, "cancel A", s.cancel(act, A), "outcome", string(wire.OutcomeCancelled), "promoted_user_id", B)
+	want(t, "B after", s.signup(act, B), "status", string(wire.StatusConfirmed))
+	want(t, "C after", s.signup(act, C), "status", string(wire.StatusWaiting), "position", 1)
 
-	want(t, "cancel B", s.cancel(act, B), "outcome", wire.OutcomeCancelled, "promoted_user_id", C)
-	want(t, "C promoted", s.signup(act, C), "status", wire.StatusConfirmed)
+	want(t, "cancel B", s.cancel(act, B), "outcome", string(wire.OutcomeCancelled), "promoted_user_id", C)
+	want(t, "C promoted", s.signup(act, C), "status", string(wire.StatusConfirmed))
 
-	want(t, "A re-joins", s.join(act, A), "outcome", wire.OutcomeWaiting, "position", 1)
-	want(t, "D joins", s.join(act, 4), "outcome", wire.OutcomeWaiting, "position", 2)
+	want(t, "A re-joins", s.join(act, A), "outcome", string(wire.OutcomeWaiting), "position", 1)
+	want(t, "D joins", s.join(act, 4), "outcome", string(wire.OutcomeWaiting), "position", 2)
 
 	// Duplicates change nothing.
-	want(t, "C joins again", s.join(act, C), "outcome", wire.OutcomeAlreadyConfirmed)
-	want(t, "A joins again", s.join(act, A), "outcome", wire.OutcomeAlreadyWaiting, "position", 1)
-	want(t, "B cancels again", s.cancel(act, B), "outcome", wire.OutcomeNotSignedUp, "promoted_user_id", nil)
+	want(t, "C joins again", s.join(act, C), "outcome", string(wire.OutcomeAlreadyConfirmed))
+	want(t, "A joins again", s.join(act, A), "outcome", string(wire.OutcomeAlreadyWaiting), "position", 1)
+	want(t, "B cancels again", s.cancel(act, B), "outcome", string(wire.OutcomeNotSignedUp), "promoted_user_id", nil)
 	code, st := s.call("GET", fmt.Sprintf("/v1/activities/%d", act), "")
 	if code != 200 {
 		t.Fatalf("state: %d", code)
@@ -243,7 +249,7 @@ func TestSeedWaitlistStory(t *testing.T) {
 	// guess: the relay publishes after the commit.
 	evs := s.eventsFor(act, s.outboxEvents(act))
 	var promoted []int64
-	count := map[string]int{}
+	count := map[wire.EventKind]int{}
 	for _, e := range evs {
 		count[e.Kind]++
 		if e.Kind == wire.EventPromoted {
@@ -294,11 +300,11 @@ func TestCancelVersusJoinRace(t *testing.T) {
 			}
 		}
 		for j, m := range results {
-			if m["outcome"] != wire.OutcomeWaiting {
+			if m["outcome"] != string(wire.OutcomeWaiting) {
 				t.Fatalf("round %d: new joiner %d got %v ahead of the first waiter", r, 1000+j, m["outcome"])
 			}
 		}
-		want(t, fmt.Sprintf("round %d first waiter", r), s.signup(act, 2), "status", wire.StatusConfirmed)
+		want(t, fmt.Sprintf("round %d first waiter", r), s.signup(act, 2), "status", string(wire.StatusConfirmed))
 	}
 	s.db.CheckInvariants(t)
 }
@@ -358,18 +364,18 @@ func flashSale(t *testing.T, s *stack, shed bool) {
 			count[o]++
 			if shedAnswers[i] {
 				nshed++
-				if o == wire.OutcomeGranted {
+				if o == string(wire.OutcomeGranted) {
 					t.Fatalf("round %d: a shed answer granted a seat", r)
 				}
 			}
-			if o == wire.OutcomeGranted {
+			if o == string(wire.OutcomeGranted) {
 				owners[users[i]]++
 			}
 		}
-		if count[wire.OutcomeGranted] != items {
-			t.Fatalf("round %d: %d GRANTED, want exactly %d (%v)", r, count[wire.OutcomeGranted], items, count)
+		if count[string(wire.OutcomeGranted)] != items {
+			t.Fatalf("round %d: %d GRANTED, want exactly %d (%v)", r, count[string(wire.OutcomeGranted)], items, count)
 		}
-		if count[wire.OutcomeGranted]+count[wire.OutcomeSoldOut]+count[wire.OutcomeAlreadyOwned] != claims {
+		if count[string(wire.OutcomeGranted)]+count[string(wire.OutcomeSoldOut)]+count[string(wire.OutcomeAlreadyOwned)] != claims {
 			t.Fatalf("round %d: outcomes %v do not cover all %d claims", r, count, claims)
 		}
 		for u, n := range owners {
@@ -391,11 +397,11 @@ func flashSale(t *testing.T, s *stack, shed bool) {
 			}
 			owns := s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND user_id = ? AND status = 'CONFIRMED'", act, users[i]) > 0
 			switch {
-			case o == wire.OutcomeAlreadyOwned && !owns:
+			case o == string(wire.OutcomeAlreadyOwned) && !owns:
 				t.Fatalf("round %d: player %d was answered ALREADY_OWNED from the view and owns nothing", r, users[i])
-			case o == wire.OutcomeSoldOut && owns:
+			case o == string(wire.OutcomeSoldOut) && owns:
 				t.Fatalf("round %d: player %d was answered SOLD_OUT from the view and owns an item", r, users[i])
-			case o != wire.OutcomeAlreadyOwned && o != wire.OutcomeSoldOut:
+			case o != string(wire.OutcomeAlreadyOwned) && o != string(wire.OutcomeSoldOut):
 				t.Fatalf("round %d: a shed answer with outcome %s", r, o)
 			}
 		}
@@ -466,7 +472,7 @@ func TestIdempotencyKeyEndToEnd(t *testing.T) {
 	if first["request_id"] == nil || first["request_id"] != again["request_id"] {
 		t.Fatalf("repeat got request_id %v, first %v", again["request_id"], first["request_id"])
 	}
-	want(t, "repeat", again, "outcome", wire.OutcomeConfirmed, "state", "done")
+	want(t, "repeat", again, "outcome", string(wire.OutcomeConfirmed), "state", "done")
 	code, m := s.call("DELETE", "/v1/activities/5/signups/8", "", "Idempotency-Key", "tap-1")
 	if code != http.StatusUnprocessableEntity {
 		t.Fatalf("key reused for another op: %d %v, want 422", code, m)
@@ -522,26 +528,26 @@ func TestShedAnswersAreExact(t *testing.T) {
 	s.join(act, 1)
 	s.join(act, 2)
 
-	want(t, "holder", s.claimUntilShed(act, 1, wire.OutcomeAlreadyOwned), "status", wire.StatusConfirmed)
-	sold := s.claimUntilShed(act, 9, wire.OutcomeSoldOut)
+	want(t, "holder", s.claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned)), "status", string(wire.StatusConfirmed))
+	sold := s.claimUntilShed(act, 9, string(wire.OutcomeSoldOut))
 	code, poll := s.call("GET", "/v1/requests/"+sold["request_id"].(string), "")
 	if code != 200 {
 		t.Fatalf("poll of a shed answer: %d %v", code, poll)
 	}
-	want(t, "poll of a shed answer", poll, "state", wire.StateDone, "outcome", wire.OutcomeSoldOut)
+	want(t, "poll of a shed answer", poll, "state", wire.StateDone, "outcome", string(wire.OutcomeSoldOut))
 
 	// A waiter: the view goes with the result that made it, no shedding.
 	s.join(act, 3)
-	want(t, "waiter", s.claimStream(act, 3, wire.OutcomeAlreadyWaiting), "position", 1)
-	s.claimStream(act, 9, wire.OutcomeSoldOut)
+	want(t, "waiter", s.claimStream(act, 3, string(wire.OutcomeAlreadyWaiting)), "position", 1)
+	s.claimStream(act, 9, string(wire.OutcomeSoldOut))
 
 	// A cancel promotes 3: full without waiters again, the view is back.
 	s.cancel(act, 2)
-	want(t, "promoted waiter", s.claimUntilShed(act, 3, wire.OutcomeAlreadyOwned), "status", wire.StatusConfirmed)
-	s.claimUntilShed(act, 2, wire.OutcomeSoldOut)
+	want(t, "promoted waiter", s.claimUntilShed(act, 3, string(wire.OutcomeAlreadyOwned)), "status", string(wire.StatusConfirmed))
+	s.claimUntilShed(act, 2, string(wire.OutcomeSoldOut))
 
 	// A cancel frees a seat: no more shedding, the claim is granted.
 	s.cancel(act, 1)
-	s.claimStream(act, 9, wire.OutcomeGranted)
+	s.claimStream(act, 9, string(wire.OutcomeGranted))
 	s.db.CheckInvariants(t)
 }

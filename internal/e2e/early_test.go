@@ -156,8 +156,8 @@ func notYet(t *testing.T, what string, ch <-chan map[string]any, d time.Duration
 // ingest s answers early (the view is in place there).
 func fullAndShedding(s *stack, act int) {
 	s.open(act, 1)
-	want(s.t, "holder", s.join(act, 1), "outcome", wire.OutcomeConfirmed)
-	s.claimUntilShed(act, 99, wire.OutcomeSoldOut)
+	want(s.t, "holder", s.join(act, 1), "outcome", string(wire.OutcomeConfirmed))
+	s.claimUntilShed(act, 99, string(wire.OutcomeSoldOut))
 }
 
 // TestEarlyAnswerAfterPendingCancel: a cancel acknowledged but not yet
@@ -175,7 +175,7 @@ func TestEarlyAnswerAfterPendingCancel(t *testing.T) {
 	notYet(t, "claim after a pending cancel", claim, 300*time.Millisecond)
 	release()
 	m := <-claim
-	want(t, "claim after the cancel", m, "outcome", wire.OutcomeGranted, "status", wire.StatusConfirmed)
+	want(t, "claim after the cancel", m, "outcome", string(wire.OutcomeGranted), "status", string(wire.StatusConfirmed))
 	s.sameAsRecorded("claim after the cancel", m)
 	s.db.CheckInvariants(t)
 }
@@ -195,7 +195,7 @@ func TestEarlyAnswerAfterJoin(t *testing.T) {
 	notYet(t, "claim after a pending join", claim, 300*time.Millisecond)
 	release()
 	m := <-claim
-	want(t, "claim by a waiter", m, "outcome", wire.OutcomeAlreadyWaiting, "status", wire.StatusWaiting, "position", 1)
+	want(t, "claim by a waiter", m, "outcome", string(wire.OutcomeAlreadyWaiting), "status", string(wire.StatusWaiting), "position", 1)
 	s.sameAsRecorded("claim by a waiter", m)
 }
 
@@ -210,9 +210,9 @@ func TestEarlyAnswerAfterHandover(t *testing.T) {
 	const act = 90
 	in1.open(act, 1) // applied by the first allocator, which is pinned
 	f.startAllocator()
-	want(t, "holder", in1.join(act, 1), "outcome", wire.OutcomeConfirmed)
-	in1.claimUntilShed(act, 99, wire.OutcomeSoldOut)
-	in2.claimUntilShed(act, 98, wire.OutcomeSoldOut)
+	want(t, "holder", in1.join(act, 1), "outcome", string(wire.OutcomeConfirmed))
+	in1.claimUntilShed(act, 99, string(wire.OutcomeSoldOut))
+	in2.claimUntilShed(act, 98, string(wire.OutcomeSoldOut))
 
 	owner, survivor := 0, 1
 	if f.applied(1) > f.applied(0) {
@@ -223,13 +223,13 @@ func TestEarlyAnswerAfterHandover(t *testing.T) {
 	}
 	f.allocs[owner].Stop()
 
-	want(t, "resize", in1.done("PUT", fmt.Sprintf("/v1/activities/%d", act), `{"capacity": 3}`), "outcome", wire.OutcomeResized)
+	want(t, "resize", in1.done("PUT", fmt.Sprintf("/v1/activities/%d", act), `{"capacity": 3}`), "outcome", string(wire.OutcomeResized))
 	if f.applied(survivor) == 0 {
 		t.Fatal("precondition: the survivor did not take the partition")
 	}
 	for i, in := range []*stack{in1, in2} {
 		m := in.done("POST", fmt.Sprintf("/v1/activities/%d/claims/%d", act, 10+i), "")
-		want(t, fmt.Sprintf("claim on ingest %d after the resize", i+1), m, "outcome", wire.OutcomeGranted)
+		want(t, fmt.Sprintf("claim on ingest %d after the resize", i+1), m, "outcome", string(wire.OutcomeGranted))
 		in.sameAsRecorded("claim after the resize", m)
 	}
 	// The stored view is the survivor's, not the stopped owner's.
@@ -275,7 +275,7 @@ func TestLateViewAfterClearIsIgnored(t *testing.T) {
 	}
 	waitView(t, kv, act, func(v wire.View) bool { return v.Sheddable() })
 	m := s.done("POST", fmt.Sprintf("/v1/activities/%d/claims/7", act), "")
-	want(t, "claim after the late put", m, "outcome", wire.OutcomeGranted)
+	want(t, "claim after the late put", m, "outcome", string(wire.OutcomeGranted))
 	if m["shed"] == true {
 		t.Fatalf("answered from a view: %v", m)
 	}
@@ -310,8 +310,8 @@ func TestEarlyAnswerIsRecordedAndAudited(t *testing.T) {
 	s := newStack(t, allocator.Config{})
 	const act = 92
 	fullAndShedding(s, act)
-	holder := s.claimUntilShed(act, 1, wire.OutcomeAlreadyOwned)
-	sold := s.claimUntilShed(act, 9, wire.OutcomeSoldOut)
+	holder := s.claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned))
+	sold := s.claimUntilShed(act, 9, string(wire.OutcomeSoldOut))
 	for _, m := range []map[string]any{holder, sold} {
 		id := m["request_id"].(string)
 		code, poll := s.call("GET", "/v1/requests/"+id+"?wait=10s", "")
@@ -370,7 +370,7 @@ func TestRefusedRequestReadsRejected(t *testing.T) {
 	const act = 93
 	s.open(act, 5)
 	m := s.done("POST", fmt.Sprintf("/v1/activities/%d/signups/666", act), "")
-	want(t, "refused join", m, "outcome", wire.OutcomeRejected, "op", wire.OpJoin, "activity_id", act, "user_id", 666)
+	want(t, "refused join", m, "outcome", string(wire.OutcomeRejected), "op", wire.OpJoin, "activity_id", act, "user_id", 666)
 	if r, _ := m["reason"].(string); !strings.Contains(r, "cannot be applied") {
 		t.Fatalf("refused join: reason %q", m["reason"])
 	}
@@ -378,13 +378,13 @@ func TestRefusedRequestReadsRejected(t *testing.T) {
 	if code != http.StatusOK {
 		t.Fatalf("poll: %d %v", code, poll)
 	}
-	want(t, "poll of a refused request", poll, "state", wire.StateDone, "outcome", wire.OutcomeRejected,
+	want(t, "poll of a refused request", poll, "state", wire.StateDone, "outcome", string(wire.OutcomeRejected),
 		"op", wire.OpJoin, "user_id", 666, "seq", m["seq"], "reason", m["reason"])
 	// The next request goes through as usual.
-	want(t, "next join", s.join(act, 1), "outcome", wire.OutcomeConfirmed)
+	want(t, "next join", s.join(act, 1), "outcome", string(wire.OutcomeConfirmed))
 	// A resize below the seats taken is the domain's REJECTED, with a reason.
 	m = s.done("PUT", fmt.Sprintf("/v1/activities/%d", act), `{"capacity": 0}`)
-	want(t, "shrink below the seats taken", m, "outcome", wire.OutcomeRejected)
+	want(t, "shrink below the seats taken", m, "outcome", string(wire.OutcomeRejected))
 	if m["reason"] == nil {
 		t.Fatalf("a REJECTED resize carries no reason: %v", m)
 	}
@@ -418,8 +418,8 @@ func TestEarlyAnswersMatchTheStream(t *testing.T) {
 		for u := 1; u <= c; u++ {
 			f.ingests[u%2].join(act, u)
 		}
-		f.ingests[0].claimUntilShed(act, 50, wire.OutcomeSoldOut)
-		f.ingests[1].claimUntilShed(act, 51, wire.OutcomeSoldOut)
+		f.ingests[0].claimUntilShed(act, 50, string(wire.OutcomeSoldOut))
+		f.ingests[1].claimUntilShed(act, 51, string(wire.OutcomeSoldOut))
 		var wg sync.WaitGroup
 		send := func(in *stack, method, path, body string) {
 			wg.Add(1)

@@ -293,7 +293,7 @@ func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, ra
 		for i, e := range evs {
 			id := wire.EventID(r.requestID, i)
 			want[id] = wire.Event{EventID: id, Kind: e.Kind, ActivityID: r.activityID, UserID: e.UserID, RequestID: r.requestID, Seq: r.seq}
-			wantKinds[e.Kind]++
+			wantKinds[string(e.Kind)]++
 		}
 	}
 	got, raw, err := s.readEvents(ctx)
@@ -315,7 +315,7 @@ func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, ra
 			continue
 		}
 		seen[e.EventID] = e
-		gotKinds[e.Kind]++
+		gotKinds[string(e.Kind)]++
 		w, ok := want[e.EventID]
 		if !ok {
 			extra++

@@ -272,7 +272,7 @@ func TestAuthPollOwner(t *testing.T) {
 	poll("pending, a service token that is no user", tokenFor(t, "ops", auth.ScopeOperator), http.StatusNotFound)
 
 	h.insertResult(wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpJoin, ActivityID: 4, UserID: 5,
-		Outcome: "CONFIRMED", Status: ptr("CONFIRMED"), AppliedAt: time.Now().UTC()})
+		Outcome: "CONFIRMED", Status: ptr(wire.StatusConfirmed), AppliedAt: time.Now().UTC()})
 	poll("done, another user", user6, http.StatusNotFound)
 	if got := decode[wire.Result](t, "done, owner", poll("done, owner", user5, http.StatusOK)); got.Outcome != "CONFIRMED" {
 		t.Fatalf("owner reads %+v, want CONFIRMED", got)

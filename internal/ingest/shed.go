@@ -165,6 +165,6 @@ func (s *Service) answerEarly(ctx context.Context, id string, activity, user int
 		res.Outcome, res.Status = wire.OutcomeAlreadyOwned, &st
 	}
 	s.early.Add(id, res)
-	s.metrics.shed.WithLabelValues(res.Outcome).Inc()
+	s.metrics.shed.WithLabelValues(string(res.Outcome)).Inc()
 	return res, true
 }

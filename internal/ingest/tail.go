@@ -111,7 +111,7 @@ func (t *tail) stop() {
 
 // opOnly is the part of a request message the tail reads.
 type opOnly struct {
-	Op string `json:"op"`
+	Op wire.Op `json:"op"`
 }
 
 // see takes the message at seq: an activity's non-claim request moves its

@@ -23,13 +23,13 @@ import (
 
 // writeHandler serves the write route of op: validate everything, then
 // publish, then answer 202 (or 200 with the result when ?wait= sees it).
-func (s *Service) writeHandler(op string) http.HandlerFunc {
+func (s *Service) writeHandler(op wire.Op) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		s.write(w, r, op, r.PathValue("activity"), r.PathValue("user"))
 	}
 }
 
-func (s *Service) write(w http.ResponseWriter, r *http.Request, op, aStr, uStr string) {
+func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr, uStr string) {
 	body, err := readBody(w, r, s.opts.BodyLimit)
 	if err != nil {
 		writeInputError(w, err)
@@ -211,7 +211,7 @@ func keyScope(ctx context.Context) string {
 
 // canonicalPath is the path of a write, built from the parsed ids so that
 // /v1/activities/007 and /v1/activities/7 are the same path.
-func canonicalPath(op string, activity, user int64) string {
+func canonicalPath(op wire.Op, activity, user int64) string {
 	a := strconv.FormatInt(activity, 10)
 	u := strconv.FormatInt(user, 10)
 	switch op {
@@ -352,10 +352,10 @@ func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, err
 
 // idemRecord is the value stored under an Idempotency-Key.
 type idemRecord struct {
-	RequestID string `json:"request_id"`
-	Op        string `json:"op"`
-	Path      string `json:"path"`
-	Msg       []byte `json:"msg"` // the request message exactly as first published
+	RequestID string  `json:"request_id"`
+	Op        wire.Op `json:"op"`
+	Path      string  `json:"path"`
+	Msg       []byte  `json:"msg"` // the request message exactly as first published
 }
 
 // claimKey binds key to this write, or finds the write it is bound to. It
@@ -366,7 +366,7 @@ type idemRecord struct {
 // caller's subject) is hashed in before the key, so that two callers' keys
 // never meet: one cannot learn or replay another's request by guessing a
 // key.
-func (s *Service) claimKey(ctx context.Context, scope, key, op, path, id string, data []byte) (string, []byte, bool, error) {
+func (s *Service) claimKey(ctx context.Context, scope, key string, op wire.Op, path, id string, data []byte) (string, []byte, bool, error) {
 	kv := s.bucket()
 	if kv == nil {
 		return "", nil, false, fmt.Errorf("%w: ingest is not started", bus.ErrUnavailable)
@@ -408,7 +408,7 @@ func (s *Service) claimKey(ctx context.Context, scope, key, op, path, id string,
 		}
 		if old.Op != op || old.Path != path {
 			return "", nil, false, &inputError{status: http.StatusUnprocessableEntity,
-				msg: "This Idempotency-Key was first used for " + old.Op + " on " + old.Path +
+				msg: "This Idempotency-Key was first used for " + string(old.Op) + " on " + old.Path +
 					"; use a new key for another operation or path."}
 		}
 		return old.RequestID, old.Msg, true, nil

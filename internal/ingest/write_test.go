@@ -24,7 +24,7 @@ func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 	tests := []struct {
 		name         string
 		req          req
-		wantOp       string
+		wantOp       wire.Op
 		wantActivity int64
 		wantUser     int64
 		wantCapacity *int64
@@ -195,7 +195,7 @@ func TestIdempotentRepeatOfAnAppliedRequest(t *testing.T) {
 // allocator does: it announces a result, and records it in
 // processed_request only when store is set (without it, only the
 // notification carries the result).
-func fakeNotifier(t *testing.T, h *harness, outcome string, store bool) {
+func fakeNotifier(t *testing.T, h *harness, outcome wire.Outcome, store bool) {
 	t.Helper()
 	sub, err := h.nc.Subscribe(wire.RequestSubjectPrefix+">", func(m *nats.Msg) {
 		var r wire.Request

@@ -76,7 +76,7 @@ func TestRunAgainstGatedBaseline(t *testing.T) {
 			t.Fatalf("verdict: %v", err)
 		}
 	}
-	if rep.OpenOutcome != wire.OutcomeOpened && rep.OpenOutcome != wire.OutcomeResized {
+	if rep.OpenOutcome != string(wire.OutcomeOpened) && rep.OpenOutcome != string(wire.OutcomeResized) {
 		t.Errorf("open outcome %q, want OPENED or RESIZED", rep.OpenOutcome)
 	}
 	if rep.Accepted != 2000 || rep.Results != 2000 || rep.Errors != 0 || rep.Statuses[200] < 2000 {
@@ -90,14 +90,14 @@ func TestRunAgainstGatedBaseline(t *testing.T) {
 	if !(0 < rep.P50 && rep.P50 <= rep.P90 && rep.P90 <= rep.P99 && rep.P99 <= rep.Max) {
 		t.Errorf("percentiles p50 %s p90 %s p99 %s max %s: want 0 < p50 ≤ p90 ≤ p99 ≤ max", rep.P50, rep.P90, rep.P99, rep.Max)
 	}
-	sum := rep.Outcomes[wire.OutcomeGranted] + rep.Outcomes[wire.OutcomeSoldOut] + rep.Outcomes[wire.OutcomeAlreadyOwned]
-	if sum != 2000 || rep.Outcomes[wire.OutcomeGranted] > 100 {
+	sum := rep.Outcomes[string(wire.OutcomeGranted)] + rep.Outcomes[string(wire.OutcomeSoldOut)] + rep.Outcomes[string(wire.OutcomeAlreadyOwned)]
+	if sum != 2000 || rep.Outcomes[string(wire.OutcomeGranted)] > 100 {
 		t.Errorf("outcomes %v: want 2000 GRANTED/SOLD_OUT/ALREADY_OWNED, at most 100 GRANTED", rep.Outcomes)
 	}
-	if rep.After == nil || rep.After.Confirmed != int64(rep.Outcomes[wire.OutcomeGranted]) || rep.After.Capacity != 100 {
-		t.Errorf("after %+v: want capacity 100 and confirmed = GRANTED %d", rep.After, rep.Outcomes[wire.OutcomeGranted])
+	if rep.After == nil || rep.After.Confirmed != int64(rep.Outcomes[string(wire.OutcomeGranted)]) || rep.After.Capacity != 100 {
+		t.Errorf("after %+v: want capacity 100 and confirmed = GRANTED %d", rep.After, rep.Outcomes[string(wire.OutcomeGranted)])
 	}
-	if rep.UsersWithSeat != rep.Outcomes[wire.OutcomeGranted] || rep.DoubleGrantUsers != 0 {
+	if rep.UsersWithSeat != rep.Outcomes[string(wire.OutcomeGranted)] || rep.DoubleGrantUsers != 0 {
 		t.Errorf("users with a seat %d, double grants %d", rep.UsersWithSeat, rep.DoubleGrantUsers)
 	}
 }
@@ -116,7 +116,7 @@ func TestRunAgainstJoinBaseline(t *testing.T) {
 	if err := rep.Verdict(); err != nil {
 		t.Fatalf("verdict: %v\noutcomes %v after %+v", err, rep.Outcomes, rep.After)
 	}
-	if rep.Outcomes[wire.OutcomeWaiting] == 0 || rep.Outcomes[wire.OutcomeCancelled] == 0 {
+	if rep.Outcomes[string(wire.OutcomeWaiting)] == 0 || rep.Outcomes[string(wire.OutcomeCancelled)] == 0 {
 		t.Errorf("outcomes %v: want waiters and cancels", rep.Outcomes)
 	}
 	t.Logf("join baseline: outcomes %v, promotions %d, after %+v", rep.Outcomes, rep.Promotions, *rep.After)

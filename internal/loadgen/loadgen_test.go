@@ -47,7 +47,7 @@ func TestRunAsyncWithThrottling(t *testing.T) {
 	if rep.Polls < 1200 {
 		t.Errorf("polls = %d, want ≥ 1200 (one pending and one done per request)", rep.Polls)
 	}
-	if rep.Outcomes[wire.OutcomeGranted] != 50 || rep.UsersWithSeat != 50 {
+	if rep.Outcomes[string(wire.OutcomeGranted)] != 50 || rep.UsersWithSeat != 50 {
 		t.Errorf("outcomes %v, users with a seat %d; want 50 GRANTED", rep.Outcomes, rep.UsersWithSeat)
 	}
 	if len(progress) == 0 || progress[len(progress)-1] != 600 {

@@ -84,7 +84,7 @@ func (r *runner) report(rep *Report) {
 	for _, w := range r.workers {
 		for c, n := range w.outcomes {
 			if n > 0 {
-				rep.Outcomes[outcomeNames[c]] += n
+				rep.Outcomes[string(outcomeNames[c])] += n
 			}
 		}
 		for k, n := range w.other {
@@ -214,10 +214,10 @@ func (r Report) Verdict() error {
 	if r.Before != nil {
 		capacity, base = r.Before.Capacity, r.Before.Confirmed
 	}
-	granted := int64(r.Outcomes[wire.OutcomeGranted])
-	taken := granted + int64(r.Outcomes[wire.OutcomeConfirmed])
-	cancelled := int64(r.Outcomes[wire.OutcomeCancelled])
-	waited := int64(r.Outcomes[wire.OutcomeWaiting])
+	granted := int64(r.Outcomes[string(wire.OutcomeGranted)])
+	taken := granted + int64(r.Outcomes[string(wire.OutcomeConfirmed)])
+	cancelled := int64(r.Outcomes[string(wire.OutcomeCancelled)])
+	waited := int64(r.Outcomes[string(wire.OutcomeWaiting)])
 
 	if a := r.After; a != nil && a.Confirmed > a.Capacity {
 		fail(ErrOversold, "confirmed %d > capacity %d afterwards", a.Confirmed, a.Capacity)

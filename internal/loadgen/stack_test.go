@@ -34,13 +34,13 @@ func TestRunAgainstTheRealStack(t *testing.T) {
 	if err := rep.Verdict(); err != nil {
 		t.Fatalf("verdict: %v\n%+v", err, rep)
 	}
-	if rep.Results != requests || rep.Errors != 0 || rep.OpenOutcome != wire.OutcomeOpened {
+	if rep.Results != requests || rep.Errors != 0 || rep.OpenOutcome != string(wire.OutcomeOpened) {
 		t.Fatalf("results %d, errors %d (samples %v), open %s; want %d, 0, OPENED", rep.Results, rep.Errors, rep.ErrorSamples,
 			rep.OpenOutcome, requests)
 	}
 	// Outcomes that change a signup are never answered from the shedding
 	// view: each one loadgen saw is a result row in MySQL, and no more.
-	for _, o := range []string{wire.OutcomeGranted, wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeCancelled} {
+	for _, o := range []string{string(wire.OutcomeGranted), string(wire.OutcomeConfirmed), string(wire.OutcomeWaiting), string(wire.OutcomeCancelled)} {
 		n := st.DB.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND outcome = ?", act, o)
 		if n != int64(rep.Outcomes[o]) {
 			t.Errorf("%s: loadgen saw %d, MySQL holds %d", o, rep.Outcomes[o], n)

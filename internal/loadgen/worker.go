@@ -154,7 +154,7 @@ func (w *worker) open(ctx context.Context) (string, error) {
 		return "", err
 	}
 	switch out := string(res.Outcome); out {
-	case wire.OutcomeOpened, wire.OutcomeResized:
+	case string(wire.OutcomeOpened), string(wire.OutcomeResized):
 		return out, nil
 	default:
 		return out, fmt.Errorf("the open answered %s, want OPENED or RESIZED", out)
@@ -182,7 +182,7 @@ func (w *worker) state(ctx context.Context) (*State, error) {
 }
 
 // outcomeNames are the outcomes counted without a map; index = code.
-var outcomeNames = [...]string{
+var outcomeNames = [...]wire.Outcome{
 	"", // no result
 	wire.OutcomeGranted, wire.OutcomeSoldOut, wire.OutcomeAlreadyOwned,
 	wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeAlreadyConfirmed, wire.OutcomeAlreadyWaiting,
@@ -200,7 +200,7 @@ const (
 
 func outcomeCode(s string) uint8 {
 	for i := 1; i < len(outcomeNames); i++ {
-		if outcomeNames[i] == s {
+		if string(outcomeNames[i]) == s {
 			return uint8(i)
 		}
 	}

@@ -81,7 +81,7 @@ func (e *env) start(cfg Config, log *slog.Logger) (*Notifier, *nats.Conn) {
 
 // publish stores count events of kind, spread over activities 1..3, with
 // Nats-Msg-Id = event_id as the allocator's relay does, and returns their ids.
-func (e *env) publish(kind string, count int) []string {
+func (e *env) publish(kind wire.EventKind, count int) []string {
 	e.t.Helper()
 	ids := make([]string, 0, count)
 	for i := range count {

@@ -36,7 +36,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultFilter        = wire.EventSubjectPrefix + "*." + wire.EventPromoted
+	DefaultFilter        = wire.EventSubjectPrefix + "*." + string(wire.EventPromoted)
 	DefaultDurable       = "notifier"
 	DefaultTimeout       = 5 * time.Second
 	DefaultMaxAttempts   = 8

@@ -50,7 +50,7 @@ func TestIntermittentReceiverGetsEveryPromotion(t *testing.T) {
 	const n = 40
 	promoted := e.publish(wire.EventPromoted, n)
 	var others []string
-	for _, kind := range []string{wire.EventConfirmed, wire.EventWaitlisted, wire.EventCancelled, wire.EventOpened} {
+	for _, kind := range []wire.EventKind{wire.EventConfirmed, wire.EventWaitlisted, wire.EventCancelled, wire.EventOpened} {
 		others = append(others, e.publish(kind, 5)...)
 	}
 
@@ -164,7 +164,7 @@ func TestFailingReceiverFillsDeadLetterStream(t *testing.T) {
 				if msg := m.Header.Get(HeaderError); !strings.Contains(msg, tt.wantErr) {
 					t.Errorf("dead letter %s: error %q, want it to mention %q", id, msg, tt.wantErr)
 				}
-				if s := m.Header.Get(HeaderSubject); !strings.HasPrefix(s, wire.EventSubjectPrefix) || !strings.HasSuffix(s, "."+wire.EventPromoted) {
+				if s := m.Header.Get(HeaderSubject); !strings.HasPrefix(s, wire.EventSubjectPrefix) || !strings.HasSuffix(s, "."+string(wire.EventPromoted)) {
 					t.Errorf("dead letter %s: original subject %q", id, s)
 				}
 			}
@@ -316,7 +316,7 @@ func TestWithoutURLEventsAreLoggedAndAcked(t *testing.T) {
 		if rec.Msg != "event" {
 			continue
 		}
-		if rec.Kind != wire.EventPromoted || rec.ActivityID == 0 {
+		if rec.Kind != string(wire.EventPromoted) || rec.ActivityID == 0 {
 			t.Errorf("logged event without its attributes: %s", line)
 		}
 		logged = append(logged, rec.EventID)
@@ -372,7 +372,7 @@ func TestCustomFilterAndDurable(t *testing.T) {
 	e.publish(wire.EventPromoted, 3)
 	cancelled := e.publish(wire.EventCancelled, 4)
 	cfg := testConfig(rcv.URL())
-	cfg.Filter = wire.EventSubjectPrefix + "*." + wire.EventCancelled
+	cfg.Filter = wire.EventSubjectPrefix + "*." + string(wire.EventCancelled)
 	cfg.Durable = "cancellations"
 	e.start(cfg, nil)
 	waitFor(t, 20*time.Second, "cancellations delivered", func() bool { return rcv.acceptedCount() >= 4 })

@@ -22,10 +22,10 @@ type ActivityState struct {
 
 // SignupState is one user's signup in one activity.
 type SignupState struct {
-	ActivityID int64  `json:"activity_id"`
-	UserID     int64  `json:"user_id"`
-	Status     string `json:"status"`
-	Position   *int64 `json:"position"`
+	ActivityID int64       `json:"activity_id"`
+	UserID     int64       `json:"user_id"`
+	Status     wire.Status `json:"status"`
+	Position   *int64      `json:"position"`
 }
 
 const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason"
@@ -60,7 +60,7 @@ func getRejected(ctx context.Context, q DBTX, requestID string) (wire.Result, bo
 	if err != nil {
 		return wire.Result{}, false, fmt.Errorf("get rejection of %s: %w", requestID, err)
 	}
-	r.Op, r.ActivityID, r.UserID = op.String, activity.Int64, user.Int64
+	r.Op, r.ActivityID, r.UserID = wire.Op(op.String), activity.Int64, user.Int64
 	r.AppliedAt = r.AppliedAt.UTC()
 	return r, true, nil
 }
@@ -92,7 +92,8 @@ func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 	r.AppliedAt = r.AppliedAt.UTC()
 	r.Reason = reason.String
 	if status.Valid {
-		r.Status = &status.String
+		st := wire.Status(status.String)
+		r.Status = &st
 	}
 	if position.Valid {
 		r.Position = &position.Int64
@@ -255,7 +256,7 @@ func GetResults(ctx context.Context, q DBTX, ids []string) (map[string]wire.Resu
 		if _, done := out[r.RequestID]; done && out[r.RequestID].Outcome != wire.OutcomeRejected {
 			continue
 		}
-		r.Op, r.ActivityID, r.UserID = op.String, activity.Int64, user.Int64
+		r.Op, r.ActivityID, r.UserID = wire.Op(op.String), activity.Int64, user.Int64
 		r.AppliedAt = r.AppliedAt.UTC()
 		out[r.RequestID] = r // descending: the first rejection is written last
 	}

@@ -31,7 +31,7 @@ type ActivityRow struct {
 type SignupRow struct {
 	ActivityID int64
 	UserID     int64
-	Status     string
+	Status     wire.Status
 	QueueSeq   uint64
 }
 
@@ -318,7 +318,7 @@ func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.T
 			r := rs[i]
 			var id, op, activity, user any
 			if q := r.Request; validRequestID(q.RequestID) {
-				id, op, activity, user = q.RequestID, truncate(q.Op, 8), q.ActivityID, q.UserID
+				id, op, activity, user = q.RequestID, truncate(string(q.Op), 8), q.ActivityID, q.UserID
 			}
 			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at, id, op, activity, user)
 		})
@@ -425,11 +425,11 @@ func placeholders(rows, cols int) string {
 	return b.String()
 }
 
-func nullString(s *string) any {
+func nullString[T ~string](s *T) any {
 	if s == nil {
 		return nil
 	}
-	return *s
+	return string(*s)
 }
 
 func nullIfEmpty(s string) any {

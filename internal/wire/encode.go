@@ -13,7 +13,7 @@ func (e Event) AppendJSON(b []byte) []byte {
 	b = append(b, `{"event_id":`...)
 	b = appendString(b, e.EventID)
 	b = append(b, `,"kind":`...)
-	b = appendString(b, e.Kind)
+	b = appendString(b, string(e.Kind))
 	b = append(b, `,"activity_id":`...)
 	b = strconv.AppendInt(b, e.ActivityID, 10)
 	b = append(b, `,"user_id":`...)

@@ -30,52 +30,64 @@ func RequestSubject(activity int64) string {
 }
 
 // EventSubject is the subject an event of kind for activity is published on.
-func EventSubject(activity int64, kind string) string {
-	return EventSubjectPrefix + strconv.FormatInt(activity, 10) + "." + kind
+func EventSubject(activity int64, kind EventKind) string {
+	return EventSubjectPrefix + strconv.FormatInt(activity, 10) + "." + string(kind)
 }
+
+// Op is an operation a request carries.
+type Op string
 
 // Operations a request can carry.
 const (
-	OpOpen   = "open"
-	OpJoin   = "join"
-	OpCancel = "cancel"
-	OpClaim  = "claim"
+	OpOpen   Op = "open"
+	OpJoin   Op = "join"
+	OpCancel Op = "cancel"
+	OpClaim  Op = "claim"
 )
+
+// Outcome is what applying a request decided.
+type Outcome string
 
 // Outcomes of applying a request.
 const (
-	OutcomeOpened           = "OPENED"
-	OutcomeResized          = "RESIZED"
-	OutcomeRejected         = "REJECTED"
-	OutcomeConfirmed        = "CONFIRMED"
-	OutcomeWaiting          = "WAITING"
-	OutcomeAlreadyConfirmed = "ALREADY_CONFIRMED"
-	OutcomeAlreadyWaiting   = "ALREADY_WAITING"
-	OutcomeCancelled        = "CANCELLED"
-	OutcomeNotSignedUp      = "NOT_SIGNED_UP"
-	OutcomeGranted          = "GRANTED"
-	OutcomeSoldOut          = "SOLD_OUT"
-	OutcomeAlreadyOwned     = "ALREADY_OWNED"
-	OutcomeNoSuchActivity   = "NO_SUCH_ACTIVITY"
+	OutcomeOpened           Outcome = "OPENED"
+	OutcomeResized          Outcome = "RESIZED"
+	OutcomeRejected         Outcome = "REJECTED"
+	OutcomeConfirmed        Outcome = "CONFIRMED"
+	OutcomeWaiting          Outcome = "WAITING"
+	OutcomeAlreadyConfirmed Outcome = "ALREADY_CONFIRMED"
+	OutcomeAlreadyWaiting   Outcome = "ALREADY_WAITING"
+	OutcomeCancelled        Outcome = "CANCELLED"
+	OutcomeNotSignedUp      Outcome = "NOT_SIGNED_UP"
+	OutcomeGranted          Outcome = "GRANTED"
+	OutcomeSoldOut          Outcome = "SOLD_OUT"
+	OutcomeAlreadyOwned     Outcome = "ALREADY_OWNED"
+	OutcomeNoSuchActivity   Outcome = "NO_SUCH_ACTIVITY"
 )
 
-// Signup statuses, as stored in activity_signup.status.
+// Status is a signup's status, as stored in activity_signup.status.
+type Status string
+
+// Signup statuses.
 const (
-	StatusConfirmed = "CONFIRMED"
-	StatusWaiting   = "WAITING"
-	StatusCancelled = "CANCELLED"
+	StatusConfirmed Status = "CONFIRMED"
+	StatusWaiting   Status = "WAITING"
+	StatusCancelled Status = "CANCELLED"
 )
 
-// Event kinds, the last token of an event subject.
+// EventKind is the kind of an event, the last token of its subject.
+type EventKind string
+
+// Event kinds.
 const (
-	EventOpened     = "opened"
-	EventResized    = "resized"
-	EventConfirmed  = "confirmed"
-	EventWaitlisted = "waitlisted"
-	EventGranted    = "granted"
-	EventPromoted   = "promoted"
-	EventCancelled  = "cancelled"
-	EventSoldOut    = "sold_out"
+	EventOpened     EventKind = "opened"
+	EventResized    EventKind = "resized"
+	EventConfirmed  EventKind = "confirmed"
+	EventWaitlisted EventKind = "waitlisted"
+	EventGranted    EventKind = "granted"
+	EventPromoted   EventKind = "promoted"
+	EventCancelled  EventKind = "cancelled"
+	EventSoldOut    EventKind = "sold_out"
 )
 
 // Limits on input, shared by ingest (validation) and the allocator (defence).
@@ -87,7 +99,7 @@ const (
 // Request is the message published on alloc.req.<activity>.
 type Request struct {
 	RequestID      string    `json:"request_id"`
-	Op             string    `json:"op"`
+	Op             Op        `json:"op"`
 	ActivityID     int64     `json:"activity_id"`
 	UserID         int64     `json:"user_id"`
 	Capacity       *int64    `json:"capacity,omitempty"`
@@ -99,11 +111,11 @@ type Request struct {
 type Result struct {
 	RequestID       string    `json:"request_id"`
 	State           string    `json:"state"`
-	Op              string    `json:"op"`
+	Op              Op        `json:"op"`
 	ActivityID      int64     `json:"activity_id"`
 	UserID          int64     `json:"user_id"`
-	Outcome         string    `json:"outcome"`
-	Status          *string   `json:"status"`
+	Outcome         Outcome   `json:"outcome"`
+	Status          *Status   `json:"status"`
 	Position        *int64    `json:"position"`
 	PromotedUserID  *int64    `json:"promoted_user_id"`
 	PromotedUserIDs []int64   `json:"promoted_user_ids,omitempty"`
@@ -134,7 +146,7 @@ type Ack struct {
 // Event is the message published on alloc.evt.<activity>.<kind>.
 type Event struct {
 	EventID    string    `json:"event_id"`
-	Kind       string    `json:"kind"`
+	Kind       EventKind `json:"kind"`
 	ActivityID int64     `json:"activity_id"`
 	UserID     int64     `json:"user_id"`
 	RequestID  string    `json:"request_id"`

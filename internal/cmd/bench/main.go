@@ -383,7 +383,7 @@ func e2e(ctx context.Context, o opts) error {
 		}
 		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t\n", names[i], r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
 			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
-			r.Outcomes[wire.OutcomeGranted], verdict)
+			r.Outcomes[string(wire.OutcomeGranted)], verdict)
 	}
 	tw.Flush()
 	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",

@@ -113,7 +113,7 @@ func (f *fixture) addWaiter(activity, user int64) {
 
 // publishEvent stores an event in ALLOT_EVENTS as the allocator's relay
 // does and returns its JSON.
-func (f *fixture) publishEvent(activity int64, kind string, user int64, seq uint64) string {
+func (f *fixture) publishEvent(activity int64, kind wire.EventKind, user int64, seq uint64) string {
 	f.t.Helper()
 	ev := wire.Event{
 		EventID: wire.EventID(fmt.Sprintf("req-%d-%d", activity, seq), 0), Kind: kind,
