@@ -13,29 +13,8 @@ import (
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/testenv"
 )
-
-var errListenerBroke = errors.New("listener broke")
-
-// brokenListener is a listener that stops accepting with
-// errListenerBroke when told to.
-type brokenListener struct {
-	net.Listener
-	broken atomic.Bool
-}
-
-func (l *brokenListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil && l.broken.Load() {
-		return nil, errListenerBroke
-	}
-	return c, err
-}
-
-func (l *brokenListener) breakNow() {
-	l.broken.Store(true)
-	l.Listener.Close()
-}
 
 // TestRunFirstErrorWins: with every partition running, Run returns the
 // first error promptly when the metrics listener fails, without its
@@ -48,7 +27,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 	ns := natstest.New(t)
 	nc, _ := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var ln *brokenListener
+	var ln *testenv.BrokenListener
 	listening := make(chan struct{})
 	var stops atomic.Int32
 	cfg := RunConfig{Config: Config{Partitions: partitions}, MetricsAddr: "127.0.0.1:0",
@@ -59,7 +38,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 			if err != nil {
 				return nil, err
 			}
-			ln = &brokenListener{Listener: inner}
+			ln = &testenv.BrokenListener{Listener: inner}
 			return ln, nil
 		}}
 	ran := make(chan error, 1)
@@ -84,13 +63,13 @@ func TestRunFirstErrorWins(t *testing.T) {
 	}
 	http.DefaultClient.CloseIdleConnections()
 
-	ln.breakNow()
+	ln.Break()
 	select {
 	case err := <-ran:
-		if !errors.Is(err, errListenerBroke) {
+		if !errors.Is(err, testenv.ErrListenerBroke) {
 			t.Fatalf("Run = %v, want the listener's error", err)
 		}
-		if got, want := err.Error(), "allocator metrics: serve: "+errListenerBroke.Error(); got != want {
+		if got, want := err.Error(), "allocator metrics: serve: "+testenv.ErrListenerBroke.Error(); got != want {
 			t.Errorf("Run = %q, want %q", got, want)
 		}
 	case <-time.After(20 * time.Second):

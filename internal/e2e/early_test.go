@@ -160,6 +160,20 @@ func fullAndShedding(s *stack, act int) {
 	s.claimUntilShed(act, 99, string(wire.OutcomeSoldOut))
 }
 
+// claimBehindPending holds the fence, so that nothing is applied, sends
+// the write method path (202: stored, not applied) and then a claim by
+// user, requires that the claim is not answered while the write before it
+// is pending, and returns the claim's answer once the fence is released.
+func (s *stack) claimBehindPending(act int, method, path string, user int) map[string]any {
+	s.t.Helper()
+	release := holdFence(s.t, s.db)
+	s.accepted(method, path)
+	claim := s.claimLater(act, user)
+	notYet(s.t, "claim after a pending "+method+" "+path, claim, 300*time.Millisecond)
+	release()
+	return <-claim
+}
+
 // TestEarlyAnswerAfterPendingCancel: a cancel acknowledged but not yet
 // applied frees a seat at its place in the stream; a claim stored after it
 // is GRANTED, never answered SOLD_OUT from the view taken before it.
@@ -169,12 +183,7 @@ func TestEarlyAnswerAfterPendingCancel(t *testing.T) {
 	const act = 88
 	fullAndShedding(s, act)
 
-	release := holdFence(t, s.db)
-	s.accepted("DELETE", fmt.Sprintf("/v1/activities/%d/signups/1", act))
-	claim := s.claimLater(act, 2)
-	notYet(t, "claim after a pending cancel", claim, 300*time.Millisecond)
-	release()
-	m := <-claim
+	m := s.claimBehindPending(act, "DELETE", fmt.Sprintf("/v1/activities/%d/signups/1", act), 2)
 	want(t, "claim after the cancel", m, "outcome", string(wire.OutcomeGranted), "status", string(wire.StatusConfirmed))
 	s.sameAsRecorded("claim after the cancel", m)
 	s.db.CheckInvariants(t)
@@ -189,12 +198,7 @@ func TestEarlyAnswerAfterJoin(t *testing.T) {
 	const act = 89
 	fullAndShedding(s, act)
 
-	release := holdFence(t, s.db)
-	s.accepted("POST", fmt.Sprintf("/v1/activities/%d/signups/5", act))
-	claim := s.claimLater(act, 5)
-	notYet(t, "claim after a pending join", claim, 300*time.Millisecond)
-	release()
-	m := <-claim
+	m := s.claimBehindPending(act, "POST", fmt.Sprintf("/v1/activities/%d/signups/5", act), 5)
 	want(t, "claim by a waiter", m, "outcome", string(wire.OutcomeAlreadyWaiting), "status", string(wire.StatusWaiting), "position", 1)
 	s.sameAsRecorded("claim by a waiter", m)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,29 +12,8 @@ import (
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/testenv"
 )
-
-var errListenerBroke = errors.New("listener broke")
-
-// brokenListener is a listener that stops accepting with
-// errListenerBroke when told to.
-type brokenListener struct {
-	net.Listener
-	broken atomic.Bool
-}
-
-func (l *brokenListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil && l.broken.Load() {
-		return nil, errListenerBroke
-	}
-	return c, err
-}
-
-func (l *brokenListener) breakNow() {
-	l.broken.Store(true)
-	l.Listener.Close()
-}
 
 // TestRunFirstErrorWins: ready, with a metrics listener of its own, Run
 // returns the first error promptly when the API listener fails, without
@@ -50,7 +28,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := &brokenListener{Listener: inner}
+	ln := &testenv.BrokenListener{Listener: inner}
 	free, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -80,13 +58,13 @@ func TestRunFirstErrorWins(t *testing.T) {
 		t.Fatalf("%d subscriptions while ready, want the Service's and the reply inbox", n)
 	}
 
-	ln.breakNow()
+	ln.Break()
 	select {
 	case err := <-ran:
-		if !errors.Is(err, errListenerBroke) {
+		if !errors.Is(err, testenv.ErrListenerBroke) {
 			t.Fatalf("Run = %v, want the listener's error", err)
 		}
-		if got, want := err.Error(), "ingest: serve: "+errListenerBroke.Error(); got != want {
+		if got, want := err.Error(), "ingest: serve: "+testenv.ErrListenerBroke.Error(); got != want {
 			t.Errorf("Run = %q, want %q", got, want)
 		}
 	case <-time.After(10 * time.Second):
