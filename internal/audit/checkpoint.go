@@ -148,8 +148,35 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 			f.min = 0 // from the beginning, as a full audit would
 			continue
 		case errors.Is(err, sql.ErrNoRows):
-			return stream{}, fmt.Errorf("%w: partition %d has no checkpoint at or after seq %d, where %s now starts (seq %d); "+
-				"the allocator takes one every ALLOT_CHECKPOINT_INTERVAL", ErrNoCheckpoint, p, need, wire.RequestStream, state.FirstSeq)
+			// A quiet partition: the allocator takes no new checkpoint
+			// while its fence stands still, so its newest one (or none,
+			// if it never applied anything) may be older than where the
+			// stream starts. It still holds when nothing of the partition
+			// was applied or rejected since: the state at need is the same.
+			older, found, quiet, err := quietCheckpoint(ctx, tx, p, need)
+			if err != nil {
+				return stream{}, err
+			}
+			if !quiet {
+				return stream{}, fmt.Errorf("%w: partition %d has no checkpoint at or after seq %d, where %s now starts (seq %d); "+
+					"the allocator takes one every ALLOT_CHECKPOINT_INTERVAL", ErrNoCheckpoint, p, need, wire.RequestStream, state.FirstSeq)
+			}
+			if found {
+				if older.Partitions != st.partitions {
+					return stream{}, fmt.Errorf("%w: the checkpoint of partition %d at seq %d was taken with %d partitions, the stream has %d",
+						ErrNoCheckpoint, p, older.Seq, older.Partitions, st.partitions)
+				}
+				older.Partition = p
+				ok, err := a.loadCheckpoint(ctx, tx, older, need) // the state at need
+				if err != nil {
+					return stream{}, err
+				}
+				f.used = append(f.used, CheckpointUsed{Partition: p, Seq: older.Seq, TakenAt: older.TakenAt.UTC(),
+					Activities: older.Activities, Signups: older.Signups, DigestOK: ok})
+			}
+			f.start[p] = need
+			f.min = min(f.min, need)
+			continue
 		case err != nil:
 			return stream{}, fmt.Errorf("audit: read allocator_checkpoint: %w", err)
 		}
@@ -158,7 +185,7 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 				ErrNoCheckpoint, p, cp.Seq, cp.Partitions, st.partitions)
 		}
 		cp.Partition = p
-		ok, err := a.loadCheckpoint(ctx, tx, cp)
+		ok, err := a.loadCheckpoint(ctx, tx, cp, cp.Seq)
 		if err != nil {
 			return stream{}, err
 		}
@@ -180,9 +207,11 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 // loadCheckpoint reads a checkpoint's rows, checks them against its digest
 // and its counts, and makes them the replay's state of the partition's
 // activities, as if the requests before it had been replayed. It reports
-// whether the digest matched; a mismatch is a divergence.
-func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Checkpoint) (bool, error) {
-	by := change{seq: cp.Seq}
+// whether the digest matched; a mismatch is a divergence. Its rows stand
+// for the state at sequence at: its own, or a later one up to which the
+// partition was quiet.
+func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Checkpoint, at uint64) (bool, error) {
+	by := change{seq: at}
 	d := store.NewDigester()
 	type actRow struct {
 		capacity, confirmed int64
@@ -297,4 +326,29 @@ func (a *auditor) verifiedRange() (from, to uint64) {
 		return 0, a.fence
 	}
 	return max(from, 1), a.fence
+}
+
+// quietCheckpoint finds partition p's newest checkpoint below need (found
+// false: it has none) and reports whether the partition is quiet since it:
+// no result of the partition and no rejected message after the checkpoint
+// up to need, so the checkpoint's state (or the empty state) is the state
+// at need. Rejections are not partitioned, so any one makes it not quiet.
+func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp store.Checkpoint, found, quiet bool, err error) {
+	err = tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
+		"WHERE partition_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1", p, need).
+		Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		cp.Seq, err = 0, nil
+	case err != nil:
+		return cp, false, false, fmt.Errorf("audit: read allocator_checkpoint: %w", err)
+	default:
+		found = true
+	}
+	var n int
+	if err := tx.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM processed_request WHERE partition_id = ? AND seq > ? AND seq <= ?)"+
+		" + (SELECT COUNT(*) FROM rejected_message WHERE seq > ? AND seq <= ?)", p, cp.Seq, need, cp.Seq, need).Scan(&n); err != nil {
+		return cp, found, false, fmt.Errorf("audit: look for changes since the checkpoint of partition %d: %w", p, err)
+	}
+	return cp, found, n == 0, nil
 }

@@ -342,3 +342,84 @@ func TestAuditFromCheckpointPartitioned(t *testing.T) {
 		t.Errorf("compared %d, want the %d requests after the checkpoints", rep.Compared, len(second))
 	}
 }
+
+// TestAuditFromCheckpointQuietPartitions: the allocator takes no new
+// checkpoint while a partition's fence stands still, so once retention has
+// moved past it a quiet partition's newest checkpoint is older than where
+// the stream starts, and a partition that never applied anything has none.
+// Both still describe the state where the stream starts, and the audit
+// from checkpoints uses them instead of refusing.
+func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	const partitions = 3
+	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+		t.Fatal(err)
+	}
+	// Activities of partitions 0 and 1; partition 2 gets nothing.
+	var acts [2]int64
+	for a := int64(1); acts[0] == 0 || acts[1] == 0; a++ {
+		if p := bus.PartitionOf(a, partitions); p < 2 && acts[p] == 0 {
+			acts[p] = a
+		}
+	}
+	for p := range partitions {
+		a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
+			allocator.Config{Partition: p, Partitions: partitions, CheckpointInterval: 100 * time.Millisecond}, allocator.Hooks{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Stop)
+	}
+	// Partition 1 first, then partition 0 last: partition 1's fence, and
+	// so its checkpoint, stays below the stream's last sequence.
+	seqs := e.publishAll([]wire.Request{openReq(acts[1], 2), newReq(wire.OpJoin, acts[1], 1)})
+	quietFence := seqs[len(seqs)-1]
+	seqs = e.publishAll([]wire.Request{openReq(acts[0], 2), newReq(wire.OpJoin, acts[0], 1), newReq(wire.OpJoin, acts[0], 2)})
+	last := seqs[len(seqs)-1]
+	for p, fence := range map[int]uint64{0: last, 1: quietFence} {
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+			cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok && cp.Seq == fence {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("partition %d: no checkpoint at its fence %d within a minute", p, fence)
+			}
+		}
+	}
+	// As retention would: everything stored so far leaves.
+	st, err := e.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSequence(last+1)); err != nil {
+		t.Fatal(err)
+	}
+	rep := e.audit(audit.Options{FromCheckpoint: true})
+	if !rep.OK {
+		t.Fatalf("audit from checkpoints with quiet partitions diverges:%s", divergences(rep.Divergences))
+	}
+	used := map[int]uint64{}
+	for _, c := range rep.Checkpoints {
+		used[c.Partition] = c.Seq
+	}
+	if len(used) != 2 || used[0] != last || used[1] != quietFence {
+		t.Fatalf("checkpoints used %+v, want partition 0 at %d and partition 1 at %d (partition 2 has none)", rep.Checkpoints, last, quietFence)
+	}
+	// Tampering with the quiet partition's rows is still caught.
+	e.exec("UPDATE activity SET capacity = 3 WHERE id = ?", acts[1])
+	if rep := e.audit(audit.Options{FromCheckpoint: true}); rep.OK {
+		t.Fatal("a changed row of the quiet partition went unreported")
+	}
+}
