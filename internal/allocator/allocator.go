@@ -242,9 +242,9 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{Replicas: a.cfg.Replicas}); err != nil {
 		return err
 	}
-	if err := a.rebuildViews(ctx); err != nil {
-		return fmt.Errorf("allocator: rebuild views: %w", err)
-	}
+	// The views are rebuilt before the first batch, as at every takeover;
+	// they are an optimisation, so a failure there does not fail Start.
+	a.viewsStale = true
 	return nil
 }
 

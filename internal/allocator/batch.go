@@ -519,24 +519,16 @@ func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause 
 }
 
 // reject notes that the message at seq was refused for reason, and, when
-// it names a request, the REJECTED result its waiting client is told.
+// it names a request that rejected_message records (so that a poll finds
+// it), the REJECTED result its waiting client is told, as a poll reads it.
 func (o *outcome) reject(seq uint64, req wire.Request, reason string, at time.Time) {
 	o.rejected[seq] = reason
-	if req.RequestID == "" {
+	if !store.ValidRequestID(req.RequestID) {
 		return
 	}
 	o.results = append(o.results, wire.Result{RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
 		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: wire.OutcomeRejected, Seq: seq,
-		AppliedAt: at, Reason: truncateReason(reason)})
-}
-
-// truncateReason cuts reason as rejected_message.reason keeps it, so that a
-// notified result and a polled one say the same.
-func truncateReason(reason string) string {
-	if len(reason) <= 255 {
-		return reason
-	}
-	return reason[:255]
+		AppliedAt: at, Reason: store.RejectedReason(reason)})
 }
 
 // afterCommit acknowledges what the commit covered, terminates rejected

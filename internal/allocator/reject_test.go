@@ -3,7 +3,9 @@ package allocator
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -40,6 +42,9 @@ func TestRejectOnlyTheMessageThatFailed(t *testing.T) {
 	}
 
 	// The failure was on next: it alone is rejected, by seq, with its id.
+	// A long reason in several-byte characters is cut as the column keeps
+	// it, in the notice as in the poll.
+	cause = errors.New("a refusal by MySQL: " + strings.Repeat("ü", 300))
 	out, rejected, err = a.reject(ctx, nil, next, cause)
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +59,9 @@ func TestRejectOnlyTheMessageThatFailed(t *testing.T) {
 	if r.Outcome != wire.OutcomeRejected || r.Seq != next || r.Op != wire.OpJoin || r.ActivityID != 1 ||
 		r.UserID != 1 || r.Reason == "" || r.State != wire.StateDone {
 		t.Fatalf("poll of the rejected request: %+v", r)
+	}
+	if !utf8.ValidString(r.Reason) || !strings.HasPrefix(r.Reason, "cannot be applied: a refusal by MySQL: ü") {
+		t.Fatalf("poll of the rejected request: reason %q", r.Reason)
 	}
 	if len(out.results) != 1 || out.results[0].RequestID != good.RequestID || out.results[0].Reason != r.Reason {
 		t.Fatalf("waiting clients are told %+v, want the REJECTED result %+v", out.results, r)

@@ -317,16 +317,20 @@ func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.T
 		8, len(rs), func(i int, args []any) []any {
 			r := rs[i]
 			var id, op, activity, user any
-			if q := r.Request; validRequestID(q.RequestID) {
+			if q := r.Request; ValidRequestID(q.RequestID) {
 				id, op, activity, user = q.RequestID, truncate(string(q.Op), 8), q.ActivityID, q.UserID
 			}
-			return append(args, r.Seq, truncate(r.Subject, 255), truncate(r.Reason, 255), at, id, op, activity, user)
+			return append(args, r.Seq, truncate(r.Subject, 255), RejectedReason(r.Reason), at, id, op, activity, user)
 		})
 }
 
-// validRequestID reports whether id fits the request_id columns: a
-// canonical uuid, the only form ingest issues.
-func validRequestID(id string) bool {
+// RejectedReason is reason as rejected_message keeps it.
+func RejectedReason(reason string) string { return truncate(reason, 255) }
+
+// ValidRequestID reports whether id fits the request_id columns: a
+// canonical uuid, the only form ingest issues. A rejection is recorded with
+// the request's identity only then.
+func ValidRequestID(id string) bool {
 	if len(id) != 36 {
 		return false
 	}
