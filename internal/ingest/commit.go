@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -108,7 +109,13 @@ func (c *committer) run(ctx context.Context) {
 
 // publish queues msg and waits for its outcome, at most until deadline.
 func (c *committer) publish(msg *nats.Msg, id string, deadline time.Time) pubResult {
-	r := &pubRequest{msg: msg, id: id, res: make(chan pubResult, 1)}
+	// The worker gets a copy: publishing sets headers on the message, and
+	// the caller may publish msg again while the worker still holds it.
+	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+2)}
+	for k, v := range msg.Header {
+		own.Header[k] = slices.Clone(v)
+	}
+	r := &pubRequest{msg: own, id: id, res: make(chan pubResult, 1)}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {

@@ -287,7 +287,7 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.CommitMinBatch > 0 {
 		s.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, opts.MaxInFlight),
-			minBatch: opts.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: opts.PublishTimeout,
+			minBatch: opts.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: opts.PublishTimeout / 2,
 			batches: func(n int) { m.commitBatch.Observe(float64(n)) }}
 	}
 	if s.views.m, err = lru.New[int64, viewEntry](opts.ActivityCache); err != nil {

@@ -285,7 +285,9 @@ func refused(err error) bool {
 // for a definite reason (refused) is answered at once; "nothing stored"
 // holds then only if no earlier copy may be stored.
 func (s *Service) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
-	until := time.Now().Add(s.opts.PublishTimeout)
+	// The group commit gets half the budget, so that a copy whose answer
+	// was lost there leaves time to publish it again below.
+	until := time.Now().Add(s.opts.PublishTimeout / 2)
 	deadline := time.NewTimer(s.opts.PublishTimeout)
 	defer deadline.Stop()
 	var (
