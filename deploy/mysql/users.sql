@@ -14,6 +14,8 @@
 --   allot_audit      SELECT only: cmd/audit
 -- The test TestLeastPrivilegeUsers (internal/store) creates these users from this
 -- file and proves that ingest works as allot_ingest and cannot write.
+-- Running it again sets each user's password anew (ALTER USER after
+-- CREATE USER IF NOT EXISTS), so a rotated secret takes effect.
 -- TLS: require it per user (ALTER USER … REQUIRE SSL) and add tls=true (or a
 -- registered custom config) to the DSN; see deploy/README.md.
 
@@ -26,12 +28,20 @@ SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_migrate''@''%'' IDENTIFIED BY
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
+SET @q = CONCAT('ALTER USER ''allot_migrate''@''%'' IDENTIFIED BY ', QUOTE(@migrate_password));
+PREPARE s FROM @q;
+EXECUTE s;
+DEALLOCATE PREPARE s;
 SET @q = CONCAT('GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, DROP, INDEX, REFERENCES ON `', @db, '`.* TO ''allot_migrate''@''%''');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
 
 SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_allocator''@''%'' IDENTIFIED BY ', QUOTE(@allocator_password));
+PREPARE s FROM @q;
+EXECUTE s;
+DEALLOCATE PREPARE s;
+SET @q = CONCAT('ALTER USER ''allot_allocator''@''%'' IDENTIFIED BY ', QUOTE(@allocator_password));
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
@@ -44,12 +54,20 @@ SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_ingest''@''%'' IDENTIFIED BY 
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
+SET @q = CONCAT('ALTER USER ''allot_ingest''@''%'' IDENTIFIED BY ', QUOTE(@ingest_password));
+PREPARE s FROM @q;
+EXECUTE s;
+DEALLOCATE PREPARE s;
 SET @q = CONCAT('GRANT SELECT ON `', @db, '`.* TO ''allot_ingest''@''%''');
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;
 
 SET @q = CONCAT('CREATE USER IF NOT EXISTS ''allot_audit''@''%'' IDENTIFIED BY ', QUOTE(@audit_password));
+PREPARE s FROM @q;
+EXECUTE s;
+DEALLOCATE PREPARE s;
+SET @q = CONCAT('ALTER USER ''allot_audit''@''%'' IDENTIFIED BY ', QUOTE(@audit_password));
 PREPARE s FROM @q;
 EXECUTE s;
 DEALLOCATE PREPARE s;

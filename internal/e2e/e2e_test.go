@@ -137,6 +137,9 @@ func (s *stack) signup(a, u int) map[string]any {
 
 func want(t *testing.T, what string, m map[string]any, fields ...any) {
 	t.Helper()
+	if len(fields)%2 != 0 {
+		t.Fatalf("%s: want takes key, value pairs; got %d arguments", what, len(fields))
+	}
 	for i := 0; i+1 < len(fields); i += 2 {
 		k := fields[i].(string)
 		got := m[k]

@@ -201,6 +201,7 @@ func TestEarlyAnswerAfterJoin(t *testing.T) {
 	m := s.claimBehindPending(act, "POST", fmt.Sprintf("/v1/activities/%d/signups/5", act), 5)
 	want(t, "claim by a waiter", m, "outcome", string(wire.OutcomeAlreadyWaiting), "status", string(wire.StatusWaiting), "position", 1)
 	s.sameAsRecorded("claim by a waiter", m)
+	s.db.CheckInvariants(t)
 }
 
 // TestEarlyAnswerAfterHandover: the allocator that published a full

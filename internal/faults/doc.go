@@ -15,7 +15,7 @@
 //
 // Each scenario prints one summary line to stdout:
 //
-//	scenario 1 kill-allocator: sent=3000 accepted=2950 applied=2950 duplicated=0 lost=0 shed=50 rejected503=0 rejected429=0 …
+//	scenario 1 kill-allocator: sent=3000 accepted=2950 applied=2950 duplicated=0 lost=0 shed=50 rejected503=0 maybe503=0 rejected429=0 …
 //
 // duplicated counts doubled effects (dbtest.Effects): a second result row
 // for a request cannot exist, a doubled signup history can. Every fault
