@@ -339,7 +339,7 @@ func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp st
 		Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
-		cp.Seq, err = 0, nil
+		cp.Seq = 0
 	case err != nil:
 		return cp, false, false, fmt.Errorf("audit: read allocator_checkpoint: %w", err)
 	default:
