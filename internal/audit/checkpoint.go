@@ -303,8 +303,7 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 		if a.ref == nil {
 			a.ref = make(map[int64]*refmodel.Activity)
 		}
-		a.ref[id] = &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed,
-			NextSeq: act.NextSeq, Live: act.Live()}
+		a.ref[id] = refOf(act)
 	}
 	return ok, nil
 }

@@ -66,13 +66,17 @@ func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq u
 	// Start again from Apply's state, so later requests are judged alone.
 	a.ref[id] = nil
 	if err == nil && after != nil {
-		a.ref[id] = &refmodel.Activity{ID: after.ID, Capacity: after.Capacity, Confirmed: after.Confirmed,
-			NextSeq: after.NextSeq, Live: after.Live()}
+		a.ref[id] = refOf(after)
 	} else if act != nil {
-		a.ref[id] = &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed,
-			NextSeq: act.NextSeq, Live: act.Live()}
+		a.ref[id] = refOf(act)
 	}
 	return after, d, err
+}
+
+// refOf is the reference model's copy of act's state.
+func refOf(act *allocation.Activity) *refmodel.Activity {
+	return &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed,
+		NextSeq: act.NextSeq, Live: act.Live()}
 }
 
 // sameDecision compares two decisions, treating empty and nil lists alike.

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"hash/maphash"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/allot-dev/allot/internal/auth"
@@ -97,7 +95,7 @@ func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 			key = s.badAuth.clientKey(r)
 			if ok, wait := s.badAuth.l.peek(key, time.Now()); !ok {
 				s.metrics.authFailures.WithLabelValues("flood").Inc()
-				w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}
+				retryAfter(w, wait)
 				writeError(w, http.StatusTooManyRequests, msgAuthFlood)
 				return
 			}

@@ -64,7 +64,7 @@ func (e Env) Validate() error {
 	if e.MaxWaiters < 1 {
 		return fmt.Errorf("ALLOT_INGEST_MAX_WAITERS must be positive, got %d", e.MaxWaiters)
 	}
-	if e.OpenRate == 0 || e.OpenRate < -1 || (e.OpenRate < 0 && e.OpenRate != -1) {
+	if e.OpenRate <= 0 && e.OpenRate != -1 {
 		return fmt.Errorf("ALLOT_INGEST_OPEN_RATE must be positive, or -1 for no cap, got %g", e.OpenRate)
 	}
 	if e.CommitMinBatch == 0 || e.CommitMinBatch < -1 || e.CommitMinBatch > DefaultCommitMaxBatch {
@@ -75,7 +75,7 @@ func (e Env) Validate() error {
 			return fmt.Errorf("ALLOT_INGEST_METRICS_ADDR must be host:port or :port, got %q", e.MetricsAddr)
 		}
 	}
-	if e.BadAuthRate == 0 || (e.BadAuthRate < 0 && e.BadAuthRate != -1) {
+	if e.BadAuthRate <= 0 && e.BadAuthRate != -1 {
 		return fmt.Errorf("ALLOT_INGEST_BAD_AUTH_RATE must be positive, or -1 for no limit, got %g", e.BadAuthRate)
 	}
 	if err := e.AuthEnv.Validate(e.HTTPAddr); err != nil {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/allot-dev/allot/internal/store"
 )
@@ -27,7 +28,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
 		s.metrics.waitersRefused.Inc()
-		w.Header()["Retry-After"] = []string{"1"}
+		retryAfter(w, time.Second)
 		writeError(w, http.StatusServiceUnavailable, msgPollWaiters)
 		return
 	}

@@ -3,8 +3,10 @@ package ingest
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -96,4 +98,9 @@ func writeMaybeStored(w http.ResponseWriter, id string) {
 func writeAck(w http.ResponseWriter, id string) {
 	w.Header()["Location"] = []string{"/v1/requests/" + id}
 	writeRaw(w, http.StatusAccepted, pendingBody(id))
+}
+
+// retryAfter sets Retry-After to d in whole seconds, at least one.
+func retryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(d.Seconds()))))}
 }

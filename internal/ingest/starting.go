@@ -3,6 +3,7 @@ package ingest
 import (
 	"net/http"
 	"sync/atomic"
+	"time"
 )
 
 // startGate serves the API while ingest waits for JetStream at start (a
@@ -26,7 +27,7 @@ func (g *startGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/healthz":
 		writeJSON(w, http.StatusOK, map[string]string{"status": "starting"})
 	default:
-		w.Header().Set("Retry-After", "1")
+		retryAfter(w, time.Second)
 		writeError(w, http.StatusServiceUnavailable, "ingest is starting: waiting for NATS JetStream; nothing was stored.")
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -64,24 +63,24 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 		return
 	}
 	if s.limiter != nil && !s.limiter.Allow() {
-		w.Header()["Retry-After"] = []string{"1"}
+		retryAfter(w, time.Second)
 		writeError(w, http.StatusTooManyRequests, msgRateLimited)
 		return
 	}
 	if op == wire.OpOpen && s.opens != nil && !s.opens.Allow() {
-		w.Header()["Retry-After"] = []string{"1"}
+		retryAfter(w, time.Second)
 		writeError(w, http.StatusTooManyRequests, msgOpenRateLimited)
 		return
 	}
 	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
 		s.metrics.waitersRefused.Inc()
-		w.Header()["Retry-After"] = []string{"1"}
+		retryAfter(w, time.Second)
 		writeError(w, http.StatusServiceUnavailable, msgTooManyWaiters)
 		return
 	}
 	if s.users != nil && op != wire.OpOpen {
 		if ok, wait := s.users.allow(limitKey(r.Context(), user), time.Now()); !ok {
-			w.Header()["Retry-After"] = []string{strconv.Itoa(max(1, int(math.Ceil(wait.Seconds()))))}
+			retryAfter(w, wait)
 			writeError(w, http.StatusTooManyRequests, msgUserRateLimited)
 			return
 		}
@@ -158,7 +157,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	seq, err := s.publish(ctx, activity, id, data)
 	if err != nil {
 		if errors.Is(err, errOverloaded) {
-			w.Header()["Retry-After"] = []string{"1"}
+			retryAfter(w, time.Second)
 			writeError(w, http.StatusServiceUnavailable, msgOverloaded)
 			return
 		}
