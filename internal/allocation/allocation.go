@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -32,8 +33,14 @@ var ErrCorruptState = errors.New("allocation: corrupt state")
 type Request struct {
 	Op         wire.Op
 	ActivityID int64
-	UserID     int64 // 0 for open
-	Capacity   int64 // open only; ignored by the other ops
+	UserID     int64         // 0 for open
+	Capacity   int64         // open only; ignored by the other ops
+	Hold       time.Duration // open only: the hold of seats taken from now on (0: none)
+	HoldSeq    uint64        // expire only: the seq of the request that created the hold
+	// ReceivedAt is when ingest received the request (an expire: when it
+	// fell due). A hold created by the request lasts until ReceivedAt plus
+	// the activity's hold; a confirm received after that is too late.
+	ReceivedAt time.Time
 }
 
 // Signup is one user's row in activity_signup.
@@ -41,13 +48,20 @@ type Signup struct {
 	UserID   int64
 	Status   wire.Status
 	QueueSeq uint64
+	// HeldUntil and HoldSeq describe a HELD signup's hold: when it lapses
+	// (whole microseconds, as MySQL keeps it) and the seq of the request
+	// that created it. Zero for every other status.
+	HeldUntil time.Time
+	HoldSeq   uint64
 }
 
 // Event is an event the decision emits: Kind is one of wire.EventXxx, UserID
-// is 0 for the activity-level events (opened, resized, sold_out).
+// is 0 for the activity-level events (opened, resized, sold_out). HeldUntil
+// is set on the held and promoted events of a hold.
 type Event struct {
-	Kind   wire.EventKind
-	UserID int64
+	Kind      wire.EventKind
+	UserID    int64
+	HeldUntil time.Time
 }
 
 // Decision is the result of applying one request. Empty lists are nil.
@@ -72,14 +86,23 @@ type Decision struct {
 	// Changes is true when the request changed the activity row or a signup.
 	// The NextSeq fence, which every applied request advances, does not count.
 	Changes bool
+	// HeldUntil is the end of the hold the request created (for the user
+	// or a promoted user; one request creates holds of one end only), or,
+	// when the user holds a seat under a hold, the end of that hold.
+	HeldUntil time.Time
 }
 
 // Activity is one activity's full live state. Build it with Apply (an open)
 // or Restore.
 type Activity struct {
-	ID        int64
-	Capacity  int64
+	ID       int64
+	Capacity int64
+	// Confirmed counts the seats taken: CONFIRMED and HELD signups.
 	Confirmed int64
+	// Held counts the HELD signups.
+	Held int64
+	// Hold is how long a seat taken from now on is held (0: no holds).
+	Hold time.Duration
 	// NextSeq is one past the stream sequence of the last request applied to
 	// this activity. Apply refuses anything below it, which makes a replay
 	// that goes backwards fail loudly instead of deciding twice.
@@ -91,12 +114,25 @@ type Activity struct {
 	wait waitlist
 }
 
-// member is a live signup. A confirmed member has slot -1; a waiting one
-// has the index of its waitlist slot, so leaving the waitlist from the
-// middle and computing a position are O(log n).
+// member is a live signup. A confirmed or held member has slot -1; a
+// waiting one has the index of its waitlist slot, so leaving the waitlist
+// from the middle and computing a position are O(log n). A held member has
+// until > 0 (held_until in Unix microseconds) and hold, the seq of the
+// request that created the hold.
 type member struct {
-	seq  uint64
-	slot int
+	seq   uint64
+	slot  int
+	until int64
+	hold  uint64
+}
+
+func (m member) held() bool { return m.until != 0 }
+
+func (m member) heldUntil() time.Time {
+	if m.until == 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(m.until).UTC()
 }
 
 func (m member) waiting() bool { return m.slot >= 0 }
@@ -122,6 +158,7 @@ func Apply(a *Activity, req Request, seq uint64) (*Activity, Decision, error) {
 		a = &Activity{
 			ID:       req.ActivityID,
 			Capacity: req.Capacity,
+			Hold:     req.Hold,
 			NextSeq:  seq + 1,
 			members:  make(map[int64]member),
 		}
@@ -140,13 +177,17 @@ func Apply(a *Activity, req Request, seq uint64) (*Activity, Decision, error) {
 	var d Decision
 	switch req.Op {
 	case wire.OpOpen:
-		d = a.resize(req.Capacity)
+		d = a.resize(req, seq)
 	case wire.OpJoin:
-		d = a.join(req.UserID, seq)
+		d = a.join(req, seq)
 	case wire.OpCancel:
-		d = a.cancel(req.UserID)
+		d = a.cancel(req, seq)
 	case wire.OpClaim:
-		d = a.claim(req.UserID, seq)
+		d = a.claim(req, seq)
+	case wire.OpConfirm:
+		d = a.confirm(req, seq)
+	case wire.OpExpire:
+		d = a.expire(req, seq)
 	}
 	a.NextSeq = seq + 1
 	return a, d, nil
@@ -170,9 +211,16 @@ func validate(req Request, seq uint64) error {
 		if req.Capacity < 0 || req.Capacity > wire.MaxCapacity {
 			return fmt.Errorf("%w: capacity %d outside 0..%d", ErrInvalidRequest, req.Capacity, wire.MaxCapacity)
 		}
-	case wire.OpJoin, wire.OpCancel, wire.OpClaim:
+		if req.Hold < 0 || req.Hold > wire.MaxHold {
+			return fmt.Errorf("%w: hold %s outside 0..%s", ErrInvalidRequest, req.Hold, wire.MaxHold)
+		}
+	case wire.OpJoin, wire.OpCancel, wire.OpClaim, wire.OpConfirm:
 		if req.UserID <= 0 {
 			return fmt.Errorf("%w: %s with user id %d", ErrInvalidRequest, req.Op, req.UserID)
+		}
+	case wire.OpExpire:
+		if req.UserID <= 0 || req.HoldSeq == 0 || req.HoldSeq >= seq {
+			return fmt.Errorf("%w: expire with user id %d, hold seq %d at seq %d", ErrInvalidRequest, req.UserID, req.HoldSeq, seq)
 		}
 	default:
 		return fmt.Errorf("%w: unknown op %q", ErrInvalidRequest, req.Op)
@@ -217,22 +265,26 @@ func (d *Decision) trim() {
 	}
 }
 
-func (a *Activity) resize(capacity int64) Decision {
+func (a *Activity) resize(req Request, seq uint64) Decision {
+	capacity := req.Capacity
 	if capacity < a.Confirmed {
 		return Decision{Outcome: wire.OutcomeRejected}
 	}
-	if capacity == a.Capacity {
+	if capacity == a.Capacity && req.Hold == a.Hold {
 		// Idempotent: a retried open must not emit a second resized.
 		return Decision{Outcome: wire.OutcomeResized}
 	}
 	d := newChange(wire.OutcomeResized)
 	a.Capacity = capacity
+	// The new hold applies to the seats taken from now on, the ones this
+	// resize promotes to included; holds already given keep their end.
+	a.Hold = req.Hold
 	d.Events = append(d.Events, Event{Kind: wire.EventResized})
 	// Only growth can free seats: waiters exist only when the activity is
 	// full, and then any shrink falls below Confirmed and is rejected above.
 	promoted := false
 	for a.Confirmed < a.Capacity && a.wait.live > 0 {
-		a.promoteHead(&d)
+		a.promoteHead(&d, req, seq)
 		promoted = true
 	}
 	if promoted && a.Confirmed == a.Capacity {
@@ -247,15 +299,35 @@ func (a *Activity) alreadyWaiting(m member) Decision {
 	return Decision{Outcome: wire.OutcomeAlreadyWaiting, Status: wire.StatusWaiting, Position: int64(a.wait.rank(m.slot))}
 }
 
-func (a *Activity) join(user int64, seq uint64) Decision {
+// unchanged answers a request that changes nothing with outcome and the
+// user's signup as it is: status, position or hold.
+func (a *Activity) unchanged(outcome wire.Outcome, user int64) Decision {
+	d := Decision{Outcome: outcome}
+	m, ok := a.members[user]
+	switch {
+	case !ok:
+	case m.waiting():
+		d.Status, d.Position = wire.StatusWaiting, int64(a.wait.rank(m.slot))
+	case m.held():
+		d.Status, d.HeldUntil = wire.StatusHeld, m.heldUntil()
+	default:
+		d.Status = wire.StatusConfirmed
+	}
+	return d
+}
+
+func (a *Activity) join(req Request, seq uint64) Decision {
+	user := req.UserID
 	if m, ok := a.members[user]; ok {
 		if m.waiting() {
 			return a.alreadyWaiting(m)
 		}
-		return Decision{Outcome: wire.OutcomeAlreadyConfirmed, Status: wire.StatusConfirmed}
+		// A held seat is the user's too: the repeat changes nothing and
+		// says until when it is held.
+		return a.unchanged(wire.OutcomeAlreadyConfirmed, user)
 	}
 	if a.Confirmed < a.Capacity {
-		return a.takeSeat(user, seq, wire.OutcomeConfirmed, wire.EventConfirmed)
+		return a.takeSeat(req, seq, wire.OutcomeConfirmed, wire.EventConfirmed)
 	}
 	d := newChange(wire.OutcomeWaiting)
 	slot := a.wait.push(user, seq)
@@ -268,74 +340,159 @@ func (a *Activity) join(user int64, seq uint64) Decision {
 	return d
 }
 
-func (a *Activity) claim(user int64, seq uint64) Decision {
+func (a *Activity) claim(req Request, seq uint64) Decision {
+	user := req.UserID
 	if m, ok := a.members[user]; ok {
 		if m.waiting() {
 			// A claim never waits, but neither does it throw away a place
 			// the user already queued for.
 			return a.alreadyWaiting(m)
 		}
-		return Decision{Outcome: wire.OutcomeAlreadyOwned, Status: wire.StatusConfirmed}
+		return a.unchanged(wire.OutcomeAlreadyOwned, user)
 	}
 	if a.Confirmed < a.Capacity {
-		return a.takeSeat(user, seq, wire.OutcomeGranted, wire.EventGranted)
+		return a.takeSeat(req, seq, wire.OutcomeGranted, wire.EventGranted)
 	}
 	return Decision{Outcome: wire.OutcomeSoldOut}
 }
 
 // takeSeat gives a free seat to a user without a live signup, for join and
-// claim alike.
-func (a *Activity) takeSeat(user int64, seq uint64, outcome wire.Outcome, kind wire.EventKind) Decision {
+// claim alike: confirmed at once, or held when the activity has a hold.
+func (a *Activity) takeSeat(req Request, seq uint64, outcome wire.Outcome, kind wire.EventKind) Decision {
+	user := req.UserID
+	m := member{seq: seq, slot: -1}
+	status := wire.StatusConfirmed
+	if a.Hold > 0 {
+		outcome, kind, status = wire.OutcomeHeld, wire.EventHeld, wire.StatusHeld
+		m.until, m.hold = a.holdEnd(req), seq
+	}
 	d := newChange(outcome)
-	a.setMember(user, member{seq: seq, slot: -1})
+	a.setMember(user, m)
 	a.Confirmed++
-	d.Status = wire.StatusConfirmed
-	d.Events = append(d.Events, Event{Kind: kind, UserID: user})
+	if m.held() {
+		a.Held++
+		d.HeldUntil = m.heldUntil()
+	}
+	d.Status = status
+	d.Events = append(d.Events, Event{Kind: kind, UserID: user, HeldUntil: d.HeldUntil})
 	if a.Confirmed == a.Capacity {
 		d.Events = append(d.Events, Event{Kind: wire.EventSoldOut})
 	}
-	d.Changed = append(d.Changed, Signup{UserID: user, Status: wire.StatusConfirmed, QueueSeq: seq})
+	d.Changed = append(d.Changed, m.signup(user))
 	d.trim()
 	return d
 }
 
-func (a *Activity) cancel(user int64) Decision {
+// holdEnd is when a hold created by req ends, in Unix microseconds (what
+// MySQL's DATETIME(6) keeps, so that a restored hold ends at the same
+// instant): req's received_at plus the activity's hold.
+func (a *Activity) holdEnd(req Request) int64 {
+	end := req.ReceivedAt.Add(a.Hold).UnixMicro()
+	if end == 0 {
+		// 0 means "not held"; an instant exactly at the epoch is a
+		// microsecond later.
+		end = 1
+	}
+	return end
+}
+
+func (a *Activity) cancel(req Request, seq uint64) Decision {
+	user := req.UserID
 	m, ok := a.members[user]
 	if !ok {
 		return Decision{Outcome: wire.OutcomeNotSignedUp}
 	}
 	d := newChange(wire.OutcomeCancelled)
+	a.release(&d, user, m, wire.EventCancelled, req, seq)
+	return d
+}
+
+// release ends user's live signup m for request req at seq: the row becomes
+// CANCELLED with event kind, and a freed seat goes to the head of the
+// waitlist in the same decision, so no state with a free seat and a waiter
+// is ever visible. The activity was full before and is full again: no
+// sold_out.
+func (a *Activity) release(d *Decision, user int64, m member, kind wire.EventKind, req Request, seq uint64) {
 	d.Status = wire.StatusCancelled
 	delete(a.members, user)
-	if m.waiting() {
+	switch {
+	case m.waiting():
 		a.removeWaiter(m.slot)
-	} else {
+	case m.held():
+		a.Held--
+		a.Confirmed--
+	default:
 		a.Confirmed--
 	}
-	d.Events = append(d.Events, Event{Kind: wire.EventCancelled, UserID: user})
+	d.Events = append(d.Events, Event{Kind: kind, UserID: user})
 	d.Changed = append(d.Changed, Signup{UserID: user, Status: wire.StatusCancelled, QueueSeq: m.seq})
-	// The freed seat goes to the head of the waitlist in the same decision,
-	// so no state with a free seat and a waiter is ever visible. The
-	// activity was full before and is full again: no sold_out.
 	if !m.waiting() && a.wait.live > 0 {
-		a.promoteHead(&d)
+		a.promoteHead(d, req, seq)
 	}
+	d.trim()
+}
+
+// confirm turns the user's hold into a confirmed seat, if req was received
+// by the end of the hold; a later confirm finds the hold lapsed and
+// releases it as its expire would.
+func (a *Activity) confirm(req Request, seq uint64) Decision {
+	user := req.UserID
+	m, ok := a.members[user]
+	switch {
+	case !ok || m.waiting():
+		return a.unchanged(wire.OutcomeNotHeld, user)
+	case !m.held():
+		return a.unchanged(wire.OutcomeAlreadyConfirmed, user)
+	case req.ReceivedAt.After(m.heldUntil()):
+		d := newChange(wire.OutcomeHoldExpired)
+		a.release(&d, user, m, wire.EventExpired, req, seq)
+		return d
+	}
+	d := newChange(wire.OutcomeConfirmed)
+	m.until, m.hold = 0, 0
+	a.members[user] = m
+	a.Held--
+	d.Status = wire.StatusConfirmed
+	d.Events = append(d.Events, Event{Kind: wire.EventConfirmed, UserID: user})
+	d.Changed = append(d.Changed, m.signup(user))
 	d.trim()
 	return d
 }
 
-// promoteHead confirms the waiter with the lowest queue_seq. The caller
-// guarantees a free seat and a non-empty waitlist.
-func (a *Activity) promoteHead(d *Decision) {
+// expire lapses the hold the request at req.HoldSeq gave the user, if the
+// user still has that very hold and it has ended by req's received_at;
+// anything else (confirmed, cancelled, released and held again since) makes
+// it NOT_HELD and changes nothing.
+func (a *Activity) expire(req Request, seq uint64) Decision {
+	user := req.UserID
+	m, ok := a.members[user]
+	if !ok || !m.held() || m.hold != req.HoldSeq || req.ReceivedAt.Before(m.heldUntil()) {
+		return a.unchanged(wire.OutcomeNotHeld, user)
+	}
+	d := newChange(wire.OutcomeExpired)
+	a.release(&d, user, m, wire.EventExpired, req, seq)
+	return d
+}
+
+// promoteHead gives the freed seat to the waiter with the lowest queue_seq:
+// confirmed, or held from req (at seq) when the activity has a hold. The
+// caller guarantees a free seat and a non-empty waitlist.
+func (a *Activity) promoteHead(d *Decision, req Request, seq uint64) {
 	s := a.wait.slots[a.wait.head]
 	a.removeWaiter(a.wait.head)
 	// A promoted signup keeps its queue_seq: it is the row's identity in
 	// the order of the broker, and changing it could collide.
-	a.members[s.user] = member{seq: s.seq, slot: -1}
+	m := member{seq: s.seq, slot: -1}
+	if a.Hold > 0 {
+		m.until, m.hold = a.holdEnd(req), seq
+		a.Held++
+		d.HeldUntil = m.heldUntil()
+	}
+	a.members[s.user] = m
 	a.Confirmed++
 	d.PromotedUserIDs = append(d.PromotedUserIDs, s.user)
-	d.Events = append(d.Events, Event{Kind: wire.EventPromoted, UserID: s.user})
-	d.Changed = append(d.Changed, Signup{UserID: s.user, Status: wire.StatusConfirmed, QueueSeq: s.seq})
+	d.Events = append(d.Events, Event{Kind: wire.EventPromoted, UserID: s.user, HeldUntil: m.heldUntil()})
+	d.Changed = append(d.Changed, m.signup(s.user))
 }
 
 func (a *Activity) setMember(user int64, m member) {
@@ -480,13 +637,14 @@ func (w *waitlist) rebuild() {
 }
 
 // Restore rebuilds an activity from stored rows: the activity row's
-// counters and its live (CONFIRMED and WAITING) signups, in any order. It
-// checks the invariants of the contract (confirmed equals the number of
-// CONFIRMED rows and is at most capacity, no WAITING row while a seat is
-// free, one row per user, unique queue_seqs) and that every queue_seq lies in
-// 1..nextSeq-1, since a queue_seq is the stream sequence of an applied
-// request; otherwise it returns ErrCorruptState, wrapped with detail.
-func Restore(id, capacity, confirmed int64, nextSeq uint64, live []Signup) (*Activity, error) {
+// counters and hold and its live (CONFIRMED, HELD and WAITING) signups, in
+// any order. It checks the invariants of the contract (confirmed equals the
+// number of CONFIRMED and HELD rows and is at most capacity, no WAITING row
+// while a seat is free, one row per user, unique queue_seqs) and that every
+// queue_seq and hold seq lies in 1..nextSeq-1, since each is the stream
+// sequence of an applied request; otherwise it returns ErrCorruptState,
+// wrapped with detail.
+func Restore(id, capacity, confirmed int64, nextSeq uint64, hold time.Duration, live []Signup) (*Activity, error) {
 	if id <= 0 {
 		return nil, fmt.Errorf("%w: activity id %d", ErrCorruptState, id)
 	}
@@ -495,6 +653,9 @@ func Restore(id, capacity, confirmed int64, nextSeq uint64, live []Signup) (*Act
 	}
 	if confirmed < 0 || confirmed > capacity {
 		return nil, fmt.Errorf("%w: activity %d: confirmed %d outside 0..capacity %d", ErrCorruptState, id, confirmed, capacity)
+	}
+	if hold < 0 || hold > wire.MaxHold {
+		return nil, fmt.Errorf("%w: activity %d: hold %s outside 0..%s", ErrCorruptState, id, hold, wire.MaxHold)
 	}
 	// Sort a copy: the waitlist must be built in queue_seq order, and the
 	// caller's slice is not ours to reorder.
@@ -512,6 +673,7 @@ func Restore(id, capacity, confirmed int64, nextSeq uint64, live []Signup) (*Act
 		ID:        id,
 		Capacity:  capacity,
 		Confirmed: confirmed,
+		Hold:      hold,
 		NextSeq:   nextSeq,
 		members:   make(map[int64]member, len(sorted)),
 	}
@@ -533,6 +695,15 @@ func Restore(id, capacity, confirmed int64, nextSeq uint64, live []Signup) (*Act
 		case wire.StatusConfirmed:
 			a.members[s.UserID] = member{seq: s.QueueSeq, slot: -1}
 			nConfirmed++
+		case wire.StatusHeld:
+			until := s.HeldUntil.UnixMicro()
+			if s.HeldUntil.IsZero() || until == 0 || s.HoldSeq < s.QueueSeq || s.HoldSeq >= nextSeq {
+				return nil, fmt.Errorf("%w: activity %d: user %d: hold until %v from seq %d (queue_seq %d, next seq %d)",
+					ErrCorruptState, id, s.UserID, s.HeldUntil, s.HoldSeq, s.QueueSeq, nextSeq)
+			}
+			a.members[s.UserID] = member{seq: s.QueueSeq, slot: -1, until: until, hold: s.HoldSeq}
+			nConfirmed++
+			a.Held++
 		case wire.StatusWaiting:
 			a.members[s.UserID] = member{seq: s.QueueSeq, slot: len(a.wait.slots)}
 			a.wait.slots = append(a.wait.slots, slot{user: s.UserID, seq: s.QueueSeq})
@@ -541,7 +712,7 @@ func Restore(id, capacity, confirmed int64, nextSeq uint64, live []Signup) (*Act
 		}
 	}
 	if nConfirmed != confirmed {
-		return nil, fmt.Errorf("%w: activity %d: confirmed %d but %d CONFIRMED rows", ErrCorruptState, id, confirmed, nConfirmed)
+		return nil, fmt.Errorf("%w: activity %d: confirmed %d but %d CONFIRMED and HELD rows", ErrCorruptState, id, confirmed, nConfirmed)
 	}
 	a.wait.rebuild()
 	if a.wait.live > 0 && confirmed < capacity {
@@ -572,8 +743,11 @@ func (a *Activity) Lookup(user int64) (Signup, bool) {
 }
 
 func (m member) signup(user int64) Signup {
-	if m.waiting() {
+	switch {
+	case m.waiting():
 		return Signup{UserID: user, Status: wire.StatusWaiting, QueueSeq: m.seq}
+	case m.held():
+		return Signup{UserID: user, Status: wire.StatusHeld, QueueSeq: m.seq, HeldUntil: m.heldUntil(), HoldSeq: m.hold}
 	}
 	return Signup{UserID: user, Status: wire.StatusConfirmed, QueueSeq: m.seq}
 }
@@ -643,7 +817,7 @@ func (a *Activity) Check() error {
 	if a.Confirmed < 0 || a.Confirmed > a.Capacity {
 		return fail("confirmed %d, capacity %d", a.Confirmed, a.Capacity)
 	}
-	var nConfirmed, nWaiting int64
+	var nConfirmed, nWaiting, nHeld int64
 	seqs := make(map[uint64]int64, len(a.members))
 	var maxConfirmed, minWaiting uint64 = 0, math.MaxUint64
 	for u, m := range a.members {
@@ -657,6 +831,14 @@ func (a *Activity) Check() error {
 			return fail("queue_seq %d held by users %d and %d", m.seq, other, u)
 		}
 		seqs[m.seq] = u
+		if m.held() {
+			nHeld++
+			if m.hold < m.seq || m.hold >= a.NextSeq || m.slot != -1 {
+				return fail("user %d: hold from seq %d, queue_seq %d, next seq %d, slot %d", u, m.hold, m.seq, a.NextSeq, m.slot)
+			}
+		} else if m.hold != 0 {
+			return fail("user %d: hold seq %d without a hold", u, m.hold)
+		}
 		if !m.waiting() {
 			nConfirmed++
 			maxConfirmed = max(maxConfirmed, m.seq)
@@ -672,7 +854,13 @@ func (a *Activity) Check() error {
 		}
 	}
 	if nConfirmed != a.Confirmed {
-		return fail("confirmed %d but %d confirmed signups", a.Confirmed, nConfirmed)
+		return fail("confirmed %d but %d confirmed and held signups", a.Confirmed, nConfirmed)
+	}
+	if nHeld != a.Held {
+		return fail("held %d but %d held signups", a.Held, nHeld)
+	}
+	if a.Hold < 0 || a.Hold > wire.MaxHold {
+		return fail("hold %s", a.Hold)
 	}
 	if nWaiting > 0 && a.Confirmed < a.Capacity {
 		return fail("%d waiting while %d of %d seats are taken", nWaiting, a.Confirmed, a.Capacity)

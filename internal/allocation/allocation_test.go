@@ -597,7 +597,7 @@ func TestRestoreRoundTrip(t *testing.T) {
 			// rest of the same sequence on both copies.
 			for _, cut := range []int{1, tt.n / 3, tt.n / 2, tt.n - 1} {
 				orig := applyAll(t, reqs[:cut])
-				restored, err := Restore(orig.ID, orig.Capacity, orig.Confirmed, orig.NextSeq, orig.Live())
+				restored, err := Restore(orig.ID, orig.Capacity, orig.Confirmed, orig.NextSeq, orig.Hold, orig.Live())
 				if err != nil {
 					t.Fatalf("cut %d: Restore: %v", cut, err)
 				}
@@ -651,7 +651,7 @@ func TestRestoreCorrupt(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			a, err := Restore(tt.id, tt.capacity, tt.confd, tt.nextSeq, tt.live)
+			a, err := Restore(tt.id, tt.capacity, tt.confd, tt.nextSeq, 0, tt.live)
 			if !errors.Is(err, ErrCorruptState) {
 				t.Fatalf("Restore = %v, %v; want ErrCorruptState", a, err)
 			}
@@ -659,7 +659,7 @@ func TestRestoreCorrupt(t *testing.T) {
 	}
 	t.Run("valid unordered input", func(t *testing.T) {
 		live := []Signup{wait(4, 9), conf(1, 2), wait(3, 6), conf(2, 3)}
-		a, err := Restore(act, 2, 2, 10, live)
+		a, err := Restore(act, 2, 2, 10, 0, live)
 		if err != nil {
 			t.Fatalf("Restore: %v", err)
 		}

@@ -259,7 +259,7 @@ func FuzzApply(f *testing.F) {
 			// Now and then the twin is thrown away and restored from the
 			// rows a store would hold, to check Restore round trips.
 			if a != nil && (twins[id] == nil || data[step+1]&0x40 != 0) {
-				tw, err := allocation.Restore(a.ID, a.Capacity, a.Confirmed, a.NextSeq, a.Live())
+				tw, err := allocation.Restore(a.ID, a.Capacity, a.Confirmed, a.NextSeq, a.Hold, a.Live())
 				if err != nil {
 					t.Fatalf("step %d: Restore of a reachable state: %v", step/3, err)
 				}

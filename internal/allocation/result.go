@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -24,6 +25,10 @@ func ResultOf(req wire.Request, seq uint64, d Decision, after *Activity) wire.Re
 	if d.Position > 0 {
 		p := d.Position
 		r.Position = &p
+	}
+	if !d.HeldUntil.IsZero() {
+		t := d.HeldUntil
+		r.HeldUntil = &t
 	}
 	switch req.Op {
 	case wire.OpCancel:
@@ -46,8 +51,9 @@ func ResultOf(req wire.Request, seq uint64, d Decision, after *Activity) wire.Re
 }
 
 // EncodeEvents packs a decision's events as "kind:user_id;kind:user_id",
-// the form processed_request.events (the outbox) stores. Kinds are fixed
-// lower-case words, so the separators never clash.
+// the form processed_request.events (the outbox) stores; an event of a hold
+// adds the hold's end in Unix microseconds, "kind:user_id:held_until". Kinds
+// are fixed lower-case words, so the separators never clash.
 func EncodeEvents(events []Event) string {
 	if len(events) == 0 {
 		return ""
@@ -60,6 +66,10 @@ func EncodeEvents(events []Event) string {
 		b.WriteString(string(e.Kind))
 		b.WriteByte(':')
 		b.WriteString(strconv.FormatInt(e.UserID, 10))
+		if !e.HeldUntil.IsZero() {
+			b.WriteByte(':')
+			b.WriteString(strconv.FormatInt(e.HeldUntil.UnixMicro(), 10))
+		}
 	}
 	return b.String()
 }
@@ -73,11 +83,20 @@ func DecodeEvents(s string) ([]Event, error) {
 	out := make([]Event, 0, len(parts))
 	for _, p := range parts {
 		kind, user, ok := strings.Cut(p, ":")
+		user, until, held := strings.Cut(user, ":")
 		id, err := strconv.ParseInt(user, 10, 64)
 		if !ok || err != nil || kind == "" {
 			return nil, fmt.Errorf("events column: bad entry %q", p)
 		}
-		out = append(out, Event{Kind: wire.EventKind(kind), UserID: id})
+		e := Event{Kind: wire.EventKind(kind), UserID: id}
+		if held {
+			us, err := strconv.ParseInt(until, 10, 64)
+			if err != nil || us == 0 {
+				return nil, fmt.Errorf("events column: bad entry %q", p)
+			}
+			e.HeldUntil = time.UnixMicro(us).UTC()
+		}
+		out = append(out, e)
 	}
 	return out, nil
 }

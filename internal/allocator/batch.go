@@ -462,7 +462,7 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	if err != nil {
 		return nil, err
 	}
-	act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, toSignups(live))
+	act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, row.Hold, toSignups(live))
 	if err != nil {
 		return nil, fmt.Errorf("activity %d in mysql breaks an invariant: %w", id, err)
 	}

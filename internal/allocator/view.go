@@ -183,7 +183,7 @@ func (a *Allocator) rebuildViews(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, toSignups(live))
+		act, err := allocation.Restore(id, row.Capacity, row.Confirmed, row.NextSeq, row.Hold, toSignups(live))
 		if err != nil {
 			// The row and the signups were read apart, and a commit of
 			// the previous owner fell between them. Tracked, the view is

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -38,9 +39,16 @@ func DecodeRequest(subject string, data []byte) (Request, error) {
 		if req.Capacity == nil || *req.Capacity < 0 || *req.Capacity > MaxCapacity {
 			return req, errors.New("open needs a capacity between 0 and " + strconv.Itoa(MaxCapacity))
 		}
-	case OpJoin, OpCancel, OpClaim:
+		if req.Hold < 0 || time.Duration(req.Hold) > MaxHold {
+			return req, fmt.Errorf("hold %s is outside 0 to %s", time.Duration(req.Hold), MaxHold)
+		}
+	case OpJoin, OpCancel, OpClaim, OpConfirm:
 		if req.UserID <= 0 {
 			return req, fmt.Errorf("%s needs a positive user_id, got %d", req.Op, req.UserID)
+		}
+	case OpExpire:
+		if req.UserID <= 0 || req.HoldSeq == 0 {
+			return req, fmt.Errorf("expire needs a positive user_id and hold_seq, got %d and %d", req.UserID, req.HoldSeq)
 		}
 	default:
 		return req, fmt.Errorf("unknown op %q", req.Op)

@@ -24,6 +24,10 @@ func (e Event) AppendJSON(b []byte) []byte {
 	b = strconv.AppendUint(b, e.Seq, 10)
 	b = append(b, `,"at":"`...)
 	b = e.At.AppendFormat(b, time.RFC3339Nano)
+	if e.HeldUntil != nil {
+		b = append(b, `","held_until":"`...)
+		b = e.HeldUntil.AppendFormat(b, time.RFC3339Nano)
+	}
 	return append(b, `"}`...)
 }
 

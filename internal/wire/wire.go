@@ -43,6 +43,11 @@ const (
 	OpJoin   Op = "join"
 	OpCancel Op = "cancel"
 	OpClaim  Op = "claim"
+	// OpConfirm turns a hold into a confirmed seat.
+	OpConfirm Op = "confirm"
+	// OpExpire lapses a hold; never sent by clients: the allocator schedules
+	// it through ALLOT_HOLDS when it creates the hold (see HoldSchedule).
+	OpExpire Op = "expire"
 )
 
 // Outcome is what applying a request decided.
@@ -63,6 +68,10 @@ const (
 	OutcomeSoldOut          Outcome = "SOLD_OUT"
 	OutcomeAlreadyOwned     Outcome = "ALREADY_OWNED"
 	OutcomeNoSuchActivity   Outcome = "NO_SUCH_ACTIVITY"
+	OutcomeHeld             Outcome = "HELD"
+	OutcomeNotHeld          Outcome = "NOT_HELD"
+	OutcomeHoldExpired      Outcome = "HOLD_EXPIRED"
+	OutcomeExpired          Outcome = "EXPIRED"
 )
 
 // Status is a signup's status, as stored in activity_signup.status.
@@ -73,6 +82,8 @@ const (
 	StatusConfirmed Status = "CONFIRMED"
 	StatusWaiting   Status = "WAITING"
 	StatusCancelled Status = "CANCELLED"
+	// StatusHeld is a seat taken under a hold, not yet confirmed.
+	StatusHeld Status = "HELD"
 )
 
 // EventKind is the kind of an event, the last token of its subject.
@@ -88,40 +99,53 @@ const (
 	EventPromoted   EventKind = "promoted"
 	EventCancelled  EventKind = "cancelled"
 	EventSoldOut    EventKind = "sold_out"
+	EventHeld       EventKind = "held"
+	EventExpired    EventKind = "expired"
 )
 
 // Limits on input, shared by ingest (validation) and the allocator (defence).
 const (
 	MaxCapacity          = 10_000_000
 	MaxIdempotencyKeyLen = 255
+	// MaxHold bounds an activity's hold.
+	MaxHold = 168 * time.Hour
 )
 
 // Request is the message published on alloc.req.<activity>.
 type Request struct {
-	RequestID      string    `json:"request_id"`
-	Op             Op        `json:"op"`
-	ActivityID     int64     `json:"activity_id"`
-	UserID         int64     `json:"user_id"`
-	Capacity       *int64    `json:"capacity,omitempty"`
+	RequestID  string `json:"request_id"`
+	Op         Op     `json:"op"`
+	ActivityID int64  `json:"activity_id"`
+	UserID     int64  `json:"user_id"`
+	Capacity   *int64 `json:"capacity,omitempty"`
+	// Hold is an open's hold (0: none), a Go duration in JSON.
+	Hold Duration `json:"hold,omitempty"`
+	// HoldSeq names the hold an expire lapses: the stream sequence of the
+	// request that created it.
+	HoldSeq        uint64    `json:"hold_seq,omitempty"`
 	IdempotencyKey string    `json:"idempotency_key,omitempty"`
 	ReceivedAt     time.Time `json:"received_at"`
 }
 
 // Result is a request's final, recorded result: the poll answer when done.
 type Result struct {
-	RequestID       string    `json:"request_id"`
-	State           string    `json:"state"`
-	Op              Op        `json:"op"`
-	ActivityID      int64     `json:"activity_id"`
-	UserID          int64     `json:"user_id"`
-	Outcome         Outcome   `json:"outcome"`
-	Status          *Status   `json:"status"`
-	Position        *int64    `json:"position"`
-	PromotedUserID  *int64    `json:"promoted_user_id"`
-	PromotedUserIDs []int64   `json:"promoted_user_ids,omitempty"`
-	Capacity        *int64    `json:"capacity,omitempty"`
-	Seq             uint64    `json:"seq"`
-	AppliedAt       time.Time `json:"applied_at"`
+	RequestID       string  `json:"request_id"`
+	State           string  `json:"state"`
+	Op              Op      `json:"op"`
+	ActivityID      int64   `json:"activity_id"`
+	UserID          int64   `json:"user_id"`
+	Outcome         Outcome `json:"outcome"`
+	Status          *Status `json:"status"`
+	Position        *int64  `json:"position"`
+	PromotedUserID  *int64  `json:"promoted_user_id"`
+	PromotedUserIDs []int64 `json:"promoted_user_ids,omitempty"`
+	Capacity        *int64  `json:"capacity,omitempty"`
+	// HeldUntil is the end of the hold this request created (the user's,
+	// or the promoted user's) or, for a held user's repeat, of the hold
+	// the user has.
+	HeldUntil *time.Time `json:"held_until,omitempty"`
+	Seq       uint64     `json:"seq"`
+	AppliedAt time.Time  `json:"applied_at"`
 	// Reason says why a REJECTED request changed nothing.
 	Reason string `json:"reason,omitempty"`
 	// Shed marks a claim that ingest answered before the allocator applied
@@ -152,6 +176,8 @@ type Event struct {
 	RequestID  string    `json:"request_id"`
 	Seq        uint64    `json:"seq"`
 	At         time.Time `json:"at"`
+	// HeldUntil is set on held and promoted events of a hold.
+	HeldUntil *time.Time `json:"held_until,omitempty"`
 }
 
 // ResultBatch is the payload of ResultSubject: the results a commit
