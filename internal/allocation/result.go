@@ -10,6 +10,18 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
+// RequestOf is what the domain needs of a request message.
+func RequestOf(req wire.Request) Request {
+	r := Request{
+		Op: req.Op, ActivityID: req.ActivityID, UserID: req.UserID,
+		Hold: time.Duration(req.Hold), HoldSeq: req.HoldSeq, ReceivedAt: req.ReceivedAt,
+	}
+	if req.Capacity != nil {
+		r.Capacity = *req.Capacity
+	}
+	return r
+}
+
 // ResultOf turns the decision d on req (at stream sequence seq, leaving the
 // activity as after) into the result the allocator records and the audit
 // expects. AppliedAt is left for the caller, which owns the clock.

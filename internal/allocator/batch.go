@@ -370,13 +370,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			continue
 		}
 		act := acts[r.req.ActivityID]
-		var capacity int64
-		if r.req.Capacity != nil {
-			capacity = *r.req.Capacity
-		}
-		after, d, err := allocation.Apply(act, allocation.Request{
-			Op: r.req.Op, ActivityID: r.req.ActivityID, UserID: r.req.UserID, Capacity: capacity,
-		}, r.seq)
+		after, d, err := allocation.Apply(act, allocation.RequestOf(r.req), r.seq)
 		if err != nil {
 			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
 			out.reject(r.seq, r.req, err.Error(), now)
@@ -393,6 +387,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		for _, s := range d.Changed {
 			signups[[2]int64{r.req.ActivityID, s.UserID}] = store.SignupRow{
 				ActivityID: r.req.ActivityID, UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq,
+				HeldUntil: s.HeldUntil, HoldSeq: s.HoldSeq,
 			}
 		}
 		res := allocation.ResultOf(r.req, r.seq, d, after)
@@ -407,7 +402,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	actRows := make([]store.ActivityRow, 0, len(touched))
 	for _, id := range actIDs {
 		if act := acts[id]; act != nil && touched[id] {
-			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq})
+			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq,
+				Hold: act.Hold, Held: act.Held})
 			a.cache.Add(id, act)
 			if changed[id] {
 				out.changed = append(out.changed, act)
@@ -453,7 +449,8 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 		a.cache.Remove(id)
 		return nil, nil
 	}
-	if c, _ := a.cache.Get(id); c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed {
+	if c, _ := a.cache.Get(id); c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed &&
+		c.Hold == row.Hold && c.Held == row.Held {
 		a.m.cacheHits.Inc()
 		return c, nil
 	}

@@ -203,7 +203,7 @@ func (a *Allocator) rebuildViews(ctx context.Context) error {
 func toSignups(live []store.SignupRow) []allocation.Signup {
 	out := make([]allocation.Signup, len(live))
 	for i, s := range live {
-		out[i] = allocation.Signup{UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq}
+		out[i] = allocation.Signup{UserID: s.UserID, Status: s.Status, QueueSeq: s.QueueSeq, HeldUntil: s.HeldUntil, HoldSeq: s.HoldSeq}
 	}
 	return out
 }

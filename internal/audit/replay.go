@@ -132,11 +132,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		}
 		return nil
 	}
-	var capacity int64
-	if req.Capacity != nil {
-		capacity = *req.Capacity
-	}
-	dreq := allocation.Request{Op: req.Op, ActivityID: req.ActivityID, UserID: req.UserID, Capacity: capacity}
+	dreq := allocation.RequestOf(req)
 	act := a.acts[req.ActivityID]
 	if rejected && got == nil {
 		// The allocator refused a request the domain accepts (a store

@@ -99,12 +99,23 @@ func appliedMigrations(ctx context.Context, conn *sql.Conn) (map[string]bool, er
 }
 
 // alreadyThere reports an ALTER that adds what exists already (a column,
-// an index): applied before, by a run whose record was lost. MySQL 8 has
-// no ADD COLUMN IF NOT EXISTS, so this is how such a statement stays safe
-// to run twice on both servers.
+// an index, a constraint) or drops what is gone: applied before, by a run
+// whose record was lost. MySQL 8 has no ADD COLUMN IF NOT EXISTS, so this
+// is how such a statement stays safe to run twice on both servers.
 func alreadyThere(err error) bool {
 	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061) // duplicate column, duplicate key name
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1060, 1061: // duplicate column, duplicate key name
+		return true
+	case 1091: // can't drop: no such column, key or constraint
+		return true
+	case 1826, 3822: // duplicate constraint name (MariaDB, MySQL)
+		return true
+	}
+	return false
 }
 
 // splitStatements splits a migration on semicolons that end a line, after

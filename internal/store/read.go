@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -15,9 +16,12 @@ import (
 type ActivityState struct {
 	ID        int64 `json:"activity_id"`
 	Capacity  int64 `json:"capacity"`
-	Confirmed int64 `json:"confirmed"`
+	Confirmed int64 `json:"confirmed"` // seats taken, held ones included
+	Held      int64 `json:"held"`
 	Waiting   int64 `json:"waiting"`
 	Remaining int64 `json:"remaining"`
+	// Hold is the activity's hold as a Go duration, "" when it has none.
+	Hold string `json:"hold,omitempty"`
 }
 
 // SignupState is one user's signup in one activity.
@@ -26,9 +30,10 @@ type SignupState struct {
 	UserID     int64       `json:"user_id"`
 	Status     wire.Status `json:"status"`
 	Position   *int64      `json:"position"`
+	HeldUntil  *time.Time  `json:"held_until,omitempty"`
 }
 
-const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason"
+const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason, held_until"
 
 // GetResult reads the recorded result of requestID: its processed_request
 // row (a promoted list stored in pieces included), or, for a request the
@@ -75,11 +80,12 @@ func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 		promoted  sql.NullString
 		capacity  sql.NullInt64
 		reason    sql.NullString
+		until     sql.NullTime
 		partition int
 		parts     int
 	)
 	err := row.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
-		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason, &partition, &parts)
+		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason, &until, &partition, &parts)
 	if err != nil {
 		return r, err
 	}
@@ -90,6 +96,10 @@ func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 	}
 	r.State = wire.StateDone
 	r.AppliedAt = r.AppliedAt.UTC()
+	if until.Valid {
+		t := until.Time.UTC()
+		r.HeldUntil = &t
+	}
 	r.Reason = reason.String
 	if status.Valid {
 		st := wire.Status(status.String)
@@ -123,11 +133,15 @@ func SetPromotedUser(r *wire.Result) {
 // GetActivity reads the state of activity id.
 func GetActivity(ctx context.Context, q DBTX, id int64) (ActivityState, bool, error) {
 	var s ActivityState
+	var hold int64
 	// One statement, one snapshot: the counters and the waitlist agree.
 	err := q.QueryRowContext(ctx,
-		"SELECT a.id, a.capacity, a.confirmed_count, (SELECT COUNT(*) FROM activity_signup w "+
+		"SELECT a.id, a.capacity, a.confirmed_count, a.held_count, a.hold_ns, (SELECT COUNT(*) FROM activity_signup w "+
 			"WHERE w.activity_id = a.id AND w.status = 'WAITING') FROM activity a WHERE a.id = ?", id).
-		Scan(&s.ID, &s.Capacity, &s.Confirmed, &s.Waiting)
+		Scan(&s.ID, &s.Capacity, &s.Confirmed, &s.Held, &hold, &s.Waiting)
+	if hold > 0 {
+		s.Hold = time.Duration(hold).String()
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, false, nil
 	}
@@ -143,12 +157,17 @@ func GetActivity(ctx context.Context, q DBTX, id int64) (ActivityState, bool, er
 func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, bool, error) {
 	s := SignupState{ActivityID: activity, UserID: user}
 	var ahead int64
+	var until sql.NullTime
 	// One statement, one snapshot: the status and the position agree.
 	err := q.QueryRowContext(ctx,
-		"SELECT s.status, (SELECT COUNT(*) FROM activity_signup w WHERE w.activity_id = s.activity_id "+
+		"SELECT s.status, s.held_until, (SELECT COUNT(*) FROM activity_signup w WHERE w.activity_id = s.activity_id "+
 			"AND w.status = 'WAITING' AND w.queue_seq < s.queue_seq) FROM activity_signup s "+
 			"WHERE s.activity_id = ? AND s.user_id = ?", activity, user).
-		Scan(&s.Status, &ahead)
+		Scan(&s.Status, &until, &ahead)
+	if until.Valid {
+		t := until.Time.UTC()
+		s.HeldUntil = &t
+	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, false, nil
 	}
@@ -164,9 +183,7 @@ func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, 
 
 // GetActivityRow reads one activity row without locking it.
 func GetActivityRow(ctx context.Context, q DBTX, id int64) (ActivityRow, bool, error) {
-	r := ActivityRow{ID: id}
-	err := q.QueryRowContext(ctx, "SELECT capacity, confirmed_count, next_seq FROM activity WHERE id = ?", id).
-		Scan(&r.Capacity, &r.Confirmed, &r.NextSeq)
+	r, err := scanActivity(q.QueryRowContext(ctx, "SELECT "+activityColumns+" FROM activity WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return r, false, nil
 	}

@@ -23,8 +23,10 @@ const maxRowsPerStatement = 1000
 type ActivityRow struct {
 	ID        int64
 	Capacity  int64
-	Confirmed int64
+	Confirmed int64 // seats taken: CONFIRMED and HELD signups
 	NextSeq   uint64
+	Hold      time.Duration
+	Held      int64
 }
 
 // SignupRow is a row of activity_signup.
@@ -33,6 +35,9 @@ type SignupRow struct {
 	UserID     int64
 	Status     wire.Status
 	QueueSeq   uint64
+	// HeldUntil and HoldSeq are set exactly on HELD rows.
+	HeldUntil time.Time
+	HoldSeq   uint64
 }
 
 // RejectedRow is a message the allocator refused: malformed, or data MySQL
@@ -156,15 +161,15 @@ func LockActivities(ctx context.Context, tx *sql.Tx, ids []int64) (map[int64]Act
 	for i, id := range ids {
 		args[i] = id
 	}
-	rows, err := tx.QueryContext(ctx, "SELECT id, capacity, confirmed_count, next_seq FROM activity WHERE id IN ("+
+	rows, err := tx.QueryContext(ctx, "SELECT "+activityColumns+" FROM activity WHERE id IN ("+
 		placeholders(len(ids), 1)+") ORDER BY id FOR UPDATE", args...)
 	if err != nil {
 		return nil, fmt.Errorf("lock activities: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var r ActivityRow
-		if err := rows.Scan(&r.ID, &r.Capacity, &r.Confirmed, &r.NextSeq); err != nil {
+		r, err := scanActivity(rows)
+		if err != nil {
 			return nil, fmt.Errorf("lock activities: %w", err)
 		}
 		out[r.ID] = r
@@ -175,10 +180,21 @@ func LockActivities(ctx context.Context, tx *sql.Tx, ids []int64) (map[int64]Act
 	return out, nil
 }
 
-// LiveSignups reads the CONFIRMED and WAITING signups of an activity.
+// activityColumns are the activity columns scanActivity reads.
+const activityColumns = "id, capacity, confirmed_count, next_seq, hold_ns, held_count"
+
+func scanActivity(row scanner) (ActivityRow, error) {
+	var r ActivityRow
+	var hold int64
+	err := row.Scan(&r.ID, &r.Capacity, &r.Confirmed, &r.NextSeq, &hold, &r.Held)
+	r.Hold = time.Duration(hold)
+	return r, err
+}
+
+// LiveSignups reads the CONFIRMED, HELD and WAITING signups of an activity.
 func LiveSignups(ctx context.Context, q DBTX, activity int64) ([]SignupRow, error) {
-	rows, err := q.QueryContext(ctx, "SELECT user_id, status, queue_seq FROM activity_signup "+
-		"WHERE activity_id = ? AND status IN ('CONFIRMED', 'WAITING')", activity)
+	rows, err := q.QueryContext(ctx, "SELECT user_id, status, queue_seq, held_until, hold_seq FROM activity_signup "+
+		"WHERE activity_id = ? AND status IN ('CONFIRMED', 'HELD', 'WAITING')", activity)
 	if err != nil {
 		return nil, fmt.Errorf("live signups %d: %w", activity, err)
 	}
@@ -186,9 +202,17 @@ func LiveSignups(ctx context.Context, q DBTX, activity int64) ([]SignupRow, erro
 	var out []SignupRow
 	for rows.Next() {
 		r := SignupRow{ActivityID: activity}
-		if err := rows.Scan(&r.UserID, &r.Status, &r.QueueSeq); err != nil {
+		var (
+			until sql.NullTime
+			hold  sql.NullInt64
+		)
+		if err := rows.Scan(&r.UserID, &r.Status, &r.QueueSeq, &until, &hold); err != nil {
 			return nil, fmt.Errorf("live signups %d: %w", activity, err)
 		}
+		if until.Valid {
+			r.HeldUntil = until.Time.UTC()
+		}
+		r.HoldSeq = uint64(hold.Int64)
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
@@ -200,22 +224,27 @@ func LiveSignups(ctx context.Context, q DBTX, activity int64) ([]SignupRow, erro
 // UpsertActivities writes the final state of each activity of a batch. The
 // CHECK constraints still guard every row.
 func UpsertActivities(ctx context.Context, tx *sql.Tx, rows []ActivityRow) error {
-	return insertRows(ctx, tx, "INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES ",
-		" ON DUPLICATE KEY UPDATE capacity = VALUES(capacity), confirmed_count = VALUES(confirmed_count), next_seq = VALUES(next_seq)",
-		4, len(rows), func(i int, args []any) []any {
+	return insertRows(ctx, tx, "INSERT INTO activity ("+activityColumns+") VALUES ",
+		" ON DUPLICATE KEY UPDATE capacity = VALUES(capacity), confirmed_count = VALUES(confirmed_count), next_seq = VALUES(next_seq),"+
+			" hold_ns = VALUES(hold_ns), held_count = VALUES(held_count)",
+		6, len(rows), func(i int, args []any) []any {
 			r := rows[i]
-			return append(args, r.ID, r.Capacity, r.Confirmed, r.NextSeq)
+			return append(args, r.ID, r.Capacity, r.Confirmed, r.NextSeq, int64(r.Hold), r.Held)
 		})
 }
 
 // UpsertSignups writes the final state of each signup a batch changed; the
 // UNIQUE keys still guard one row per user and one user per queue_seq.
 func UpsertSignups(ctx context.Context, tx *sql.Tx, rows []SignupRow) error {
-	return insertRows(ctx, tx, "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES ",
-		" ON DUPLICATE KEY UPDATE status = VALUES(status), queue_seq = VALUES(queue_seq)",
-		4, len(rows), func(i int, args []any) []any {
+	return insertRows(ctx, tx, "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq, held_until, hold_seq) VALUES ",
+		" ON DUPLICATE KEY UPDATE status = VALUES(status), queue_seq = VALUES(queue_seq), held_until = VALUES(held_until), hold_seq = VALUES(hold_seq)",
+		6, len(rows), func(i int, args []any) []any {
 			r := rows[i]
-			return append(args, r.ActivityID, r.UserID, r.Status, r.QueueSeq)
+			var until, hold any
+			if r.Status == wire.StatusHeld {
+				until, hold = r.HeldUntil.UTC(), r.HoldSeq
+			}
+			return append(args, r.ActivityID, r.UserID, r.Status, r.QueueSeq, until, hold)
 		})
 }
 
@@ -269,11 +298,15 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow, pieceMax int
 	}
 	err := insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+
 		", partition_id, events, promoted_parts, event_parts) VALUES ", "",
-		16, len(rs), func(i int, args []any) []any {
+		17, len(rs), func(i int, args []any) []any {
 			r, h := rs[i], heads[i]
+			var until any
+			if r.HeldUntil != nil {
+				until = r.HeldUntil.UTC()
+			}
 			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
 				nullString(r.Status), nullInt(r.Position), nullIfEmpty(h.promoted), nullInt(r.Capacity), r.AppliedAt,
-				nullIfEmpty(truncate(r.Reason, 255)), r.Partition, nullIfEmpty(h.events), h.promotedN, h.eventsN)
+				nullIfEmpty(truncate(r.Reason, 255)), until, r.Partition, nullIfEmpty(h.events), h.promotedN, h.eventsN)
 		})
 	var me *mysql.MySQLError
 	if errors.As(err, &me) && me.Number == errDuplicateEntry && strings.Contains(me.Message, "uk_processed_request") {
