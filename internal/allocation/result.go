@@ -43,7 +43,8 @@ func ResultOf(req wire.Request, seq uint64, d Decision, after *Activity) wire.Re
 		r.HeldUntil = &t
 	}
 	switch req.Op {
-	case wire.OpCancel:
+	case wire.OpCancel, wire.OpConfirm, wire.OpExpire:
+		// A seat released by one user goes to one waiter at most.
 		if len(d.PromotedUserIDs) > 0 {
 			id := d.PromotedUserIDs[0]
 			r.PromotedUserID = &id

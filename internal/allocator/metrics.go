@@ -20,6 +20,7 @@ type metrics struct {
 	cacheHits       prometheus.Counter
 	cacheLoads      prometheus.Counter
 	eventsPublished prometheus.Counter
+	holdsScheduled  prometheus.Counter
 	badEntries      prometheus.Counter
 	acceptToApply   prometheus.Histogram
 	pending         prometheus.Gauge
@@ -61,6 +62,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		eventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_events_published_total", Help: "Outbox events relayed to ALLOT_EVENTS.",
 		}),
+		holdsScheduled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_holds_scheduled_total", Help: "Hold expiries scheduled in ALLOT_HOLDS by the outbox relay.",
+		}),
 		badEntries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_outbox_bad_entries_total",
 			Help: "Outbox entries the relay could not read and skipped (recorded in outbox_skipped).",
@@ -77,7 +81,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled, m.viewRebuilds,
-		m.cacheHits, m.cacheLoads, m.eventsPublished, m.acceptToApply, m.badEntries)
+		m.cacheHits, m.cacheLoads, m.eventsPublished, m.holdsScheduled, m.acceptToApply, m.badEntries)
 	return m
 }
 

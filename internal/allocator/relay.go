@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -210,15 +211,34 @@ func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) 
 			bad = append(bad, fmt.Sprintf("%q", entry))
 			continue
 		}
-		out = append(out, wire.Event{
+		ev := wire.Event{
 			EventID: wire.EventID(row.RequestID, first+i), Kind: es[0].Kind, ActivityID: row.ActivityID,
 			UserID: es[0].UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
-		})
+		}
+		if until := es[0].HeldUntil; !until.IsZero() {
+			ev.HeldUntil = &until
+		}
+		out = append(out, ev)
 	}
 	if len(bad) == 0 {
 		return out, nil
 	}
 	return out, []skip{{row, fmt.Sprintf("%d unreadable event entries, skipped: %s", len(bad), strings.Join(bad[:min(len(bad), 5)], ", "))}}
+}
+
+// holdSchedule is the message schedule of the expire of the hold ev gave:
+// on its own subject in ALLOT_HOLDS, due at wire.HoldDue, targeting
+// alloc.hold.due.<activity>, with the expire's derived request_id as
+// Nats-Msg-Id so that a schedule relayed again is stored once. The time is
+// written to the nanosecond (nats.go's WithScheduleAt cuts it to the
+// second, which could fire an expire before its hold ends).
+func holdSchedule(ev wire.Event) (*nats.Msg, string) {
+	req := wire.ExpireRequest(ev.ActivityID, ev.UserID, ev.Seq, *ev.HeldUntil)
+	msg := nats.NewMsg(wire.HoldScheduleSubject(ev.ActivityID, ev.UserID, ev.Seq))
+	msg.Header.Set(jetstream.ScheduleHeader, "@at "+req.ReceivedAt.Format(time.RFC3339Nano))
+	msg.Header.Set(jetstream.ScheduleTargetHeader, wire.HoldDueSubject(ev.ActivityID))
+	msg.Data, _ = json.Marshal(req) // a struct of plain fields: cannot fail
+	return msg, req.RequestID
 }
 
 // bad says loudly that events of a request cannot be relayed, counts it
@@ -233,12 +253,23 @@ func (r *Relay) bad(ctx context.Context, sk skip) {
 }
 
 // publish publishes events with Nats-Msg-Id = event_id and waits for every
-// PubAck, relayWindow at a time.
+// PubAck, relayWindow at a time. An event that gave a hold (held, or
+// promoted with held_until) first schedules the hold's expire: the outbox
+// is what makes the expiry survive any crash after the commit.
 func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
-	futures := make([]jetstream.PubAckFuture, 0, min(len(events), relayWindow))
+	futures := make([]jetstream.PubAckFuture, 0, min(2*len(events), 2*relayWindow))
 	for lo := 0; lo < len(events); lo += relayWindow {
 		futures = futures[:0]
 		for _, ev := range events[lo:min(lo+relayWindow, len(events))] {
+			if ev.HeldUntil != nil && (ev.Kind == wire.EventHeld || ev.Kind == wire.EventPromoted) {
+				msg, id := holdSchedule(ev)
+				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(id))
+				if err != nil {
+					return fmt.Errorf("schedule expiry %s: %w", id, err)
+				}
+				futures = append(futures, f)
+				r.m.holdsScheduled.Inc()
+			}
 			msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
 			msg.Data = ev.AppendJSON(make([]byte, 0, 256))
 			f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.EventID))

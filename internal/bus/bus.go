@@ -164,6 +164,53 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		AllowAtomicPublish: true,
 
 		SubjectTransform: PartitionTransform(c.Partitions),
+		// Expires of holds, stored in ALLOT_HOLDS by the server's message
+		// scheduler when they fall due, come in here on the activity's
+		// subject: requests like any other, in the broker's order.
+		Sources: []*jetstream.StreamSource{{
+			Name: wire.HoldStream,
+			SubjectTransforms: []jetstream.SubjectTransformConfig{{
+				Source:      wire.HoldDuePrefix + "*",
+				Destination: holdDueDestination(c.Partitions),
+			}},
+		}},
+	}
+}
+
+// holdDueDestination maps alloc.hold.due.<activity> to the subject a
+// request for activity is stored on: alloc.req.<activity>, or
+// alloc.req.<partition>.<activity> with the same hash as the stream's own
+// transform, so an expire reaches the partition of its activity.
+func holdDueDestination(partitions int) string {
+	if partitions <= 1 {
+		return wire.RequestSubjectPrefix + "{{wildcard(1)}}"
+	}
+	return fmt.Sprintf("%s{{partition(%d,1)}}.{{wildcard(1)}}", wire.RequestSubjectPrefix, partitions)
+}
+
+// HoldStreamConfig is ALLOT_HOLDS: one message schedule per hold, due
+// when the hold lapses, whose expire the server stores on
+// alloc.hold.due.<activity>, to be sourced into ALLOT_REQUESTS. Schedules
+// cannot live in ALLOT_REQUESTS itself: the server refuses them in a stream
+// that discards new messages when full, and refuses roll-ups nowhere it has
+// them. Kept by age only, longer than the longest hold, so a schedule never
+// leaves before it is due.
+func HoldStreamConfig(c StreamConfig) jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        wire.HoldStream,
+		Description: "allot hold expiries: one message schedule per hold, sourced into ALLOT_REQUESTS when due",
+		Subjects:    []string{wire.HoldSubjectPrefix + ">"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(c.Replicas, 1),
+		Duplicates:  10 * time.Minute,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      wire.MaxHold + 24*time.Hour,
+		AllowDirect: true,
+		// A schedule rolls up its own subject: the server requires
+		// roll-ups (and purges) allowed in a stream with schedules.
+		AllowMsgSchedules: true,
+		AllowRollup:       true,
 	}
 }
 
@@ -210,10 +257,27 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}
+	if err := ensureHoldStream(ctx, js, rc.Replicas); err != nil {
+		return err
+	}
 	if _, err := js.CreateOrUpdateStream(ctx, RequestStreamConfig(rc)); err != nil {
 		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}
 	return EnsureEventStream(ctx, js, c)
+}
+
+// ensureHoldStream creates or updates ALLOT_HOLDS, never with fewer
+// replicas than it has.
+func ensureHoldStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
+	if st, err := js.Stream(ctx, wire.HoldStream); err == nil {
+		replicas = max(replicas, st.CachedInfo().Config.Replicas)
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.HoldStream, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, HoldStreamConfig(StreamConfig{Replicas: replicas})); err != nil {
+		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.HoldStream, err)
+	}
+	return nil
 }
 
 // EnsureEventStream creates or updates ALLOT_EVENTS alone: what a consumer

@@ -32,6 +32,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 		none = iota
 		waiting
 		holding
+		held // a seat under a hold, not yet confirmed
 	)
 	type key struct{ activity, user int64 }
 	state := map[key]int{}
@@ -71,18 +72,28 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			case wire.EventOpened:
 				ok = !opened[activityID]
 				opened[activityID] = true
-			case wire.EventConfirmed, wire.EventGranted:
+			case wire.EventConfirmed:
+				// A join that took a seat, or a hold confirmed.
+				to, ok = holding, from == none || from == held
+			case wire.EventGranted:
 				to, ok = holding, from == none
+			case wire.EventHeld:
+				to, ok = held, from == none
 			case wire.EventWaitlisted:
 				to, ok = waiting, from == none
 			case wire.EventPromoted:
 				to, ok = holding, from == waiting
+				if !e.HeldUntil.IsZero() {
+					to = held
+				}
+			case wire.EventExpired:
+				to, ok = none, from == held
 			case wire.EventCancelled:
 				to, ok = none, from != none
 			}
 			if !ok {
 				problems = append(problems, fmt.Sprintf("seq %d request %s: event %s for user %d of activity %d, who is %s already",
-					seq, id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat"}[from]))
+					seq, id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat", "holding a seat under a hold"}[from]))
 			}
 			state[k] = to
 		}
@@ -92,10 +103,10 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 
-	held := map[int64]int64{}
+	taken := map[int64]int64{}
 	for k, s := range state {
-		if s == holding {
-			held[k.activity]++
+		if s == holding || s == held {
+			taken[k.activity]++
 		}
 	}
 	acts, err := d.QueryContext(ctx, "SELECT id, confirmed_count FROM activity")
@@ -108,8 +119,8 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			acts.Close()
 			return nil, err
 		}
-		if opened[id] && confirmed != held[id] {
-			problems = append(problems, fmt.Sprintf("activity %d: confirmed_count %d, its history hands out %d seats", id, confirmed, held[id]))
+		if opened[id] && confirmed != taken[id] {
+			problems = append(problems, fmt.Sprintf("activity %d: confirmed_count %d, its history hands out %d seats", id, confirmed, taken[id]))
 		}
 	}
 	acts.Close()
@@ -132,7 +143,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			continue
 		}
 		seen[k] = true
-		want := map[int]wire.Status{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed}[state[k]]
+		want := map[int]wire.Status{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed, held: wire.StatusHeld}[state[k]]
 		if wire.Status(status) != want {
 			problems = append(problems, fmt.Sprintf("activity %d user %d: row %s, the history leaves %s", k.activity, k.user, status, want))
 		}

@@ -120,10 +120,10 @@ func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 	return r, nil
 }
 
-// SetPromotedUser fills the single promoted_user_id of a cancel result from
-// its list, the one form of the field a cancel's client reads.
+// SetPromotedUser fills the single promoted_user_id of a cancel, confirm or
+// expire result from its list, the one form of the field its client reads.
 func SetPromotedUser(r *wire.Result) {
-	if r.Op == wire.OpCancel && len(r.PromotedUserIDs) == 1 {
+	if (r.Op == wire.OpCancel || r.Op == wire.OpConfirm || r.Op == wire.OpExpire) && len(r.PromotedUserIDs) == 1 {
 		id := r.PromotedUserIDs[0]
 		r.PromotedUserID = &id
 		r.PromotedUserIDs = nil
