@@ -1,0 +1,141 @@
+package faults
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// TestScenario12HoldsSurviveKill: kill -9 the allocator right after a
+// commit that created holds, before its relay scheduled all their expiries,
+// and start it again only after every hold has ended. The outbox schedules
+// what the dead relay did not; every hold's expire is stored once and
+// applied once, in stream order, after its hold's end, and promotes the
+// next waiter, whose hold lapses in turn.
+func TestScenario12HoldsSurviveKill(t *testing.T) {
+	s := newStack(t, stackConfig{})
+	ctx := context.Background()
+	const (
+		act     = 1201
+		seats   = 300
+		waiters = 100
+		hold    = 2 * time.Second
+	)
+	// Opened straight on the stream: the test needs no more of ingest
+	// than the joins.
+	capacity := int64(seats)
+	open := wire.Request{RequestID: uuid.Must(uuid.NewV7()).String(), Op: wire.OpOpen, ActivityID: act,
+		Capacity: &capacity, Hold: wire.Duration(hold), ReceivedAt: time.Now().UTC()}
+	data, _ := json.Marshal(open)
+	msg := nats.NewMsg(wire.RequestSubject(act))
+	msg.Data = data
+	if _, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgID(open.RequestID)); err != nil {
+		t.Fatal(err)
+	}
+	s.must(poll(20*time.Second, "the activity opened", func() (bool, error) {
+		return s.db.Count(t, "SELECT COUNT(*) FROM activity WHERE id = ?", act) == 1, nil
+	}))
+
+	// The joins, and a kill as soon as the first holds are committed.
+	var wg sync.WaitGroup
+	users := make(chan int64)
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for u := range users {
+				a := s.send(ctx, request{method: http.MethodPost, path: fmt.Sprintf("/v1/activities/%d/signups/%d", act, u)})
+				if a.err != nil || a.code != http.StatusAccepted {
+					t.Errorf("join of user %d: %+v", u, a)
+				}
+			}
+		}()
+	}
+	go func() {
+		for u := int64(1); u <= seats+waiters; u++ {
+			users <- u
+		}
+		close(users)
+	}()
+	var held, scheduled int64
+	s.must(poll(20*time.Second, "the first holds committed", func() (bool, error) {
+		held = s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'HELD'", act)
+		return held > 0, nil
+	}))
+	if err := s.allocs[0].kill(); err != nil {
+		t.Fatal(err)
+	}
+	killedAt := time.Now()
+	wg.Wait()
+	held = s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'HELD'", act)
+	scheduled = int64(streamMsgs(t, s.js, wire.HoldStream))
+	t.Logf("killed the allocator with %d holds committed and %d expiries scheduled", held, scheduled)
+	if scheduled >= held {
+		t.Fatalf("every committed hold was scheduled before the kill (%d of %d): the kill did not land between a commit and its relay", scheduled, held)
+	}
+
+	// Restart only once every committed hold has ended.
+	var lastEnd time.Time
+	if err := s.db.QueryRow("SELECT COALESCE(MAX(held_until), NOW(6)) FROM activity_signup WHERE activity_id = ?", act).Scan(&lastEnd); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(max(time.Until(lastEnd.Add(time.Second)), time.Until(killedAt.Add(hold+time.Second))))
+	s.must(s.startAllocator(0))
+
+	// Every seat is held once by a joiner and, as their holds lapse, by a
+	// waiter; in the end every hold has lapsed.
+	s.must(poll(60*time.Second, "every hold lapsed", func() (bool, error) {
+		var taken, waiting int64
+		err := s.db.QueryRow("SELECT a.confirmed_count, (SELECT COUNT(*) FROM activity_signup w WHERE w.activity_id = a.id AND w.status = 'WAITING') "+
+			"FROM activity a WHERE a.id = ?", act).Scan(&taken, &waiting)
+		return err == nil && taken == 0 && waiting == 0, err
+	}))
+	holds := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND outcome = 'HELD'", act) +
+		s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'expire' AND promoted_user_ids IS NOT NULL", act)
+	if holds != seats+waiters {
+		t.Errorf("%d holds given, want %d (every joiner held once)", holds, seats+waiters)
+	}
+	if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'expire' AND outcome = 'EXPIRED'", act); n != holds {
+		t.Errorf("%d expires applied, want one per hold (%d)", n, holds)
+	}
+	if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'expire' AND outcome <> 'EXPIRED'", act); n != 0 {
+		t.Errorf("%d expires did not find their hold", n)
+	}
+	// Stored once: the stream holds the open, the joins and one expire
+	// per hold.
+	if n := streamMsgs(t, s.js, wire.RequestStream); n != uint64(1+seats+waiters+holds) {
+		t.Errorf("request stream holds %d messages, want %d", n, 1+seats+waiters+holds)
+	}
+	// In stream order, after the hold's end: an expire's seq follows the
+	// seq of the request that created the hold, and it was received (fell
+	// due) after the hold's end.
+	if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request e JOIN activity_signup s ON s.activity_id = e.activity_id AND s.user_id = e.user_id "+
+		"WHERE e.activity_id = ? AND e.op = 'expire' AND e.seq <= s.queue_seq", act); n != 0 {
+		t.Errorf("%d expires ordered before the signup they expire", n)
+	}
+	s.db.CheckInvariants(t)
+}
+
+// streamMsgs is the number of messages stream holds.
+func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	st, err := js.Stream(context.Background(), stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
