@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -252,32 +253,50 @@ func (r *Relay) bad(ctx context.Context, sk skip) {
 	}
 }
 
-// publish publishes events with Nats-Msg-Id = event_id and waits for every
-// PubAck, relayWindow at a time. An event that gave a hold (held, or
-// promoted with held_until) first schedules the hold's expire: the outbox
-// is what makes the expiry survive any crash after the commit.
+// publish publishes events with Nats-Msg-Id = event_id and waits until
+// every one is stored, relayWindow at a time. An event that gave a hold
+// (held, or promoted with held_until) also schedules the hold's expire,
+// first: the outbox is what makes an expiry survive any crash after the
+// commit. Each window goes out as atomic batches (one fsync per batch, not
+// per message), or, when a batch is refused (a copy already stored, after
+// a crash) or unanswered, one message at a time.
 func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
-	futures := make([]jetstream.PubAckFuture, 0, min(2*len(events), 2*relayWindow))
+	nc := r.js.Conn()
+	var (
+		futures   []jetstream.PubAckFuture
+		schedules []*nats.Msg
+		sids      []string
+		msgs      []*nats.Msg
+		ids       []string
+	)
 	for lo := 0; lo < len(events); lo += relayWindow {
-		futures = futures[:0]
+		futures, schedules, sids, msgs, ids = futures[:0], schedules[:0], sids[:0], msgs[:0], ids[:0]
 		for _, ev := range events[lo:min(lo+relayWindow, len(events))] {
 			if ev.HeldUntil != nil && (ev.Kind == wire.EventHeld || ev.Kind == wire.EventPromoted) {
 				msg, id := holdSchedule(ev)
-				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(id))
-				if err != nil {
-					return fmt.Errorf("schedule expiry %s: %w", id, err)
-				}
-				futures = append(futures, f)
-				r.m.holdsScheduled.Inc()
+				schedules, sids = append(schedules, msg), append(sids, id)
 			}
 			msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
 			msg.Data = ev.AppendJSON(make([]byte, 0, 256))
-			f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.EventID))
-			if err != nil {
-				return fmt.Errorf("publish event %s: %w", ev.EventID, err)
-			}
-			futures = append(futures, f)
+			msgs, ids = append(msgs, msg), append(ids, ev.EventID)
 		}
+		for _, batch := range []struct {
+			stream string
+			msgs   []*nats.Msg
+			ids    []string
+		}{{wire.HoldStream, schedules, sids}, {wire.EventStream, msgs, ids}} {
+			if len(batch.msgs) == 0 || bus.PublishAtomic(nc, batch.stream, batch.msgs, batch.ids, 10*time.Second) {
+				continue
+			}
+			for i, msg := range batch.msgs {
+				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(batch.ids[i]))
+				if err != nil {
+					return fmt.Errorf("publish %s to %s: %w", batch.ids[i], batch.stream, err)
+				}
+				futures = append(futures, f)
+			}
+		}
+		r.m.holdsScheduled.Add(float64(len(schedules)))
 		if r.awaitingAcks != nil {
 			r.awaitingAcks()
 		}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -63,4 +64,21 @@ func TestDrainSmall(t *testing.T) {
 	}
 	db.CheckInvariants(t)
 	t.Logf("drained %d decisions at %.0f/s", res.Decisions, res.PerSecond())
+}
+
+// TestHoldsSmall keeps the holds benchmark honest in the ordinary test run:
+// every hold given by one resize expires, once, through the stream.
+func TestHoldsSmall(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	res, err := Holds(context.Background(), db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		HoldsConfig{Holds: 500, Hold: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExpiriesPerSecond() <= 0 || res.JoinsPerSecond() <= 0 || len(res.Probes) == 0 {
+		t.Fatalf("nothing measured: %+v", res)
+	}
 }

@@ -211,6 +211,9 @@ func HoldStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		// roll-ups (and purges) allowed in a stream with schedules.
 		AllowMsgSchedules: true,
 		AllowRollup:       true,
+		// The relay schedules a resize's thousands of holds in atomic
+		// batches: one fsync per batch.
+		AllowAtomicPublish: true,
 	}
 }
 
@@ -231,6 +234,9 @@ func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		MaxAge:      r.MaxAge,
 		MaxBytes:    r.MaxBytes,
 		AllowDirect: true,
+		// The relay publishes a pass's events in atomic batches: one
+		// fsync per batch instead of one per event.
+		AllowAtomicPublish: true,
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"flag"
 	"fmt"
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/nats-io/nats.go"
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/baseline"
@@ -47,6 +49,9 @@ type opts struct {
 	memActivities     int
 	batch             int
 	repeat            int
+	holds             int
+	holdsOnly         bool
+	natsSync          time.Duration
 }
 
 func main() {
@@ -63,6 +68,9 @@ func main() {
 	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
 	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
+	flag.IntVar(&o.holds, "holds", 100_000, "holds given at once and expiring at once in the holds benchmark (0: skip it)")
+	flag.BoolVar(&o.holdsOnly, "holds-only", false, "run only the holds benchmark")
+	flag.DurationVar(&o.natsSync, "nats-sync", 0, "fsync interval of the benchmarks' JetStream server (0: every write, as production); another value shows what fsync costs")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN
@@ -128,6 +136,9 @@ func run(ctx context.Context, o opts) error {
 		return memory(ctx, o)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if o.holdsOnly {
+		return holds(ctx, o, log)
+	}
 	var rows []row
 	fmt.Fprintf(os.Stderr, "bench: %d requests per measurement, seed designs with %d connections\n", o.n, o.conc)
 
@@ -182,43 +193,99 @@ func run(ctx context.Context, o opts) error {
 	fmt.Printf("ratio allot joins / seed join:   %.1fx\n", hotJoin/seedJoin.PerSecond)
 	fmt.Printf("ratio allot claims / seed claim: %.1fx\n", hotClaim/seedClaim.PerSecond)
 
+	if o.holds > 0 {
+		if err := holds(ctx, o, log); err != nil {
+			return err
+		}
+	}
 	if o.skipE2E {
 		return nil
 	}
 	return e2e(ctx, o)
 }
 
+// holds runs the holds benchmark: o.holds joins, one resize that holds a
+// seat for each until the same instant, and their expiries, with a probe
+// of the same partition meanwhile.
+func holds(ctx context.Context, o opts, log *slog.Logger) error {
+	if o.holds < 1 {
+		return fmt.Errorf("-holds must be at least 1")
+	}
+	var res bench.HoldsResult
+	err := withStack(ctx, o, log, func(db *sql.DB, nc *nats.Conn) error {
+		var err error
+		res, err = bench.Holds(ctx, db, nc, log, bench.HoldsConfig{Holds: o.holds, Hold: holdFor(o.holds),
+			Allocator: allocator.Config{BatchSize: o.batch}})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("holds: %w", err)
+	}
+	probes := slices.Clone(res.Probes)
+	slices.Sort(probes)
+	p50 := time.Duration(0)
+	if len(probes) > 0 {
+		p50 = probes[len(probes)/2]
+	}
+	fmt.Printf("\n== holds: %d holds on one activity, given by one resize and expiring at the same instant (one run) ==\n", res.Holds)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "measurement\trequests/s\tdetail\t")
+	fmt.Fprintf(tw, "joins to the waitlist (drained)\t%.0f\t%d in %s\t\n", res.JoinsPerSecond(), res.Holds, res.JoinsElapsed.Round(time.Millisecond))
+	fmt.Fprintf(tw, "expiries scheduled by the relay\t%.0f\t%d in %s\t\n", res.SchedulesPerSecond(), res.Holds, res.ScheduleElapsed.Round(time.Millisecond))
+	fmt.Fprintf(tw, "expiries applied once due\t%.0f\t%d in %s after they fell due\t\n", res.ExpiriesPerSecond(), res.Holds, res.ExpiryElapsed.Round(time.Millisecond))
+	tw.Flush()
+	fmt.Printf("another activity of the partition meanwhile: %d joins, p50 %s, slowest %s\n", len(probes), p50.Round(time.Millisecond), res.ProbeMax().Round(time.Millisecond))
+	fmt.Printf("ratio expiries / joins: %.2f\n", res.ExpiriesPerSecond()/res.JoinsPerSecond())
+	return nil
+}
+
+// holdFor is a hold long enough for the relay to schedule n expiries
+// before the first falls due.
+func holdFor(n int) time.Duration { return max(2*time.Second, time.Duration(n)*400*time.Microsecond) }
+
 func drain(ctx context.Context, o opts, log *slog.Logger, cfg bench.DrainConfig) (bench.DrainResult, error) {
+	var res bench.DrainResult
+	err := withStack(ctx, o, log, func(db *sql.DB, nc *nats.Conn) error {
+		var err error
+		res, err = bench.Drain(ctx, db, nc, log, cfg)
+		return err
+	})
+	return res, err
+}
+
+// withStack runs f on a fresh database and a fresh embedded JetStream
+// server that fsyncs every write, as make run and production configs do
+// (unless -nats-sync says otherwise).
+func withStack(ctx context.Context, o opts, log *slog.Logger, f func(*sql.DB, *nats.Conn) error) error {
 	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_")
 	if err != nil {
-		return bench.DrainResult{}, err
+		return err
 	}
 	defer drop()
 	db, err := store.Open(ctx, dsn, 16)
 	if err != nil {
-		return bench.DrainResult{}, err
+		return err
 	}
 	defer db.Close()
 	if err := store.Migrate(ctx, db); err != nil {
-		return bench.DrainResult{}, err
+		return err
 	}
 	dir, err := os.MkdirTemp("", "allot-bench-nats-")
 	if err != nil {
-		return bench.DrainResult{}, err
+		return err
 	}
 	defer os.RemoveAll(dir)
-	// fsync on every write, as make run and production configs do.
-	srv, err := bus.RunServer(bus.ServerConfig{Port: -1, StoreDir: dir})
+	srv, err := bus.RunServer(bus.ServerConfig{Port: -1, StoreDir: dir, SyncInterval: o.natsSync})
 	if err != nil {
-		return bench.DrainResult{}, err
+		return err
 	}
 	defer srv.Shutdown()
 	nc, err := bus.Connect(srv.ClientURL(), "bench", log)
 	if err != nil {
-		return bench.DrainResult{}, err
+		return err
 	}
 	defer nc.Close()
-	return bench.Drain(ctx, db, nc, log, cfg)
+	return f(db, nc)
 }
 
 func seeds(ctx context.Context, o opts) (baseline.Stats, baseline.Stats, error) {
