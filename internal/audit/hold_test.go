@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,7 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -318,3 +323,144 @@ func TestHoldTamperingIsReported(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestHoldsAuditFromCheckpoint: a checkpoint taken while seats are held
+// carries the holds (hold_ns, held_count, held_until, hold_seq), so that
+// after retention has removed the requests that created them, the audit
+// from the checkpoint replays the confirm, expire and late confirm of
+// those holds exactly as the allocator decided them; a hold changed in
+// the checkpoint's rows breaks its digest.
+func TestHoldsAuditFromCheckpoint(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t)
+	a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
+		allocator.Config{CheckpointInterval: 100 * time.Millisecond}, allocator.Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
+	e.sourceHolds()
+
+	e.apply(openHold(70, 2, 5*time.Second, 0))
+	for u := int64(1); u <= 4; u++ {
+		e.apply(reqAt(wire.OpJoin, 70, u, time.Duration(u)*time.Millisecond))
+	}
+	ckptSeq := e.apply(reqAt(wire.OpJoin, 71, 1, 0)) // NO_SUCH_ACTIVITY: the fence moves on
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok && cp.Seq == ckptSeq {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint at the fence %d within a minute", ckptSeq)
+		}
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = ? AND status = 'HELD' AND held_until IS NOT NULL AND hold_seq IS NOT NULL", ckptSeq); n != 2 {
+		t.Fatalf("the checkpoint holds %d HELD rows with their hold, want 2", n)
+	}
+	st, err := e.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As retention would: everything up to the checkpoint leaves.
+	if err := st.Purge(ctx, jetstream.WithPurgeSequence(ckptSeq+1)); err != nil {
+		t.Fatal(err)
+	}
+	until1, _ := e.holdOf(70, 1)
+	until2, seq2 := e.holdOf(70, 2)
+	confirm := reqAt(wire.OpConfirm, 70, 1, 0)
+	confirm.ReceivedAt = until1
+	e.apply(confirm)              // CONFIRMED
+	e.expire(70, 2, seq2, until2) // EXPIRED: 3 is held
+	until3, _ := e.holdOf(70, 3)
+	late := reqAt(wire.OpConfirm, 70, 3, 0)
+	late.ReceivedAt = until3.Add(time.Microsecond)
+	last := e.apply(late) // HOLD_EXPIRED: 4 is held
+	var outcomes []string
+	rows, err := e.db.Query("SELECT outcome FROM processed_request WHERE seq > ? ORDER BY seq", ckptSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var o string
+		if err := rows.Scan(&o); err != nil {
+			t.Fatal(err)
+		}
+		outcomes = append(outcomes, o)
+	}
+	rows.Close()
+	if got := strings.Join(outcomes, " "); got != "CONFIRMED EXPIRED HOLD_EXPIRED" {
+		t.Fatalf("outcomes after the checkpoint: %s", got)
+	}
+
+	rep := e.audit(audit.Options{FromCheckpoint: true})
+	if !rep.OK {
+		t.Fatalf("audit from a checkpoint with holds diverges:%s", divergences(rep.Divergences))
+	}
+	if len(rep.Checkpoints) != 1 || rep.Checkpoints[0].Seq != ckptSeq || !rep.Checkpoints[0].DigestOK ||
+		rep.VerifiedFrom != ckptSeq+1 || rep.VerifiedTo != last || rep.Compared != 3 {
+		t.Fatalf("report %+v, want the checkpoint at %d with its digest, seq %d..%d verified, 3 compared", rep, ckptSeq, ckptSeq+1, last)
+	}
+
+	// A hold changed in the checkpoint's rows.
+	a.Stop()
+	e.exec("UPDATE allocator_checkpoint_signup SET held_until = held_until + INTERVAL 1 SECOND WHERE seq = ? AND activity_id = 70 AND user_id = 2", ckptSeq)
+	rep = e.audit(audit.Options{FromCheckpoint: true})
+	found := false
+	for _, d := range rep.Divergences {
+		found = found || d.Kind == audit.KindCheckpoint && d.Field == "digest" && d.Seq == ckptSeq
+	}
+	if rep.OK || !found || rep.Checkpoints[0].DigestOK {
+		t.Fatalf("a hold changed in the checkpoint: ok %v, checkpoints %+v, want a digest divergence:%s", rep.OK, rep.Checkpoints, divergences(rep.Divergences))
+	}
+}
+
+// TestSecondOpinionOnHolds: when allocation.Apply gets a hold wrong (here
+// the held_until of the seat an expiry hands to the next in line) and
+// MySQL holds the same wrong value, the reference model objects.
+//
+// Not parallel: it swaps the audit's domain function.
+func TestSecondOpinionOnHolds(t *testing.T) {
+	e := newEnv(t)
+	holdTraffic(e)
+	e.stopAllocator()
+	if rep := e.audit(audit.Options{}); !rep.OK {
+		t.Fatalf("before the fault: %s", divergences(rep.Divergences))
+	}
+	id := wire.ExpireRequestID(60, 1, 2)
+	var (
+		seq   uint64
+		until time.Time
+	)
+	if err := e.db.QueryRow("SELECT seq, held_until FROM processed_request WHERE request_id = ?", id).Scan(&seq, &until); err != nil {
+		t.Fatal(err)
+	}
+	wrong := until.Add(time.Second)
+	restore := audit.SetDomainApply(func(a *allocation.Activity, req allocation.Request, s uint64) (*allocation.Activity, allocation.Decision, error) {
+		after, d, err := allocation.Apply(a, req, s)
+		if s == seq {
+			d.HeldUntil = wrong // a wrong answer; the state change is right
+		}
+		return after, d, err
+	})
+	defer restore()
+	e.exec("UPDATE processed_request SET held_until = ? WHERE request_id = ?", wrong, id)
+
+	rep := e.audit(audit.Options{})
+	if rep.OK || len(rep.Divergences) != 1 {
+		t.Fatalf("want exactly one divergence (the second opinion's), got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
+	}
+	d := rep.Divergences[0]
+	if d.Kind != audit.KindReference || d.Seq != seq || d.RequestID != id ||
+		!strings.Contains(d.Expected, "EXPIRED status CANCELLED held_until "+until.UTC().Format(time.RFC3339Nano)+" promoted [2]") ||
+		!strings.Contains(d.Actual, "held_until "+wrong.UTC().Format(time.RFC3339Nano)) {
+		t.Fatalf("divergence = %+v", d)
+	}
+}
