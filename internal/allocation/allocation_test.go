@@ -5,7 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -750,5 +752,168 @@ func TestLargeWaitlist(t *testing.T) {
 	}
 	if len(a.wait.slots) > 2*int(a.Waiting())+compactMin {
 		t.Fatalf("%d slots for %d waiters: tombstones not compacted", len(a.wait.slots), a.Waiting())
+	}
+}
+
+// t0 has a sub-microsecond part, so that held_until's cut to whole
+// microseconds shows.
+var t0 = time.Date(2026, 12, 1, 3, 0, 0, 500, time.UTC)
+
+func at(d time.Duration) time.Time { return t0.Add(d) }
+
+// micro is t cut to whole microseconds, as held_until is kept.
+func micro(t time.Time) time.Time { return time.UnixMicro(t.UnixMicro()).UTC() }
+
+func held(user int64, seq uint64, until time.Time, holdSeq uint64) Signup {
+	return Signup{UserID: user, Status: wire.StatusHeld, QueueSeq: seq, HeldUntil: until, HoldSeq: holdSeq}
+}
+
+func evAt(kind wire.EventKind, user int64, until time.Time) Event {
+	return Event{Kind: kind, UserID: user, HeldUntil: until}
+}
+
+// TestHolds walks every hold outcome in one activity, step by step, with
+// the exact decision each gives: events in order (held; expired then
+// promoted; confirmed), held_until from the creating request's
+// received_at, hold seqs from the creating request's seq.
+func TestHolds(t *testing.T) {
+	const A, B, C, D, E = 1, 2, 3, 4, 5
+	const hold = 2 * time.Second
+	open := func(capacity int64, h time.Duration, when time.Duration) Request {
+		return Request{Op: wire.OpOpen, ActivityID: act, Capacity: capacity, Hold: h, ReceivedAt: at(when)}
+	}
+	do := func(op wire.Op, user int64, when time.Duration) Request {
+		return Request{Op: op, ActivityID: act, UserID: user, ReceivedAt: at(when)}
+	}
+	expire := func(user int64, holdSeq uint64, received time.Time) Request {
+		return Request{Op: wire.OpExpire, ActivityID: act, UserID: user, HoldSeq: holdSeq, ReceivedAt: received}
+	}
+	untilA := micro(at(hold))                         // A's join at seq 2
+	untilB := micro(wire.HoldDue(untilA).Add(hold))   // promoted by A's expire at seq 11
+	untilC := micro(at(20*time.Second + hold))        // promoted by the resize at seq 16
+	untilE := micro(at(40*time.Second + time.Second)) // promoted by D's cancel at seq 23
+	steps := []struct {
+		name     string
+		req      Request
+		want     Decision
+		wantLive []Signup
+	}{
+		{name: "open capacity 1 with a hold", req: open(1, hold, 0),
+			want: Decision{Outcome: wire.OutcomeOpened, Events: []Event{ev(wire.EventOpened, 0)}, Changes: true}},
+		{name: "A's join is held", req: do(wire.OpJoin, A, 0),
+			want: Decision{Outcome: wire.OutcomeHeld, Status: wire.StatusHeld, HeldUntil: untilA, Changes: true,
+				Events:  []Event{evAt(wire.EventHeld, A, untilA), ev(wire.EventSoldOut, 0)},
+				Changed: []Signup{held(A, 2, untilA, 2)}}},
+		{name: "B waits", req: do(wire.OpJoin, B, time.Second),
+			want: Decision{Outcome: wire.OutcomeWaiting, Status: wire.StatusWaiting, Position: 1, Changes: true,
+				Events: []Event{ev(wire.EventWaitlisted, B)}, Changed: []Signup{wait(B, 3)}}},
+		{name: "C waits", req: do(wire.OpJoin, C, time.Second),
+			want: Decision{Outcome: wire.OutcomeWaiting, Status: wire.StatusWaiting, Position: 2, Changes: true,
+				Events: []Event{ev(wire.EventWaitlisted, C)}, Changed: []Signup{wait(C, 4)}}},
+		{name: "A joins again: its hold", req: do(wire.OpJoin, A, time.Second),
+			want: Decision{Outcome: wire.OutcomeAlreadyConfirmed, Status: wire.StatusHeld, HeldUntil: untilA}},
+		{name: "A claims: its hold", req: do(wire.OpClaim, A, time.Second),
+			want: Decision{Outcome: wire.OutcomeAlreadyOwned, Status: wire.StatusHeld, HeldUntil: untilA}},
+		{name: "a waiter's confirm", req: do(wire.OpConfirm, B, time.Second),
+			want: Decision{Outcome: wire.OutcomeNotHeld, Status: wire.StatusWaiting, Position: 1}},
+		{name: "a stranger's confirm", req: do(wire.OpConfirm, D, time.Second),
+			want: Decision{Outcome: wire.OutcomeNotHeld}},
+		{name: "an expire received before held_until", req: expire(A, 2, untilA.Add(-time.Nanosecond)),
+			want: Decision{Outcome: wire.OutcomeNotHeld, Status: wire.StatusHeld, HeldUntil: untilA}},
+		{name: "an expire of another hold", req: expire(A, 5, wire.HoldDue(untilA)),
+			want: Decision{Outcome: wire.OutcomeNotHeld, Status: wire.StatusHeld, HeldUntil: untilA}},
+		{name: "A's hold expires: expired then promoted", req: expire(A, 2, wire.HoldDue(untilA)),
+			want: Decision{Outcome: wire.OutcomeExpired, Status: wire.StatusCancelled, PromotedUserIDs: []int64{B},
+				HeldUntil: untilB, Changes: true,
+				Events:  []Event{ev(wire.EventExpired, A), evAt(wire.EventPromoted, B, untilB)},
+				Changed: []Signup{canc(A, 2), held(B, 3, untilB, 11)}},
+			wantLive: []Signup{held(B, 3, untilB, 11), wait(C, 4)}},
+		{name: "the same expire again", req: expire(A, 2, wire.HoldDue(untilA)),
+			want: Decision{Outcome: wire.OutcomeNotHeld}},
+		{name: "B confirms at held_until exactly", req: Request{Op: wire.OpConfirm, ActivityID: act, UserID: B, ReceivedAt: untilB},
+			want: Decision{Outcome: wire.OutcomeConfirmed, Status: wire.StatusConfirmed, Changes: true,
+				Events: []Event{ev(wire.EventConfirmed, B)}, Changed: []Signup{conf(B, 3)}}},
+		{name: "B's expire after the confirm", req: expire(B, 11, wire.HoldDue(untilB)),
+			want: Decision{Outcome: wire.OutcomeNotHeld, Status: wire.StatusConfirmed}},
+		{name: "B confirms again", req: do(wire.OpConfirm, B, 10*time.Second),
+			want: Decision{Outcome: wire.OutcomeAlreadyConfirmed, Status: wire.StatusConfirmed}},
+		{name: "resize up promotes C, held", req: open(2, hold, 20*time.Second),
+			want: Decision{Outcome: wire.OutcomeResized, PromotedUserIDs: []int64{C}, HeldUntil: untilC, Changes: true,
+				Events:  []Event{ev(wire.EventResized, 0), evAt(wire.EventPromoted, C, untilC), ev(wire.EventSoldOut, 0)},
+				Changed: []Signup{held(C, 4, untilC, 16)}}},
+		{name: "C confirms a nanosecond late", req: Request{Op: wire.OpConfirm, ActivityID: act, UserID: C, ReceivedAt: untilC.Add(1)},
+			want: Decision{Outcome: wire.OutcomeHoldExpired, Status: wire.StatusCancelled, Changes: true,
+				Events: []Event{ev(wire.EventExpired, C)}, Changed: []Signup{canc(C, 4)}},
+			wantLive: []Signup{conf(B, 3)}},
+		{name: "a resize of the hold only", req: open(2, 0, 30*time.Second),
+			want: Decision{Outcome: wire.OutcomeResized, Events: []Event{ev(wire.EventResized, 0)}, Changes: true}},
+		{name: "without a hold a join confirms", req: do(wire.OpJoin, D, 30*time.Second),
+			want: Decision{Outcome: wire.OutcomeConfirmed, Status: wire.StatusConfirmed, Changes: true,
+				Events: []Event{ev(wire.EventConfirmed, D), ev(wire.EventSoldOut, 0)}, Changed: []Signup{conf(D, 19)}}},
+		{name: "the same resize again", req: open(2, 0, 31*time.Second),
+			want: Decision{Outcome: wire.OutcomeResized}},
+		{name: "a hold again", req: open(2, time.Second, 32*time.Second),
+			want: Decision{Outcome: wire.OutcomeResized, Events: []Event{ev(wire.EventResized, 0)}, Changes: true}},
+		{name: "E waits", req: do(wire.OpJoin, E, 33*time.Second),
+			want: Decision{Outcome: wire.OutcomeWaiting, Status: wire.StatusWaiting, Position: 1, Changes: true,
+				Events: []Event{ev(wire.EventWaitlisted, E)}, Changed: []Signup{wait(E, 22)}}},
+		{name: "D's cancel promotes E, held", req: do(wire.OpCancel, D, 40*time.Second),
+			want: Decision{Outcome: wire.OutcomeCancelled, Status: wire.StatusCancelled, PromotedUserIDs: []int64{E},
+				HeldUntil: untilE, Changes: true,
+				Events:  []Event{ev(wire.EventCancelled, D), evAt(wire.EventPromoted, E, untilE)},
+				Changed: []Signup{canc(D, 19), held(E, 22, untilE, 23)}},
+			wantLive: []Signup{conf(B, 3), held(E, 22, untilE, 23)}},
+		{name: "E cancels its hold", req: do(wire.OpCancel, E, 40*time.Second),
+			want: Decision{Outcome: wire.OutcomeCancelled, Status: wire.StatusCancelled, Changes: true,
+				Events: []Event{ev(wire.EventCancelled, E)}, Changed: []Signup{canc(E, 22)}},
+			wantLive: []Signup{conf(B, 3)}},
+	}
+	var a *Activity
+	for i, st := range steps {
+		var d Decision
+		var err error
+		a, d, err = Apply(a, st.req, uint64(i+1))
+		if err != nil {
+			t.Fatalf("%s: Apply: %v", st.name, err)
+		}
+		if !reflect.DeepEqual(d, st.want) {
+			t.Fatalf("%s: decision:\n got  %+v\n want %+v", st.name, d, st.want)
+		}
+		mustCheck(t, a)
+		if st.wantLive != nil && !reflect.DeepEqual(a.Live(), st.wantLive) {
+			t.Fatalf("%s: Live:\n got  %+v\n want %+v", st.name, a.Live(), st.wantLive)
+		}
+		// Every state restores to itself, holds included.
+		r, err := Restore(a.ID, a.Capacity, a.Confirmed, a.NextSeq, a.Hold, a.Live())
+		if err != nil || !reflect.DeepEqual(r.Live(), a.Live()) || r.Held != a.Held || r.Hold != a.Hold {
+			t.Fatalf("%s: Restore: %v, %+v", st.name, err, r)
+		}
+	}
+	if a.Capacity != 2 || a.Confirmed != 1 || a.Held != 0 || a.Hold != time.Second {
+		t.Fatalf("final counters: capacity %d confirmed %d held %d hold %s", a.Capacity, a.Confirmed, a.Held, a.Hold)
+	}
+}
+
+// TestEventsRoundTripWithHolds: held_until travels as Unix microseconds
+// after the user, and only on the events of a hold.
+func TestEventsRoundTripWithHolds(t *testing.T) {
+	until := micro(at(2 * time.Second))
+	events := []Event{
+		evAt(wire.EventHeld, 1, until), ev(wire.EventSoldOut, 0), ev(wire.EventExpired, 1),
+		evAt(wire.EventPromoted, 2, until), ev(wire.EventConfirmed, 2),
+	}
+	us := strconv.FormatInt(until.UnixMicro(), 10)
+	want := "held:1:" + us + ";sold_out:0;expired:1;promoted:2:" + us + ";confirmed:2"
+	if got := EncodeEvents(events); got != want {
+		t.Fatalf("EncodeEvents = %q, want %q", got, want)
+	}
+	got, err := DecodeEvents(want)
+	if err != nil || !reflect.DeepEqual(got, events) {
+		t.Fatalf("DecodeEvents = %+v, %v; want %+v", got, err, events)
+	}
+	for _, bad := range []string{"held:1:", "held:1:0", "held:1:soon", "held::" + us} {
+		if _, err := DecodeEvents(bad); err == nil {
+			t.Errorf("DecodeEvents(%q) accepted", bad)
+		}
 	}
 }

@@ -216,10 +216,11 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 	type actRow struct {
 		capacity, confirmed int64
 		next                uint64
+		hold, held          int64
 	}
 	acts := make(map[int64]actRow)
 	var order []int64
-	rows, err := tx.QueryContext(ctx, "SELECT activity_id, capacity, confirmed_count, next_seq FROM allocator_checkpoint_activity "+
+	rows, err := tx.QueryContext(ctx, "SELECT activity_id, capacity, confirmed_count, next_seq, hold_ns, held_count FROM allocator_checkpoint_activity "+
 		"WHERE partition_id = ? AND seq = ? ORDER BY activity_id", cp.Partition, cp.Seq)
 	if err != nil {
 		return false, fmt.Errorf("audit: read checkpoint activities: %w", err)
@@ -227,11 +228,11 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 	for rows.Next() {
 		var id int64
 		var r actRow
-		if err := rows.Scan(&id, &r.capacity, &r.confirmed, &r.next); err != nil {
+		if err := rows.Scan(&id, &r.capacity, &r.confirmed, &r.next, &r.hold, &r.held); err != nil {
 			rows.Close()
 			return false, fmt.Errorf("audit: read checkpoint activities: %w", err)
 		}
-		d.Activity(id, r.capacity, r.confirmed, r.next)
+		d.Activity(id, r.capacity, r.confirmed, r.next, time.Duration(r.hold), r.held)
 		acts[id] = r
 		order = append(order, id)
 	}
@@ -241,7 +242,7 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 	}
 	live := make(map[int64][]allocation.Signup)
 	var signups int64
-	rows, err = tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq FROM allocator_checkpoint_signup "+
+	rows, err = tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq, held_until, hold_seq FROM allocator_checkpoint_signup "+
 		"WHERE partition_id = ? AND seq = ? ORDER BY activity_id, user_id", cp.Partition, cp.Seq)
 	if err != nil {
 		return false, fmt.Errorf("audit: read checkpoint signups: %w", err)
@@ -251,19 +252,29 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 			act, user int64
 			status    string
 			queueSeq  uint64
+			heldUntil sql.NullTime
+			holdSeq   sql.NullInt64
 		)
-		if err := rows.Scan(&act, &user, &status, &queueSeq); err != nil {
+		if err := rows.Scan(&act, &user, &status, &queueSeq, &heldUntil, &holdSeq); err != nil {
 			rows.Close()
 			return false, fmt.Errorf("audit: read checkpoint signups: %w", err)
 		}
-		d.Signup(act, user, status, queueSeq)
+		var until time.Time
+		if heldUntil.Valid {
+			until = heldUntil.Time.UTC()
+		}
+		d.Signup(act, user, status, queueSeq, until, uint64(holdSeq.Int64))
 		signups++
 		if !a.audited(act) {
 			continue
 		}
-		a.signups[signupKey{act, user}] = &signupTrack{status: status, queueSeq: queueSeq, by: by}
-		if st := wire.Status(status); st == wire.StatusConfirmed || st == wire.StatusWaiting {
-			live[act] = append(live[act], allocation.Signup{UserID: user, Status: st, QueueSeq: queueSeq})
+		// The row as the checkpoint has it, hold included: what the
+		// audit expects in MySQL unless a later request changes it.
+		a.signups[signupKey{act, user}] = &signupTrack{status: status, queueSeq: queueSeq,
+			heldUntil: until, holdSeq: uint64(holdSeq.Int64), by: by}
+		if st := wire.Status(status); st == wire.StatusConfirmed || st == wire.StatusHeld || st == wire.StatusWaiting {
+			live[act] = append(live[act], allocation.Signup{UserID: user, Status: st, QueueSeq: queueSeq,
+				HeldUntil: until, HoldSeq: uint64(holdSeq.Int64)})
 		}
 	}
 	rows.Close()
@@ -286,7 +297,10 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 			continue
 		}
 		r := acts[id]
-		act, err := allocation.Restore(id, r.capacity, r.confirmed, r.next, 0, live[id]) // holds: see issue 14 work in progress
+		act, err := allocation.Restore(id, r.capacity, r.confirmed, r.next, time.Duration(r.hold), live[id])
+		if err == nil && act.Held != r.held {
+			err = fmt.Errorf("%w: activity %d: held_count %d but %d HELD rows", allocation.ErrCorruptState, id, r.held, act.Held)
+		}
 		if err != nil {
 			ok = false
 			a.diverge(Divergence{

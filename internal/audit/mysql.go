@@ -68,6 +68,7 @@ type resultRow struct {
 	Promoted   sql.NullString
 	Capacity   sql.NullInt64
 	Events     sql.NullString
+	HeldUntil  sql.NullTime
 	// Where a long promoted or event list continues (store.WholeValue).
 	partition                 int
 	promotedParts, eventParts int
@@ -89,7 +90,7 @@ type resultCursor struct {
 func startResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *resultCursor {
 	pages := make(chan []resultRow, 2)
 	c := &resultCursor{pages: pages, done: make(chan struct{})}
-	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events, " +
+	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events, held_until, " +
 		"partition_id, promoted_parts, event_parts " +
 		"FROM processed_request WHERE seq > ?"
 	// The table is clustered by (partition_id, seq): with one partition, as
@@ -140,7 +141,7 @@ func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([
 	for rows.Next() {
 		var r resultRow
 		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
-			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events, &r.partition, &r.promotedParts, &r.eventParts); err != nil {
+			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events, &r.HeldUntil, &r.partition, &r.promotedParts, &r.eventParts); err != nil {
 			return nil, fmt.Errorf("audit: read processed_request: %w", err)
 		}
 		page = append(page, r)
@@ -194,10 +195,12 @@ type activityRow struct {
 	capacity  int64
 	confirmed int64
 	nextSeq   uint64
+	hold      int64 // hold_ns
+	held      int64 // held_count
 }
 
 func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]activityRow, error) {
-	query := "SELECT id, capacity, confirmed_count, next_seq FROM activity"
+	query := "SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count FROM activity"
 	if len(activities) > 0 {
 		query += " WHERE id IN (" + intList(activities) + ")"
 	}
@@ -209,7 +212,7 @@ func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]acti
 	var out []activityRow
 	for rows.Next() {
 		var r activityRow
-		if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.nextSeq); err != nil {
+		if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.nextSeq, &r.hold, &r.held); err != nil {
 			return nil, fmt.Errorf("audit: read activity: %w", err)
 		}
 		out = append(out, r)
@@ -220,10 +223,19 @@ func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]acti
 	return out, nil
 }
 
+// signupRow is an activity_signup row: its status, queue_seq and hold
+// (held_until and hold_seq, NULL on rows without one).
+type signupRow struct {
+	status    string
+	queueSeq  uint64
+	heldUntil sql.NullTime
+	holdSeq   sql.NullInt64
+}
+
 // eachSignup calls fn for every activity_signup row (of activities, when
 // given), in (activity_id, user_id) order.
-func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key signupKey, status string, queueSeq uint64)) error {
-	query := "SELECT activity_id, user_id, status, queue_seq FROM activity_signup"
+func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key signupKey, row signupRow)) error {
+	query := "SELECT activity_id, user_id, status, queue_seq, held_until, hold_seq FROM activity_signup"
 	if len(activities) > 0 {
 		query += " WHERE activity_id IN (" + intList(activities) + ")"
 	}
@@ -234,14 +246,13 @@ func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			k      signupKey
-			status string
-			seq    uint64
+			k signupKey
+			r signupRow
 		)
-		if err := rows.Scan(&k.activity, &k.user, &status, &seq); err != nil {
+		if err := rows.Scan(&k.activity, &k.user, &r.status, &r.queueSeq, &r.heldUntil, &r.holdSeq); err != nil {
 			return fmt.Errorf("audit: read activity_signup: %w", err)
 		}
-		fn(k, status, seq)
+		fn(k, r)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("audit: read activity_signup: %w", err)

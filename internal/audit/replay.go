@@ -63,8 +63,20 @@ type signupKey struct{ activity, user int64 }
 type signupTrack struct {
 	status   string
 	queueSeq uint64
-	by       change
-	matched  bool
+	// heldUntil and holdSeq are a HELD row's hold; zero on other rows.
+	heldUntil time.Time
+	holdSeq   uint64
+	by        change
+	matched   bool
+}
+
+// describe is the row as the replay expects it, for a missing one.
+func (t *signupTrack) describe() string {
+	s := "status " + t.status + ", queue_seq " + strconv.FormatUint(t.queueSeq, 10)
+	if !t.heldUntil.IsZero() || t.holdSeq != 0 {
+		s += ", held_until " + timeOrNull(t.heldUntil) + ", hold_seq " + strconv.FormatUint(t.holdSeq, 10)
+	}
+	return s
 }
 
 func subjectOf(activity int64) string { return wire.RequestSubject(activity) }
@@ -174,6 +186,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 			a.signups[k] = t
 		}
 		t.status, t.queueSeq, t.by = string(s.Status), s.QueueSeq, by
+		t.heldUntil, t.holdSeq = s.HeldUntil, s.HoldSeq
 	}
 	if !check {
 		return nil
@@ -328,6 +341,13 @@ func (a *auditor) compareResult(want wire.Result, got *resultRow) {
 	if !sameInt(want.Capacity, got.Capacity) {
 		field("capacity", intOrNull(want.Capacity), nullInt(got.Capacity))
 	}
+	var wantUntil time.Time
+	if want.HeldUntil != nil {
+		wantUntil = *want.HeldUntil
+	}
+	if !sameTime(wantUntil, got.HeldUntil) {
+		field("held_until", timeOrNull(wantUntil), nullTime(got.HeldUntil))
+	}
 	// The allocator stores a cancel's single promoted user as a one-element
 	// list, like a resize's (store.InsertResults).
 	ids := want.PromotedUserIDs
@@ -385,6 +405,8 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		col("capacity", act.Capacity, r.capacity)
 		col("confirmed_count", act.Confirmed, r.confirmed)
 		col("next_seq", int64(act.NextSeq), int64(r.nextSeq))
+		col("hold_ns", int64(act.Hold), r.hold)
+		col("held_count", act.Held, r.held)
 	}
 	ids := make([]int64, 0, len(a.acts))
 	for id := range a.acts {
@@ -404,13 +426,13 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	a.rep.ActivitiesChecked = len(checked)
 
-	err = eachSignup(ctx, tx, a.opts.Activities, func(k signupKey, status string, queueSeq uint64) {
+	err = eachSignup(ctx, tx, a.opts.Activities, func(k signupKey, r signupRow) {
 		t := a.signups[k]
 		if t == nil {
 			a.diverge(Divergence{
 				Kind: KindSignupUnexpected, ActivityID: k.activity, UserID: k.user,
 				Expected: "no signup row (the user never signed up)",
-				Actual:   "status " + status + ", queue_seq " + strconv.FormatUint(queueSeq, 10),
+				Actual:   "status " + r.status + ", queue_seq " + strconv.FormatUint(r.queueSeq, 10),
 			})
 			return
 		}
@@ -418,17 +440,27 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		if !a.inWindow(t.by.seq) {
 			return
 		}
-		if status != t.status {
+		field := func(name, exp, act string) {
 			a.diverge(Divergence{
 				Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignup, ActivityID: k.activity, UserID: k.user,
-				Field: "status", Expected: t.status, Actual: status,
+				Field: name, Expected: exp, Actual: act,
 			})
 		}
-		if queueSeq != t.queueSeq {
-			a.diverge(Divergence{
-				Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignup, ActivityID: k.activity, UserID: k.user,
-				Field: "queue_seq", Expected: strconv.FormatUint(t.queueSeq, 10), Actual: strconv.FormatUint(queueSeq, 10),
-			})
+		if r.status != t.status {
+			field("status", t.status, r.status)
+		}
+		if r.queueSeq != t.queueSeq {
+			field("queue_seq", strconv.FormatUint(t.queueSeq, 10), strconv.FormatUint(r.queueSeq, 10))
+		}
+		if !sameTime(t.heldUntil, r.heldUntil) {
+			field("held_until", timeOrNull(t.heldUntil), nullTime(r.heldUntil))
+		}
+		if want := t.holdSeq; want == 0 && r.holdSeq.Valid || want != 0 && (!r.holdSeq.Valid || uint64(r.holdSeq.Int64) != want) {
+			exp := "null"
+			if want != 0 {
+				exp = strconv.FormatUint(want, 10)
+			}
+			field("hold_seq", exp, nullInt(r.holdSeq))
 		}
 	})
 	if err != nil {
@@ -450,7 +482,7 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		t := a.signups[k]
 		a.diverge(Divergence{
 			Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignupMissing, ActivityID: k.activity, UserID: k.user,
-			Expected: "status " + t.status + ", queue_seq " + strconv.FormatUint(t.queueSeq, 10),
+			Expected: t.describe(),
 			Actual:   "no signup row",
 		})
 	}
@@ -495,6 +527,30 @@ func nullStr(s sql.NullString) string {
 		return "null"
 	}
 	return s.String
+}
+
+// sameTime says whether a stored DATETIME(6) holds want (the zero time:
+// NULL).
+func sameTime(want time.Time, got sql.NullTime) bool {
+	if want.IsZero() {
+		return !got.Valid
+	}
+	return got.Valid && got.Time.Equal(want)
+}
+
+// timeOrNull formats an instant the replay expects, "null" for none.
+func timeOrNull(t time.Time) string {
+	if t.IsZero() {
+		return "null"
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func nullTime(t sql.NullTime) string {
+	if !t.Valid {
+		return "null"
+	}
+	return t.Time.UTC().Format(time.RFC3339Nano)
 }
 
 func intOrNull(p *int64) string {

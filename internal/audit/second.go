@@ -45,12 +45,15 @@ func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq u
 		why = "one of them has no activity after the request"
 	case !sameDecision(d, rd):
 		why = "the decisions differ"
-	case after != nil && (after.Capacity != rafter.Capacity || after.Confirmed != rafter.Confirmed || after.NextSeq != rafter.NextSeq):
+	case after != nil && (after.Capacity != rafter.Capacity || after.Confirmed != rafter.Confirmed || after.NextSeq != rafter.NextSeq ||
+		after.Held != rafter.Held || after.Hold != rafter.Hold):
 		// The counters only: comparing every live signup after every
 		// request would cost a copy of the waitlist each time. A signup
-		// that differs shows in a later decision (a position, a promotion).
-		why = fmt.Sprintf("the states after differ: capacity/confirmed/next_seq %d/%d/%d and %d/%d/%d",
-			rafter.Capacity, rafter.Confirmed, rafter.NextSeq, after.Capacity, after.Confirmed, after.NextSeq)
+		// that differs shows in a later decision (a position, a promotion,
+		// a hold's end).
+		why = fmt.Sprintf("the states after differ: capacity/confirmed/next_seq/held/hold %d/%d/%d/%d/%s and %d/%d/%d/%d/%s",
+			rafter.Capacity, rafter.Confirmed, rafter.NextSeq, rafter.Held, rafter.Hold,
+			after.Capacity, after.Confirmed, after.NextSeq, after.Held, after.Hold)
 	}
 	if why == "" {
 		a.ref[id] = rafter
@@ -75,14 +78,15 @@ func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq u
 
 // refOf is the reference model's copy of act's state.
 func refOf(act *allocation.Activity) *refmodel.Activity {
-	return &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed,
-		NextSeq: act.NextSeq, Live: act.Live()}
+	return &refmodel.Activity{ID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed, Held: act.Held,
+		Hold: act.Hold, NextSeq: act.NextSeq, Live: act.Live()}
 }
 
 // sameDecision compares two decisions, treating empty and nil lists alike.
 func sameDecision(x, y allocation.Decision) bool {
 	return x.Outcome == y.Outcome && x.Status == y.Status && x.Position == y.Position && x.Changes == y.Changes &&
-		slicesEqual(x.Events, y.Events) && slicesEqual(x.Changed, y.Changed) && slicesEqual(x.PromotedUserIDs, y.PromotedUserIDs)
+		x.HeldUntil.Equal(y.HeldUntil) && slicesEqual(x.Events, y.Events) && slicesEqual(x.Changed, y.Changed) &&
+		slicesEqual(x.PromotedUserIDs, y.PromotedUserIDs)
 }
 
 func slicesEqual[T any](x, y []T) bool {
@@ -107,6 +111,9 @@ func describeDecision(d allocation.Decision, err error) string {
 	}
 	if d.Status == wire.StatusWaiting {
 		fmt.Fprintf(&b, " position %d", d.Position)
+	}
+	if !d.HeldUntil.IsZero() {
+		b.WriteString(" held_until " + timeOrNull(d.HeldUntil))
 	}
 	if len(d.PromotedUserIDs) > 0 {
 		fmt.Fprintf(&b, " promoted %v", d.PromotedUserIDs)

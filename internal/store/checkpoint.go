@@ -32,9 +32,12 @@ type Checkpoint struct {
 // Digester computes a checkpoint's digest: SHA-256 over one line per
 // activity row ("a id capacity confirmed_count next_seq"), all of them in
 // id order, then one line per signup row ("s activity_id user_id status
-// queue_seq") in (activity_id, user_id) order. The allocator feeds it the
-// rows it copies, the audit the rows it reads back; the same rows give the
-// same digest on any machine.
+// queue_seq") in (activity_id, user_id) order. An activity with a hold or
+// held seats adds " hold_ns held_count" to its line, a signup with a hold
+// " held_until hold_seq" (held_until in Unix microseconds): rows without
+// holds hash as before holds existed, so older checkpoints still verify.
+// The allocator feeds it the rows it copies, the audit the rows it reads
+// back; the same rows give the same digest on any machine.
 type Digester struct {
 	h   hash.Hash
 	buf []byte
@@ -44,7 +47,7 @@ type Digester struct {
 func NewDigester() *Digester { return &Digester{h: sha256.New()} }
 
 // Activity adds an activity row; every activity comes before any signup.
-func (d *Digester) Activity(id, capacity, confirmed int64, nextSeq uint64) {
+func (d *Digester) Activity(id, capacity, confirmed int64, nextSeq uint64, hold time.Duration, held int64) {
 	b := append(d.buf[:0], "a "...)
 	b = strconv.AppendInt(b, id, 10)
 	b = append(b, ' ')
@@ -53,12 +56,19 @@ func (d *Digester) Activity(id, capacity, confirmed int64, nextSeq uint64) {
 	b = strconv.AppendInt(b, confirmed, 10)
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, nextSeq, 10)
+	if hold != 0 || held != 0 {
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, int64(hold), 10)
+		b = append(b, ' ')
+		b = strconv.AppendInt(b, held, 10)
+	}
 	d.buf = append(b, '\n')
 	d.h.Write(d.buf)
 }
 
-// Signup adds a signup row.
-func (d *Digester) Signup(activity, user int64, status string, queueSeq uint64) {
+// Signup adds a signup row; heldUntil is zero and holdSeq 0 on a row
+// without a hold.
+func (d *Digester) Signup(activity, user int64, status string, queueSeq uint64, heldUntil time.Time, holdSeq uint64) {
 	b := append(d.buf[:0], "s "...)
 	b = strconv.AppendInt(b, activity, 10)
 	b = append(b, ' ')
@@ -67,6 +77,16 @@ func (d *Digester) Signup(activity, user int64, status string, queueSeq uint64) 
 	b = append(b, status...)
 	b = append(b, ' ')
 	b = strconv.AppendUint(b, queueSeq, 10)
+	if !heldUntil.IsZero() || holdSeq != 0 {
+		b = append(b, ' ')
+		if heldUntil.IsZero() {
+			b = append(b, '-')
+		} else {
+			b = strconv.AppendInt(b, heldUntil.UnixMicro(), 10)
+		}
+		b = append(b, ' ')
+		b = strconv.AppendUint(b, holdSeq, 10)
+	}
 	d.buf = append(b, '\n')
 	d.h.Write(d.buf)
 }
@@ -119,10 +139,10 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 	}
 	var ids []int64
 	d := NewDigester()
-	ins := &rowInserter{tx: tx, prefix: "INSERT INTO allocator_checkpoint_activity (partition_id, seq, activity_id, capacity, confirmed_count, next_seq) VALUES "}
+	ins := &rowInserter{tx: tx, prefix: "INSERT INTO allocator_checkpoint_activity (partition_id, seq, activity_id, capacity, confirmed_count, next_seq, hold_ns, held_count) VALUES "}
 	var after int64
 	for {
-		rows, err := tx.QueryContext(ctx, "SELECT id, capacity, confirmed_count, next_seq FROM activity WHERE id > ? ORDER BY id LIMIT "+strconv.Itoa(checkpointPage), after)
+		rows, err := tx.QueryContext(ctx, "SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count FROM activity WHERE id > ? ORDER BY id LIMIT "+strconv.Itoa(checkpointPage), after)
 		if err != nil {
 			return cp, false, fmt.Errorf("checkpoint: read activity: %w", err)
 		}
@@ -130,11 +150,12 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 		type act struct {
 			id, capacity, confirmed int64
 			next                    uint64
+			hold, held              int64
 		}
 		var page []act
 		for rows.Next() {
 			var r act
-			if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.next); err != nil {
+			if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.next, &r.hold, &r.held); err != nil {
 				rows.Close()
 				return cp, false, fmt.Errorf("checkpoint: read activity: %w", err)
 			}
@@ -152,12 +173,12 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 			if !belongs(r.id) {
 				continue
 			}
-			d.Activity(r.id, r.capacity, r.confirmed, r.next)
+			d.Activity(r.id, r.capacity, r.confirmed, r.next, time.Duration(r.hold), r.held)
 			cp.Activities++
 			if partitioned {
 				ids = append(ids, r.id)
 			}
-			if err := ins.add(ctx, partition, cp.Seq, r.id, r.capacity, r.confirmed, r.next); err != nil {
+			if err := ins.add(ctx, partition, cp.Seq, r.id, r.capacity, r.confirmed, r.next, r.hold, r.held); err != nil {
 				return cp, false, err
 			}
 		}
@@ -168,7 +189,7 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 	if err := ins.flush(ctx); err != nil {
 		return cp, false, err
 	}
-	ins = &rowInserter{tx: tx, prefix: "INSERT INTO allocator_checkpoint_signup (partition_id, seq, activity_id, user_id, status, queue_seq) VALUES "}
+	ins = &rowInserter{tx: tx, prefix: "INSERT INTO allocator_checkpoint_signup (partition_id, seq, activity_id, user_id, status, queue_seq, held_until, hold_seq) VALUES "}
 	// One range over every activity, or chunks of this partition's ids
 	// in ascending order: either way the rows come in digest order.
 	ranges := []string{""}
@@ -306,10 +327,12 @@ func copySignups(ctx context.Context, tx *sql.Tx, ins *rowInserter, d *Digester,
 		act, user int64
 		status    string
 		queueSeq  uint64
+		until     sql.NullTime
+		holdSeq   sql.NullInt64
 	}
 	var afterAct, afterUser int64
 	for {
-		rows, err := tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq FROM activity_signup WHERE "+where+
+		rows, err := tx.QueryContext(ctx, "SELECT activity_id, user_id, status, queue_seq, held_until, hold_seq FROM activity_signup WHERE "+where+
 			"(activity_id > ? OR (activity_id = ? AND user_id > ?)) ORDER BY activity_id, user_id LIMIT "+strconv.Itoa(checkpointPage),
 			afterAct, afterAct, afterUser)
 		if err != nil {
@@ -318,7 +341,7 @@ func copySignups(ctx context.Context, tx *sql.Tx, ins *rowInserter, d *Digester,
 		var page []signup
 		for rows.Next() {
 			var r signup
-			if err := rows.Scan(&r.act, &r.user, &r.status, &r.queueSeq); err != nil {
+			if err := rows.Scan(&r.act, &r.user, &r.status, &r.queueSeq, &r.until, &r.holdSeq); err != nil {
 				rows.Close()
 				return fmt.Errorf("checkpoint: read activity_signup: %w", err)
 			}
@@ -332,9 +355,19 @@ func copySignups(ctx context.Context, tx *sql.Tx, ins *rowInserter, d *Digester,
 		}
 		for _, r := range page {
 			afterAct, afterUser = r.act, r.user
-			d.Signup(r.act, r.user, r.status, r.queueSeq)
+			var until time.Time
+			var untilArg any
+			if r.until.Valid {
+				until = r.until.Time.UTC()
+				untilArg = until
+			}
+			var holdArg any
+			if r.holdSeq.Valid {
+				holdArg = r.holdSeq.Int64
+			}
+			d.Signup(r.act, r.user, r.status, r.queueSeq, until, uint64(r.holdSeq.Int64))
 			cp.Signups++
-			if err := ins.add(ctx, cp.Partition, cp.Seq, r.act, r.user, r.status, r.queueSeq); err != nil {
+			if err := ins.add(ctx, cp.Partition, cp.Seq, r.act, r.user, r.status, r.queueSeq, untilArg, holdArg); err != nil {
 				return err
 			}
 		}

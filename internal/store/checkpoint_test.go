@@ -2,7 +2,10 @@ package store_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/store"
@@ -29,27 +32,59 @@ func TestCheckpointTakeAndPrune(t *testing.T) {
 	exec("INSERT INTO allocator_partition (partition_id, last_seq) VALUES (0, 5000)")
 	// Even activities belong to the partition; 2,500 signups on activity 2
 	// span two pages.
-	for a := int64(1); a <= 4; a++ {
+	for a := int64(1); a <= 3; a++ {
 		exec("INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES (?, 3000, 0, 4000)", a)
 	}
+	// Activity 4 holds seats: one HELD, one CONFIRMED, under a 90 s hold.
+	exec("INSERT INTO activity (id, capacity, confirmed_count, next_seq, hold_ns, held_count) VALUES (4, 3000, 2, 4000, ?, 1)", int64(90*time.Second))
+	until := time.Date(2026, 12, 1, 3, 0, 1, 234567000, time.UTC)
+	exec("INSERT INTO activity_signup (activity_id, user_id, status, queue_seq, held_until, hold_seq) VALUES (4, 1, 'HELD', 10, ?, 12), (4, 2, 'CONFIRMED', 11, NULL, NULL)", until)
 	want := store.NewDigester()
-	want.Activity(2, 3000, 0, 4000)
-	want.Activity(4, 3000, 0, 4000)
+	want.Activity(2, 3000, 0, 4000, 0, 0)
+	want.Activity(4, 3000, 2, 4000, 90*time.Second, 1)
 	for u := int64(1); u <= 2500; u++ {
 		status := "WAITING"
 		if u%10 == 0 {
 			status = "CANCELLED"
 		}
 		exec("INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (2, ?, ?, ?), (3, ?, 'WAITING', ?)", u, status, u, u, u)
-		want.Signup(2, u, status, uint64(u))
+		want.Signup(2, u, status, uint64(u), time.Time{}, 0)
 	}
+	want.Signup(4, 1, "HELD", 10, until, 12)
+	want.Signup(4, 2, "CONFIRMED", 11, time.Time{}, 0)
 	even := func(a int64) bool { return a%2 == 0 }
 	cp, ok, err := store.TakeCheckpoint(ctx, db.DB, 0, 2, even)
 	if err != nil || !ok {
 		t.Fatalf("take: %v, %v", ok, err)
 	}
-	if cp.Seq != 5000 || cp.Activities != 2 || cp.Signups != 2500 || cp.Digest != want.Sum() {
-		t.Fatalf("checkpoint %+v, want seq 5000, 2 activities, 2500 signups, digest %s", cp, want.Sum())
+	if cp.Seq != 5000 || cp.Activities != 2 || cp.Signups != 2502 || cp.Digest != want.Sum() {
+		t.Fatalf("checkpoint %+v, want seq 5000, 2 activities, 2502 signups, digest %s", cp, want.Sum())
+	}
+	// The holds are copied as they are.
+	var (
+		hold, held int64
+		gotUntil   time.Time
+		holdSeq    uint64
+	)
+	if err := db.QueryRowContext(ctx, "SELECT hold_ns, held_count FROM allocator_checkpoint_activity WHERE seq = 5000 AND activity_id = 4").Scan(&hold, &held); err != nil ||
+		hold != int64(90*time.Second) || held != 1 {
+		t.Errorf("checkpoint of activity 4: hold_ns %d, held_count %d (%v); want 90s and 1", hold, held, err)
+	}
+	if err := db.QueryRowContext(ctx, "SELECT held_until, hold_seq FROM allocator_checkpoint_signup WHERE seq = 5000 AND activity_id = 4 AND user_id = 1").Scan(&gotUntil, &holdSeq); err != nil ||
+		!gotUntil.Equal(until) || holdSeq != 12 {
+		t.Errorf("checkpoint of the HELD signup: held_until %v, hold_seq %d (%v); want %v and 12", gotUntil, holdSeq, err, until)
+	}
+	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 5000 AND held_until IS NULL AND hold_seq IS NULL"); n != 2501 {
+		t.Errorf("%d rows without a hold copied, want 2501", n)
+	}
+	// A digest without holds is the one of before holds: older
+	// checkpoints still verify.
+	plain := store.NewDigester()
+	plain.Activity(2, 3000, 0, 4000, 0, 0)
+	plain.Signup(2, 1, "WAITING", 1, time.Time{}, 0)
+	old := sha256.Sum256([]byte("a 2 3000 0 4000\ns 2 1 WAITING 1\n"))
+	if plain.Sum() != hex.EncodeToString(old[:]) {
+		t.Errorf("digest of rows without holds changed: %s", plain.Sum())
 	}
 	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 5000 AND status = 'CANCELLED'"); n != 250 {
 		t.Errorf("%d CANCELLED rows copied, want 250", n)
@@ -82,7 +117,7 @@ func TestCheckpointTakeAndPrune(t *testing.T) {
 	if got, ok, _ := store.LatestCheckpoint(ctx, db.DB, 0); !ok || got.Seq != 7000 {
 		t.Fatalf("after pruning: newest %+v (%v), want seq 7000", got, ok)
 	}
-	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 7000"); n != 2500 {
-		t.Errorf("the newest checkpoint has %d signup rows, want 2500", n)
+	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 7000"); n != 2502 {
+		t.Errorf("the newest checkpoint has %d signup rows, want 2502", n)
 	}
 }
