@@ -59,6 +59,7 @@ type userHold struct {
 	waited  bool   // seen WAITING at least once
 	queued  bool   // a follow-up confirm is queued or in flight
 	waitSeq uint64 // the stream seq that put the user in line; 0 when not known to wait
+	lastSeq uint64 // the stream seq of the latest result whose status was taken in
 	lapsed  bool   // a confirm answered HOLD_EXPIRED or NOT_HELD
 	seats   int    // CONFIRMED and GRANTED answers: seats confirmed to the user
 	cancels int    // CANCELLED answers to the user's own cancels
@@ -147,11 +148,18 @@ func (h *holds) observe(user int64, res *client.Result) {
 	case client.NotHeld:
 		s.lapsed = s.lapsed || s.held
 	}
-	if res.Status != nil {
+	// One user's taps may be in flight on several workers at once, and
+	// their results come back in any order: a status older than one taken
+	// in already is stale.
+	if res.Status != nil && (res.Seq == 0 || res.Seq >= s.lastSeq) {
+		s.lastSeq = max(s.lastSeq, res.Seq)
 		h.status(user, s, *res.Status, res.Seq)
 	}
 	for _, p := range promotedBy(res) {
-		h.status(p, h.user(p), client.StatusHeld, 0)
+		if ps := h.user(p); res.Seq == 0 || res.Seq >= ps.lastSeq {
+			ps.lastSeq = max(ps.lastSeq, res.Seq)
+			h.status(p, ps, client.StatusHeld, 0)
+		}
 	}
 }
 
@@ -243,7 +251,8 @@ func (h *holds) confirm(ctx context.Context, w *worker, user int64) {
 	case client.HoldExpired, client.NotHeld:
 		s.lapsed = true
 	}
-	if res.Status != nil {
+	if res.Status != nil && (res.Seq == 0 || res.Seq >= s.lastSeq) {
+		s.lastSeq = max(s.lastSeq, res.Seq)
 		h.status(user, s, *res.Status, 0)
 	}
 }
