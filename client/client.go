@@ -156,6 +156,8 @@ type Write struct {
 	Activity int64
 	User     int64 // not for OpOpen
 	Capacity int64 // OpOpen only
+	// Hold is the activity's hold (OpOpen only; 0 opens without holds).
+	Hold time.Duration
 	// Key is the Idempotency-Key; empty means a fresh NewKey.
 	Key string
 }
@@ -166,7 +168,11 @@ func (w Write) route() (method, path string, body []byte, err error) {
 	}
 	a := "/v1/activities/" + strconv.FormatInt(w.Activity, 10)
 	if w.Op == OpOpen {
-		return http.MethodPut, a, []byte(`{"capacity":` + strconv.FormatInt(w.Capacity, 10) + `}`), nil
+		body := `{"capacity":` + strconv.FormatInt(w.Capacity, 10)
+		if w.Hold > 0 {
+			body += `,"hold":"` + w.Hold.String() + `"`
+		}
+		return http.MethodPut, a, []byte(body + `}`), nil
 	}
 	if w.User < 1 {
 		return "", "", nil, fmt.Errorf("client: user id %d is not positive", w.User)
@@ -179,6 +185,8 @@ func (w Write) route() (method, path string, body []byte, err error) {
 		return http.MethodDelete, a + "/signups/" + u, nil, nil
 	case OpClaim:
 		return http.MethodPost, a + "/claims/" + u, nil, nil
+	case OpConfirm:
+		return http.MethodPost, a + "/signups/" + u + "/confirm", nil, nil
 	}
 	return "", "", nil, fmt.Errorf("client: unknown op %q", w.Op)
 }
@@ -187,6 +195,19 @@ func (w Write) route() (method, path string, body []byte, err error) {
 // result (OPENED, RESIZED or REJECTED).
 func (c *Client) Open(ctx context.Context, activity, capacity int64) (*Result, error) {
 	return c.Do(ctx, Write{Op: OpOpen, Activity: activity, Capacity: capacity})
+}
+
+// OpenWithHold opens activity with capacity seats whose takers hold them
+// for hold until they confirm (0: no holds), or resizes it, and waits for
+// the result.
+func (c *Client) OpenWithHold(ctx context.Context, activity, capacity int64, hold time.Duration) (*Result, error) {
+	return c.Do(ctx, Write{Op: OpOpen, Activity: activity, Capacity: capacity, Hold: hold})
+}
+
+// Confirm confirms user's held seat in activity and waits for the result
+// (CONFIRMED, ALREADY_CONFIRMED, NOT_HELD or HOLD_EXPIRED).
+func (c *Client) Confirm(ctx context.Context, activity, user int64) (*Result, error) {
+	return c.Do(ctx, Write{Op: OpConfirm, Activity: activity, User: user})
 }
 
 // Join signs user up for activity and waits for the result (CONFIRMED,

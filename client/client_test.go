@@ -217,3 +217,40 @@ func TestWithoutKeys(t *testing.T) {
 		t.Errorf("an explicit key was sent as %q", k)
 	}
 }
+
+// TestHoldRoutes: an open with a hold carries it in the body, a confirm
+// posts to the signup's confirm route, and held_until decodes.
+func TestHoldRoutes(t *testing.T) {
+	var bodies []string
+	record := func(next func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
+		return func(w http.ResponseWriter, r *http.Request) {
+			b := new(strings.Builder)
+			if r.Body != nil {
+				buf := make([]byte, 256)
+				n, _ := r.Body.Read(buf)
+				b.Write(buf[:n])
+			}
+			bodies = append(bodies, b.String())
+			next(w, r)
+		}
+	}
+	confirmed := `{"request_id":"` + id + `","state":"done","op":"confirm","activity_id":1,"user_id":2,"outcome":"CONFIRMED","status":"CONFIRMED","held_until":"2026-01-01T00:00:02Z","seq":9,"applied_at":"2026-01-01T00:00:01Z"}`
+	s, c := fake(t, record(answer(200, `{"request_id":"`+id+`","state":"done","op":"open","outcome":"OPENED"}`)),
+		record(answer(200, confirmed)))
+	if _, err := c.OpenWithHold(context.Background(), 1, 5, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Confirm(context.Background(), 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bodies[0] != `{"capacity":5,"hold":"2s"}` {
+		t.Errorf("open body %s", bodies[0])
+	}
+	if r := s.seen[1]; r.Method != http.MethodPost || r.URL.Path != "/v1/activities/1/signups/2/confirm" {
+		t.Errorf("confirm sent %s %s", r.Method, r.URL.Path)
+	}
+	if res.Outcome != Confirmed || res.HeldUntil == nil || !res.HeldUntil.Equal(time.Date(2026, 1, 1, 0, 0, 2, 0, time.UTC)) {
+		t.Errorf("confirm result %+v", res)
+	}
+}

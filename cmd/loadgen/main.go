@@ -65,7 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet(binary, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: %s -url URL -activity A -capacity N -n REQUESTS -users U -c CONC [-mix claim=1,join=0,cancel=0] [-json]\n", binary)
+		fmt.Fprintf(stderr, "usage: %s -url URL -activity A -capacity N -n REQUESTS -users U -c CONC [-mix claim=1,join=0,cancel=0,confirm=0] [-hold D -no-show F] [-json]\n", binary)
 		fs.PrintDefaults()
 	}
 	c := &o.cfg
@@ -76,12 +76,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.Requests, "n", 1000, "number of requests in the burst")
 	fs.IntVar(&c.Users, "users", 0, "distinct users; fewer than -n means repeat taps (default -n)")
 	fs.IntVar(&c.Concurrency, "c", 64, "concurrent workers")
-	fs.Var(&c.Mix, "mix", "op weights, e.g. claim=1,join=0,cancel=0")
+	fs.Var(&c.Mix, "mix", "op weights, e.g. claim=1,join=0,cancel=0 (confirm=W adds confirm taps)")
 	fs.DurationVar(&c.Wait, "wait", 30*time.Second, "?wait= of each write and poll")
 	fs.DurationVar(&c.OpenWait, "open-wait", 10*time.Second, "?wait= of the open")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the users' and ops' draw")
 	fs.BoolVar(&c.NoOpen, "no-open", false, "use the activity as it is instead of opening it")
 	fs.IntVar(&c.MaxRetries, "retries", 100, "429/503 retries per HTTP exchange")
+	fs.DurationVar(&c.Hold, "hold", 0, "open the activity with this hold (e.g. 2s): seats are HELD until confirmed or lapsed (0 = no holds)")
+	fs.Float64Var(&c.NoShow, "no-show", 0, "fraction of users who never confirm a held seat; the others confirm as soon as they are seen HELD")
+	fs.DurationVar(&c.SettleTimeout, "settle-timeout", 0, "with a hold, how long to wait after the burst for every hold to be confirmed or lapse (default 30s + 20 holds)")
 	fs.BoolVar(&o.json, "json", false, "print one JSON object with every figure instead of text")
 	fs.BoolVar(&o.progress, "progress", true, "show a progress bar on stderr when it is a terminal (never with -json)")
 	fs.DurationVar(&o.timeout, "timeout", 0, "give up on the rehearsal after this long (0 = never)")
@@ -123,6 +126,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.timeout < 0 {
 		return bad("-timeout must not be negative")
+	}
+	if c.Hold != 0 && c.NoOpen {
+		return bad("-hold is the hold loadgen opens the activity with; with -no-open the activity's own hold is used")
+	}
+	if c.NoShow != 0 && c.Hold == 0 && !c.NoOpen {
+		return bad("-no-show needs -hold (or -no-open on an activity with a hold)")
 	}
 	if err := c.Validate(); err != nil {
 		return bad(strings.TrimPrefix(err.Error(), loadgen.ErrConfig.Error()+": "))
@@ -176,8 +185,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, stderrIsT
 		return 2
 	}
 	c := o.cfg
-	fmt.Fprintf(stderr, "%s: url=%s activity=%d capacity=%d n=%d users=%d c=%d mix=%s wait=%s seed=%d no-open=%t\n",
-		binary, c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users, c.Concurrency, c.Mix, c.Wait, c.Seed, c.NoOpen)
+	holds := ""
+	if c.Hold != 0 || c.NoShow != 0 {
+		holds = fmt.Sprintf(" hold=%s no-show=%g", c.Hold, c.NoShow)
+	}
+	fmt.Fprintf(stderr, "%s: url=%s activity=%d capacity=%d n=%d users=%d c=%d mix=%s wait=%s seed=%d no-open=%t%s\n",
+		binary, c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users, c.Concurrency, c.Mix, c.Wait, c.Seed, c.NoOpen, holds)
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/internal/auth"
 )
@@ -32,6 +33,12 @@ func TestFlagErrorsExit2(t *testing.T) {
 		{"zero workers", []string{"-activity", "1", "-capacity", "5", "-c", "0"}, "-c"},
 		{"unknown flag", []string{"-activity", "1", "-capacity", "5", "-bogus"}, "bogus"},
 		{"stray argument", []string{"-activity", "1", "-capacity", "5", "extra"}, "unexpected arguments"},
+		{"bad hold", []string{"-activity", "1", "-capacity", "5", "-hold", "-1s"}, "-hold"},
+		{"hold too long", []string{"-activity", "1", "-capacity", "5", "-hold", "200h"}, "-hold"},
+		{"hold with -no-open", []string{"-activity", "1", "-no-open", "-hold", "2s"}, "-no-open"},
+		{"no-show without a hold", []string{"-activity", "1", "-capacity", "5", "-no-show", "0.3"}, "-no-show needs -hold"},
+		{"no-show above 1", []string{"-activity", "1", "-capacity", "5", "-hold", "2s", "-no-show", "1.3"}, "-no-show"},
+		{"confirm weight", []string{"-activity", "1", "-capacity", "5", "-mix", "confirm=x"}, "-mix"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -60,6 +67,11 @@ func TestParseFlags(t *testing.T) {
 	if c.BaseURL != "http://h:1/" || c.Activity != 9 || c.Capacity != 100 || c.Requests != 2000 || c.Users != 2000 ||
 		c.Concurrency != 32 || c.Mix.Claim != 2 || c.Mix.Join != 1 || c.Mix.Cancel != 0 || !o.json {
 		t.Errorf("parsed %+v json=%v; want the flags, users defaulting to -n", c, o.json)
+	}
+	o, err = parseFlags([]string{"-activity", "9", "-capacity", "100", "-mix", "claim=1,join=1,confirm=1",
+		"-hold", "2s", "-no-show", "0.3", "-settle-timeout", "1m"}, &stderr)
+	if c := o.cfg; err != nil || c.Hold != 2*time.Second || c.NoShow != 0.3 || c.SettleTimeout != time.Minute || c.Mix.Confirm != 1 {
+		t.Errorf("hold flags: parsed %+v, %v", c, err)
 	}
 }
 

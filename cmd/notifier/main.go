@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -85,11 +86,24 @@ func (c *cfg) Validate() error {
 	return nil
 }
 
-// validFilter accepts a NATS subject within alloc.evt.>: whole-token
-// wildcards only, '>' last.
-func validFilter(f string) error {
-	bad := fmt.Errorf("ALLOT_NOTIFY_FILTER must be a subject within %s> such as %s, got %q",
-		wire.EventSubjectPrefix, notifier.DefaultFilter, f)
+// validFilter accepts NATS subjects within alloc.evt.>, separated by
+// commas: whole-token wildcards only, '>' last.
+func validFilter(filter string) error {
+	bad := fmt.Errorf("ALLOT_NOTIFY_FILTER must be subjects within %s> such as %s or %s,%s*.%s, got %q",
+		wire.EventSubjectPrefix, notifier.DefaultFilter, notifier.DefaultFilter, wire.EventSubjectPrefix, wire.EventExpired, filter)
+	parts := strings.Split(filter, ",")
+	for i := range parts {
+		parts[i] = strings.TrimSpace(parts[i])
+		if validSubject(parts[i]) != nil || slices.Index(parts, parts[i]) < i {
+			return bad
+		}
+	}
+	return nil
+}
+
+// validSubject accepts one NATS subject within alloc.evt.>.
+func validSubject(f string) error {
+	bad := errors.New("not a subject within " + wire.EventSubjectPrefix + ">")
 	if !strings.HasPrefix(f, wire.EventSubjectPrefix) {
 		return bad
 	}

@@ -51,6 +51,8 @@ func TestValidate(t *testing.T) {
 		{name: "metrics addr", change: func(c *cfg) { c.NotifyMetricsAddr = ":9092" }},
 		{name: "filter on every event", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.>" }},
 		{name: "filter on one activity", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.42.*" }},
+		{name: "filter on expiries", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.expired" }},
+		{name: "filter on promotions and expiries", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.promoted, alloc.evt.*.expired" }},
 		{name: "one attempt, one worker", change: func(c *cfg) { c.NotifyMaxAttempts, c.NotifyWorkers = 1, 1 }},
 		{name: "equal backoffs", change: func(c *cfg) { c.NotifyBackoffMax = c.NotifyBackoffBase }},
 
@@ -65,6 +67,9 @@ func TestValidate(t *testing.T) {
 		{name: "filter with > not last", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.>.promoted" }, want: "ALLOT_NOTIFY_FILTER"},
 		{name: "filter with a partial wildcard", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.pro*" }, want: "ALLOT_NOTIFY_FILTER"},
 		{name: "filter with a space", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.* .promoted" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filters with an empty one", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.promoted,," }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filters with one outside", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.expired,alloc.req.>" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "the same filter twice", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.held,alloc.evt.*.held" }, want: "ALLOT_NOTIFY_FILTER"},
 		{name: "empty durable", change: func(c *cfg) { c.NotifyDurable = "" }, want: "ALLOT_NOTIFY_DURABLE"},
 		{name: "durable with a dot", change: func(c *cfg) { c.NotifyDurable = "my.notifier" }, want: "ALLOT_NOTIFY_DURABLE"},
 		{name: "zero timeout", change: func(c *cfg) { c.NotifyTimeout = 0 }, want: "ALLOT_NOTIFY_TIMEOUT"},

@@ -65,7 +65,7 @@ func (u SecretURL) String() string {
 type Notifier struct {
 	config.Common
 	NotifyURL         SecretURL     `envconfig:"NOTIFY_URL" desc:"webhook URL events are POSTed to; empty = log them only"`
-	NotifyFilter      string        `envconfig:"NOTIFY_FILTER" default:"alloc.evt.*.promoted" desc:"subject filter within alloc.evt.>"`
+	NotifyFilter      string        `envconfig:"NOTIFY_FILTER" default:"alloc.evt.*.promoted" desc:"subject filter within alloc.evt.>, or several separated by commas (e.g. alloc.evt.*.promoted,alloc.evt.*.expired)"`
 	NotifyDurable     string        `envconfig:"NOTIFY_DURABLE" default:"notifier" desc:"durable consumer name"`
 	NotifyTimeout     time.Duration `envconfig:"NOTIFY_TIMEOUT" default:"5s" desc:"one webhook attempt"`
 	NotifyMaxAttempts int           `envconfig:"NOTIFY_MAX_ATTEMPTS" default:"8" desc:"attempts before an event is dead-lettered"`

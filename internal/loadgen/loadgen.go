@@ -75,6 +75,19 @@ type Config struct {
 	Progress func(done int)
 	// ProgressEvery is the period of Progress (default 100ms).
 	ProgressEvery time.Duration
+
+	// Hold opens the activity with this hold (0: none): a seat taken is
+	// HELD until its user confirms it, or lapses at held_until. With NoOpen
+	// the activity's own hold is used.
+	Hold time.Duration
+	// NoShow is the fraction of users, drawn per user by Seed, who never
+	// confirm a seat held for them; every other user confirms each seat as
+	// soon as loadgen sees it HELD. Only for an activity with a hold.
+	NoShow float64
+	// SettleTimeout bounds the wait after the burst, in an activity with a
+	// hold, for every hold to be confirmed or to lapse (the activity's held
+	// count at 0); default 30s + 20 holds.
+	SettleTimeout time.Duration
 }
 
 // ErrConfig is wrapped by the errors of an invalid Config: a usage error.
@@ -109,6 +122,14 @@ func (c Config) Validate() error {
 		return bad("-wait must not be negative")
 	case c.MaxRetries < 0:
 		return bad("-retries must not be negative")
+	case c.Hold < 0 || c.Hold > wire.MaxHold:
+		return bad("-hold must be from 0 to %s, got %s", wire.MaxHold, c.Hold)
+	case !(c.NoShow >= 0 && c.NoShow <= 1):
+		return bad("-no-show must be a fraction from 0 to 1, got %v", c.NoShow)
+	case c.NoShow > 0 && c.Mix.Confirm > 0 && c.Mix.Claim+c.Mix.Join+c.Mix.Cancel == 0:
+		return bad("-no-show needs an op other than confirm in the mix: no-shows never confirm")
+	case c.SettleTimeout < 0:
+		return bad("-settle-timeout must not be negative")
 	}
 	return nil
 }
@@ -193,8 +214,20 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if before != nil && cfg.NoOpen {
 		rep.Capacity = before.Capacity
 	}
+	if hold := holdOf(cfg, before); hold > 0 {
+		r.holds = newHolds(r, hold)
+	}
 
 	fireErr := r.fire(ctx)
+	if r.holds != nil {
+		timeout := cfg.SettleTimeout
+		if timeout == 0 {
+			// Lapsed holds promote the next in line, held in turn: a seat
+			// settles after a run of no-shows, rarely more than a few.
+			timeout = 30*time.Second + 20*r.holds.hold
+		}
+		r.holds.settle(ctx, timeout, setup.state)
+	}
 	r.report(&rep)
 
 	// The final state is read even after a cut-short burst, on a fresh
@@ -207,6 +240,20 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	rep.After = after
 	return rep, fireErr
+}
+
+// holdOf is the hold of the burst's activity: the one it reports, else the
+// one loadgen opened it with.
+func holdOf(cfg Config, st *State) time.Duration {
+	if st != nil && st.Hold != "" {
+		if d, err := time.ParseDuration(st.Hold); err == nil {
+			return d
+		}
+	}
+	if cfg.NoOpen {
+		return 0
+	}
+	return cfg.Hold
 }
 
 // runner is one burst in flight.
@@ -225,6 +272,12 @@ type runner struct {
 	mu      sync.Mutex
 	samples []string
 	workers []*worker
+
+	// holds follows the seats of an activity with a hold; nil without.
+	holds *holds
+	// holdDoubles are the users the holds' final check found with two
+	// seats.
+	holdDoubles []int64
 }
 
 func newRunner(cfg Config, client *http.Client) *runner {
@@ -246,6 +299,7 @@ func (r *runner) sample(msg string) {
 func (r *runner) fire(ctx context.Context) error {
 	n := r.cfg.Requests
 	r.plan = makePlan(n, r.cfg.Users, r.cfg.Mix, r.cfg.Seed)
+	r.plan.dropNoShowConfirms(r.cfg.Mix, r.cfg.Seed, r.cfg.NoShow)
 	r.lat = make([]time.Duration, n)
 	r.outc = make([]uint8, n)
 	r.workers = make([]*worker, r.cfg.Concurrency)
@@ -253,6 +307,9 @@ func (r *runner) fire(ctx context.Context) error {
 		r.workers[i] = r.newWorker(uint64(i) + 1)
 	}
 
+	if r.holds != nil {
+		r.holds.start(ctx)
+	}
 	stopProgress := r.startProgress()
 	var wg sync.WaitGroup
 	r.t0 = time.Now()

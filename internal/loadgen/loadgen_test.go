@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -116,6 +117,10 @@ func TestReportJSON(t *testing.T) {
 	if got["pass"] != true {
 		t.Errorf("pass = %v, want true: %s", got["pass"], data)
 	}
+	// Without a hold the report is what it was before holds existed.
+	if _, ok := got["holds"]; ok || strings.Contains(string(data), `"held"`) || strings.Contains(string(data), `"confirm"`) {
+		t.Errorf("a report without holds mentions them: %s", data)
+	}
 	var text strings.Builder
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
@@ -138,6 +143,12 @@ func TestConfigValidate(t *testing.T) {
 		{"users", func(c *Config) { c.Users = 0 }},
 		{"concurrency", func(c *Config) { c.Concurrency = 0 }},
 		{"mix", func(c *Config) { c.Mix = Mix{Claim: -1, Join: 2} }},
+		{"hold", func(c *Config) { c.Hold = -time.Second }},
+		{"hold too long", func(c *Config) { c.Hold = 169 * time.Hour }},
+		{"no-show", func(c *Config) { c.NoShow = 1.5 }},
+		{"no-show NaN", func(c *Config) { c.NoShow = math.NaN() }},
+		{"no-shows with only confirms", func(c *Config) { c.NoShow, c.Mix = 0.5, Mix{Confirm: 1} }},
+		{"settle timeout", func(c *Config) { c.SettleTimeout = -1 }},
 	}
 	if err := ok.Validate(); err != nil {
 		t.Fatalf("valid config: %v", err)
@@ -148,5 +159,78 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: Validate = %v, want ErrConfig", tt.name, err)
 		}
+	}
+}
+
+// holdRun is a burst of claims, joins and confirm taps against the fake
+// under a hold, with 30% no-shows.
+func holdRun(t *testing.T, bug string, settle time.Duration) Report {
+	t.Helper()
+	f := newFake(bug)
+	t.Cleanup(f.stopTimers)
+	return fakeRun(t, f, Config{Capacity: 20, Requests: 400, Users: 120, Concurrency: 8,
+		Mix: Mix{Claim: 1, Join: 2, Cancel: 0.2, Confirm: 0.5}, Hold: 300 * time.Millisecond, NoShow: 0.3,
+		SettleTimeout: settle})
+}
+
+// TestRunHolds: every held seat ends confirmed or back in line: the
+// activity holds nothing afterwards, its confirmed count is the CONFIRMED
+// signups, no-shows are held and lapse, confirmers confirm.
+func TestRunHolds(t *testing.T) {
+	rep := holdRun(t, "", 0)
+	if err := rep.Verdict(); err != nil {
+		t.Fatalf("verdict: %v\n%+v\n%+v", err, rep, rep.Holds)
+	}
+	h := rep.Holds
+	t.Logf("outcomes %v; holds %+v", rep.Outcomes, *h)
+	if h == nil || !h.Settled || rep.After.Held != 0 || h.Hold != 300*time.Millisecond {
+		t.Fatalf("holds %+v, after %+v; want settled with nothing held", h, rep.After)
+	}
+	if h.NoShowsHeld == 0 || h.HeldUsers <= h.NoShowsHeld || h.Confirms[string(wire.OutcomeConfirmed)] == 0 {
+		t.Errorf("held %d users (%d no-shows), confirms %v: want both kinds held and confirms", h.HeldUsers, h.NoShowsHeld, h.Confirms)
+	}
+	if rep.Outcomes[string(wire.OutcomeHeld)] == 0 || int64(h.ConfirmedSignups) != rep.After.Confirmed || h.ConfirmedSignups == 0 {
+		t.Errorf("outcomes %v, confirmed signups %d, after %+v", rep.Outcomes, h.ConfirmedSignups, rep.After)
+	}
+	// Every seat went to a confirmer in the end: lapsed no-show seats were
+	// promoted to the line, and a full activity is what the line leaves.
+	if rep.After.Waiting > 0 && rep.After.Confirmed < rep.After.Capacity {
+		t.Errorf("after %+v: a seat is free while users wait", rep.After)
+	}
+	data, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Holds map[string]any `json:"holds"`
+		Mix   map[string]any `json:"mix"`
+	}
+	if err := json.Unmarshal(data, &got); err != nil || got.Holds["settled"] != true || got.Mix["confirm"] != 0.5 {
+		t.Errorf("JSON report %s: want holds settled and the confirm weight", data)
+	}
+	var text strings.Builder
+	rep.WriteText(&text) //nolint:errcheck
+	if !strings.Contains(text.String(), "confirms after HELD:") || !strings.Contains(text.String(), "PASS") {
+		t.Errorf("text report:\n%s", text.String())
+	}
+}
+
+func TestRunDetectsBrokenHolds(t *testing.T) {
+	tests := []struct {
+		bug    string
+		settle time.Duration
+	}{
+		{"keep-held", time.Second}, // holds never lapse: held stays > 0
+		{"expire-confirmed", 0},    // an expiry takes a confirmed seat
+		{"lose-hold", 0},           // a confirm answers CONFIRMED and drops the seat
+	}
+	for _, tt := range tests {
+		t.Run(tt.bug, func(t *testing.T) {
+			rep := holdRun(t, tt.bug, tt.settle)
+			if err := rep.Verdict(); !errors.Is(err, ErrHolds) {
+				t.Fatalf("verdict = %v, want ErrHolds\n%+v", err, rep.Holds)
+			}
+			t.Logf("verdict: %v", rep.Verdict())
+		})
 	}
 }

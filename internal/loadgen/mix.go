@@ -13,6 +13,10 @@ type Mix struct {
 	Claim  float64 `json:"claim"`
 	Join   float64 `json:"join"`
 	Cancel float64 `json:"cancel"`
+	// Confirm weighs confirm taps (POST …/signups/{u}/confirm) drawn like
+	// the other ops, whether or not the user holds a seat then. They are
+	// apart from the confirms that follow a HELD seat (Config.NoShow).
+	Confirm float64 `json:"confirm,omitempty"`
 }
 
 // DefaultMix is a pure claim burst, the flash sale.
@@ -21,7 +25,7 @@ var DefaultMix = Mix{Claim: 1}
 // ErrBadMix is wrapped by ParseMix's errors.
 var ErrBadMix = errors.New("bad -mix")
 
-// ParseMix parses "claim=1,join=0,cancel=0": comma-separated op=weight
+// ParseMix parses "claim=1,join=0,cancel=0,confirm=0": comma-separated op=weight
 // pairs, each op at most once, weights finite and non-negative, not all
 // zero. Ops left out weigh 0.
 func ParseMix(s string) (Mix, error) {
@@ -51,8 +55,10 @@ func ParseMix(s string) (Mix, error) {
 			m.Join = w
 		case "cancel":
 			m.Cancel = w
+		case "confirm":
+			m.Confirm = w
 		default:
-			return Mix{}, fmt.Errorf("%w: unknown op %q (want claim, join or cancel)", ErrBadMix, name)
+			return Mix{}, fmt.Errorf("%w: unknown op %q (want claim, join, cancel or confirm)", ErrBadMix, name)
 		}
 	}
 	if m.total() == 0 {
@@ -61,10 +67,14 @@ func ParseMix(s string) (Mix, error) {
 	return m, nil
 }
 
-// String is the form ParseMix reads.
+// String is the form ParseMix reads; confirm is left out when it weighs 0.
 func (m Mix) String() string {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-	return "claim=" + f(m.Claim) + ",join=" + f(m.Join) + ",cancel=" + f(m.Cancel)
+	s := "claim=" + f(m.Claim) + ",join=" + f(m.Join) + ",cancel=" + f(m.Cancel)
+	if m.Confirm != 0 {
+		s += ",confirm=" + f(m.Confirm)
+	}
+	return s
 }
 
 // Set parses s into m, so that a *Mix is a flag.Value.
@@ -78,12 +88,12 @@ func (m *Mix) Set(s string) error {
 }
 
 // PureClaim reports whether the burst is claims only.
-func (m Mix) PureClaim() bool { return m.Claim > 0 && m.Join == 0 && m.Cancel == 0 }
+func (m Mix) PureClaim() bool { return m.Claim > 0 && m.Join == 0 && m.Cancel == 0 && m.Confirm == 0 }
 
-func (m Mix) total() float64 { return m.Claim + m.Join + m.Cancel }
+func (m Mix) total() float64 { return m.Claim + m.Join + m.Cancel + m.Confirm }
 
 func (m Mix) valid() bool {
-	for _, w := range [...]float64{m.Claim, m.Join, m.Cancel} {
+	for _, w := range [...]float64{m.Claim, m.Join, m.Cancel, m.Confirm} {
 		if w < 0 || math.IsNaN(w) || math.IsInf(w, 0) {
 			return false
 		}
@@ -96,9 +106,11 @@ const (
 	opClaim uint8 = iota
 	opJoin
 	opCancel
+	opConfirm
 )
 
-// draw maps u in [0,1) to an op by the weights.
+// draw maps u in [0,1) to an op by the weights. Without confirm weight it
+// draws exactly as before confirm existed, so old seeds replay.
 func (m Mix) draw(u float64) uint8 {
 	x := u * m.total()
 	switch {
@@ -106,6 +118,8 @@ func (m Mix) draw(u float64) uint8 {
 		return opClaim
 	case x < m.Claim+m.Join:
 		return opJoin
+	case m.Confirm > 0 && x >= m.Claim+m.Join+m.Cancel:
+		return opConfirm
 	case m.Cancel > 0:
 		return opCancel
 	case m.Join > 0:

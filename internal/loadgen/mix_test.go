@@ -25,6 +25,8 @@ func TestParseMix(t *testing.T) {
 		{"claim=Inf", Mix{}, true},
 		{"claim=NaN", Mix{}, true},
 		{"=1", Mix{}, true},
+		{"claim=1,join=1,confirm=1", Mix{Claim: 1, Join: 1, Confirm: 1}, false},
+		{"confirm=0", Mix{}, true},
 	}
 	for _, tt := range tests {
 		got, err := ParseMix(tt.in)
@@ -35,9 +37,13 @@ func TestParseMix(t *testing.T) {
 			t.Errorf("ParseMix(%q) error %v does not wrap ErrBadMix", tt.in, err)
 		}
 	}
-	m := Mix{Claim: 2, Join: 0.5}
-	if back, err := ParseMix(m.String()); err != nil || back != m {
-		t.Errorf("ParseMix(%q) = %+v, %v; want the round trip %+v", m.String(), back, err, m)
+	for _, m := range []Mix{{Claim: 2, Join: 0.5}, {Join: 1, Confirm: 0.25}} {
+		if back, err := ParseMix(m.String()); err != nil || back != m {
+			t.Errorf("ParseMix(%q) = %+v, %v; want the round trip %+v", m.String(), back, err, m)
+		}
+	}
+	if s := (Mix{Claim: 1}).String(); s != "claim=1,join=0,cancel=0" {
+		t.Errorf("a mix without confirm prints %q, as before confirm existed", s)
 	}
 }
 
@@ -82,4 +88,47 @@ func equalUsers(a, b []int64) bool {
 		}
 	}
 	return true
+}
+
+// TestPlanConfirmAndNoShows: confirm taps are drawn by their weight, never
+// for a no-show; about the no-show fraction of users are no-shows; a mix
+// without confirm draws the plan it always drew.
+func TestPlanConfirmAndNoShows(t *testing.T) {
+	const n, users, seed, frac = 20000, 5000, 7, 0.3
+	mix := Mix{Claim: 1, Join: 1, Confirm: 2}
+	p := makePlan(n, users, mix, seed)
+	p.dropNoShowConfirms(mix, seed, frac)
+	var confirms, noShowOps int
+	for i, op := range p.ops {
+		ns := noShow(p.users[i], seed, frac)
+		if op == opConfirm {
+			confirms++
+			if ns {
+				t.Fatalf("request %d: no-show %d taps confirm", i, p.users[i])
+			}
+		}
+		if ns {
+			noShowOps++
+		}
+	}
+	// Half the taps are confirms, less the no-shows' 30%.
+	if confirms < 6400 || confirms > 7600 {
+		t.Errorf("%d confirm taps of %d, want about %d", confirms, n, int(n*0.5*(1-frac)))
+	}
+	var shows int
+	for u := int64(1); u <= users; u++ {
+		if noShow(u, seed, frac) {
+			shows++
+		}
+	}
+	if shows < 1350 || shows > 1650 || noShow(1, seed, 0) || !noShow(1, seed, 1) {
+		t.Errorf("%d no-shows of %d users, want about 1500", shows, users)
+	}
+	old, again := makePlan(n, users, Mix{Claim: 3, Join: 1}, seed), makePlan(n, users, Mix{Claim: 3, Join: 1}, seed)
+	again.dropNoShowConfirms(Mix{Claim: 3, Join: 1}, seed, frac)
+	for i := range old.ops {
+		if old.ops[i] != again.ops[i] || old.ops[i] == opConfirm {
+			t.Fatal("a mix without confirm drew another plan")
+		}
+	}
 }

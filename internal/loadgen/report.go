@@ -69,6 +69,11 @@ type Report struct {
 	// once; DoubleGrants lists the first of them.
 	DoubleGrantUsers int
 	DoubleGrants     []int64
+
+	// Holds is how the holds went, in an activity with a hold; nil
+	// without. There a seat is HELD first, and the seats and double grants
+	// above count confirmed seats, read from every user's signup at the end.
+	Holds *HoldReport
 }
 
 // maxDoubleGrants bounds Report.DoubleGrants.
@@ -81,7 +86,11 @@ func (r *runner) report(rep *Report) {
 	rep.ErrorSamples = r.samples
 	var lastAccept, lastFinal time.Duration
 	var promoted []int64
-	for _, w := range r.workers {
+	workers := r.workers
+	if r.holds != nil {
+		workers = append(slices.Clip(workers), r.holds.workers...)
+	}
+	for _, w := range workers {
 		for c, n := range w.outcomes {
 			if n > 0 {
 				rep.Outcomes[string(outcomeNames[c])] += n
@@ -120,7 +129,19 @@ func (r *runner) report(rep *Report) {
 	if len(got) > 0 {
 		rep.Max = got[len(got)-1]
 	}
-	r.seats(rep, promoted)
+	if r.holds == nil {
+		r.seats(rep, promoted)
+		return
+	}
+	// Under a hold, lapsed holds release seats without a result loadgen
+	// sees, so the count from the results does not apply; holds.check
+	// proved double seats from confirmed seats instead.
+	h := r.holds.report
+	rep.Holds = &h
+	rep.UsersWithSeat = h.ConfirmedSignups
+	slices.Sort(r.holdDoubles)
+	rep.DoubleGrantUsers = len(r.holdDoubles)
+	rep.DoubleGrants = r.holdDoubles[:min(len(r.holdDoubles), maxDoubleGrants)]
 }
 
 // seats finds users who held two seats at once. A user's seat takes are
@@ -183,6 +204,10 @@ var (
 	// ErrAccounting: the activity's counters do not add up with the
 	// results.
 	ErrAccounting = errors.New("accounting mismatch")
+	// ErrHolds: in an activity with a hold, a held seat did not end
+	// confirmed or back in line: a hold never settled, a no-show was
+	// confirmed, a confirmer lost a hold or a seat silently.
+	ErrHolds = errors.New("holds")
 )
 
 // Verdict checks the invariants and returns nil when they all hold:
@@ -197,6 +222,14 @@ var (
 //   - where the results determine it (nobody waited, nobody was
 //     promoted), confirmed afterwards = confirmed before + GRANTED +
 //     CONFIRMED − CANCELLED, and remaining = capacity − confirmed.
+//
+// In an activity with a hold (Report.Holds), seats recycle as holds lapse,
+// so the counts from the results give way to the signups read at the end,
+// after every hold was confirmed or lapsed: held = 0, confirmed = the
+// CONFIRMED signups (on an activity empty before), no user with two
+// confirmed seats, no no-show CONFIRMED, and every confirmer seen HELD
+// ends CONFIRMED or heard HOLD_EXPIRED (or NOT_HELD: the expiry came
+// first).
 func (r Report) Verdict() error {
 	var errs []error
 	fail := func(sentinel error, format string, args ...any) {
@@ -216,6 +249,9 @@ func (r Report) Verdict() error {
 	}
 	granted := int64(r.Outcomes[string(wire.OutcomeGranted)])
 	taken := granted + int64(r.Outcomes[string(wire.OutcomeConfirmed)])
+	if r.Holds != nil {
+		taken += int64(r.Holds.Confirms[string(wire.OutcomeConfirmed)])
+	}
 	cancelled := int64(r.Outcomes[string(wire.OutcomeCancelled)])
 	waited := int64(r.Outcomes[string(wire.OutcomeWaiting)])
 
@@ -225,7 +261,7 @@ func (r Report) Verdict() error {
 	if r.Mix.Cancel == 0 && base+taken > capacity {
 		fail(ErrOversold, "%d seats granted on top of %d confirmed, capacity %d", taken, base, capacity)
 	}
-	if r.Mix.PureClaim() && base == 0 && complete {
+	if r.Mix.PureClaim() && base == 0 && complete && r.Holds == nil {
 		distinct := int64(min(r.Requests, r.Users))
 		if want := min(capacity, distinct); granted < want {
 			fail(ErrUndersold, "GRANTED %d, want exactly %d (capacity %d, %d distinct users)", granted, want, capacity, distinct)
@@ -235,6 +271,10 @@ func (r Report) Verdict() error {
 		fail(ErrUndersold, "%d users wait while %d seats are free", a.Waiting, a.Capacity-a.Confirmed)
 	}
 
+	if r.Holds != nil {
+		errs = append(errs, r.holdVerdict(complete)...)
+		return errors.Join(errs...)
+	}
 	if a, b := r.After, r.Before; a != nil && b != nil && complete {
 		if a.Remaining != a.Capacity-a.Confirmed {
 			fail(ErrAccounting, "remaining %d ≠ capacity %d − confirmed %d", a.Remaining, a.Capacity, a.Confirmed)
@@ -250,6 +290,52 @@ func (r Report) Verdict() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// holdVerdict is the part of Verdict for an activity with a hold.
+func (r Report) holdVerdict(complete bool) []error {
+	var errs []error
+	fail := func(sentinel error, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s", sentinel, fmt.Sprintf(format, args...)))
+	}
+	h := r.Holds
+	a, b := r.After, r.Before
+	if !h.Settled {
+		held := "unknown"
+		if a != nil {
+			held = strconv.FormatInt(a.Held, 10)
+		}
+		fail(ErrHolds, "the holds did not settle within %s after the burst (held %s)", h.Settle.Round(time.Millisecond), held)
+	} else if a != nil && a.Held != 0 {
+		fail(ErrHolds, "held %d afterwards, want 0", a.Held)
+	}
+	if h.ConfirmErrors > 0 {
+		fail(ErrHolds, "%d confirms or signup reads got no answer", h.ConfirmErrors)
+	}
+	if h.StillHeld > 0 {
+		fail(ErrHolds, "%d users still HELD at the end", h.StillHeld)
+	}
+	if h.NoShowsConfirmed > 0 {
+		fail(ErrHolds, "%d no-shows end CONFIRMED", h.NoShowsConfirmed)
+	}
+	if h.LostHolds > 0 {
+		fail(ErrHolds, "%d confirmers lost a hold without HOLD_EXPIRED or NOT_HELD", h.LostHolds)
+	}
+	if h.LostSeats > 0 {
+		fail(ErrHolds, "%d users lost a confirmed seat they never cancelled", h.LostSeats)
+	}
+	if len(errs) > 0 && len(h.Examples) > 0 {
+		errs = append(errs, fmt.Errorf("%w: e.g. %s", ErrHolds, strings.Join(h.Examples, "; ")))
+	}
+	if a != nil && complete {
+		if a.Remaining != a.Capacity-a.Confirmed {
+			fail(ErrAccounting, "remaining %d ≠ capacity %d − confirmed %d", a.Remaining, a.Capacity, a.Confirmed)
+		}
+		if b != nil && b.Confirmed == 0 && b.Waiting == 0 && b.Held == 0 && h.Settled && a.Confirmed != int64(h.ConfirmedSignups) {
+			fail(ErrAccounting, "confirmed %d afterwards, want %d = the CONFIRMED signups", a.Confirmed, h.ConfirmedSignups)
+		}
+	}
+	return errs
 }
 
 // WriteText writes the report for a person, verdict last.
@@ -277,6 +363,17 @@ func (r Report) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "    e.g. %s\n", s)
 	}
 	fmt.Fprintf(&b, "  users with a seat:    %d (double grants: %d)\n", r.UsersWithSeat, r.DoubleGrantUsers)
+	if h := r.Holds; h != nil {
+		fmt.Fprintf(&b, "  holds:                hold %s, no-show %g: %d users held (%d no-shows), settled %t in %s\n",
+			h.Hold, h.NoShow, h.HeldUsers, h.NoShowsHeld, h.Settled, ms(h.Settle))
+		fmt.Fprintf(&b, "  confirms after HELD: ")
+		for _, k := range slices.Sorted(maps.Keys(h.Confirms)) {
+			fmt.Fprintf(&b, " %s %d", k, h.Confirms[k])
+		}
+		fmt.Fprintf(&b, " (errors %d, signup reads %d)\n", h.ConfirmErrors, h.SignupReads)
+		fmt.Fprintf(&b, "  signups at the end:   %d read, %d CONFIRMED, %d HELD; no-shows CONFIRMED %d, lost holds %d, lost seats %d\n",
+			h.Checked, h.ConfirmedSignups, h.StillHeld, h.NoShowsConfirmed, h.LostHolds, h.LostSeats)
+	}
 	for _, x := range []struct {
 		name string
 		s    *State
@@ -285,8 +382,12 @@ func (r Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(&b, "  activity %-6s       (none)\n", x.name)
 			continue
 		}
-		fmt.Fprintf(&b, "  activity %-6s       capacity %d, confirmed %d, waiting %d, remaining %d\n",
-			x.name, x.s.Capacity, x.s.Confirmed, x.s.Waiting, x.s.Remaining)
+		held := ""
+		if r.Holds != nil {
+			held = fmt.Sprintf(" (held %d)", x.s.Held)
+		}
+		fmt.Fprintf(&b, "  activity %-6s       capacity %d, confirmed %d%s, waiting %d, remaining %d\n",
+			x.name, x.s.Capacity, x.s.Confirmed, held, x.s.Waiting, x.s.Remaining)
 	}
 	if err := r.Verdict(); err != nil {
 		fmt.Fprintf(&b, "  verdict:              FAIL\n")
@@ -333,8 +434,29 @@ type reportJSON struct {
 	UsersWithSeat    int            `json:"users_with_seat"`
 	DoubleGrantUsers int            `json:"double_grant_users"`
 	DoubleGrants     []int64        `json:"double_grants"`
+	Holds            *holdJSON      `json:"holds,omitempty"`
 	Pass             bool           `json:"pass"`
 	Failures         []string       `json:"failures"`
+}
+
+// holdJSON is Report.Holds in the -json form.
+type holdJSON struct {
+	Hold             string         `json:"hold"`
+	NoShow           float64        `json:"no_show"`
+	HeldUsers        int            `json:"held_users"`
+	NoShowsHeld      int            `json:"no_shows_held"`
+	Confirms         map[string]int `json:"confirms"`
+	ConfirmErrors    int            `json:"confirm_errors"`
+	SignupReads      int            `json:"signup_reads"`
+	Settled          bool           `json:"settled"`
+	SettleMs         float64        `json:"settle_ms"`
+	Checked          int            `json:"signups_checked"`
+	ConfirmedSignups int            `json:"confirmed_signups"`
+	StillHeld        int            `json:"still_held"`
+	NoShowsConfirmed int            `json:"no_shows_confirmed"`
+	LostHolds        int            `json:"lost_holds"`
+	LostSeats        int            `json:"lost_seats"`
+	Examples         []string       `json:"examples"`
 }
 
 // MarshalJSON encodes the report with every figure and the verdict.
@@ -363,6 +485,19 @@ func (r Report) MarshalJSON() ([]byte, error) {
 	}
 	for k, v := range r.Statuses {
 		j.Statuses[strconv.Itoa(k)] = v
+	}
+	if h := r.Holds; h != nil {
+		j.Holds = &holdJSON{Hold: h.Hold.String(), NoShow: h.NoShow, HeldUsers: h.HeldUsers, NoShowsHeld: h.NoShowsHeld,
+			Confirms: h.Confirms, ConfirmErrors: h.ConfirmErrors, SignupReads: h.SignupReads,
+			Settled: h.Settled, SettleMs: msf(h.Settle), Checked: h.Checked, ConfirmedSignups: h.ConfirmedSignups,
+			StillHeld: h.StillHeld, NoShowsConfirmed: h.NoShowsConfirmed, LostHolds: h.LostHolds, LostSeats: h.LostSeats,
+			Examples: h.Examples}
+		if j.Holds.Confirms == nil {
+			j.Holds.Confirms = map[string]int{}
+		}
+		if j.Holds.Examples == nil {
+			j.Holds.Examples = []string{}
+		}
 	}
 	err := r.Verdict()
 	j.Pass = err == nil

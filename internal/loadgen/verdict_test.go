@@ -3,6 +3,7 @@ package loadgen
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestVerdict(t *testing.T) {
@@ -90,6 +91,71 @@ func TestVerdict(t *testing.T) {
 				}
 				return
 			}
+			for _, sentinel := range all {
+				want := false
+				for _, w := range tt.want {
+					want = want || errors.Is(w, sentinel)
+				}
+				if got := errors.Is(err, sentinel); got != want {
+					t.Errorf("errors.Is(Verdict, %v) = %v, want %v (verdict: %v)", sentinel, got, want, err)
+				}
+			}
+		})
+	}
+}
+
+func TestVerdictHolds(t *testing.T) {
+	// pass is a settled hold burst on an empty activity: 30 users held,
+	// 20 confirmed, the no-shows' seats lapsed and went to the line.
+	pass := func() Report {
+		return Report{
+			Capacity: 20, Requests: 400, Users: 120, Mix: Mix{Claim: 1, Join: 2, Confirm: 0.5}, Results: 400,
+			Outcomes: map[string]int{"HELD": 20, "WAITING": 99, "SOLD_OUT": 38, "NOT_HELD": 26, "ALREADY_WAITING": 148,
+				"CONFIRMED": 3, "ALREADY_CONFIRMED": 66},
+			Before: &State{Capacity: 20, Remaining: 20, Hold: "300ms"},
+			After:  &State{Capacity: 20, Confirmed: 20, Waiting: 40, Hold: "300ms"},
+			Holds: &HoldReport{Hold: 300 * time.Millisecond, NoShow: 0.3, HeldUsers: 30, NoShowsHeld: 10,
+				Confirms: map[string]int{"CONFIRMED": 17}, Settled: true, Checked: 110, ConfirmedSignups: 20},
+		}
+	}
+	tests := []struct {
+		name   string
+		change func(*Report)
+		want   []error // nil = pass
+	}{
+		{"settled", func(*Report) {}, nil},
+		{"never settled", func(r *Report) {
+			r.Holds.Settled, r.After.Held, r.Holds.StillHeld = false, 3, 3
+		}, []error{ErrHolds}},
+		{"held left over", func(r *Report) { r.After.Held = 1 }, []error{ErrHolds}},
+		{"a no-show confirmed", func(r *Report) { r.Holds.NoShowsConfirmed = 1 }, []error{ErrHolds}},
+		{"a hold vanished", func(r *Report) { r.Holds.LostHolds = 2 }, []error{ErrHolds}},
+		{"a confirmed seat vanished", func(r *Report) { r.Holds.LostSeats = 1 }, []error{ErrHolds}},
+		{"confirms unanswered", func(r *Report) { r.Holds.ConfirmErrors = 4 }, []error{ErrHolds}},
+		{"counter beside the signups", func(r *Report) {
+			r.After.Confirmed, r.After.Remaining = 19, 1
+			r.After.Waiting = 0
+		}, []error{ErrAccounting}},
+		{"reused activity: no signup count", func(r *Report) {
+			r.Before.Confirmed, r.Holds.ConfirmedSignups, r.Holds.Confirms["CONFIRMED"] = 5, 15, 12
+		}, nil},
+		{"double seat", func(r *Report) { r.DoubleGrantUsers, r.DoubleGrants = 1, []int64{9} }, []error{ErrDoubleGrant}},
+		{"seats recycle: more HELD than capacity is no oversale", func(r *Report) {
+			r.Outcomes["HELD"] = 60
+		}, nil},
+		{"confirmed seats beyond capacity", func(r *Report) {
+			r.Holds.Confirms["CONFIRMED"] = 25
+		}, []error{ErrOversold}},
+		{"waiting while a seat is free", func(r *Report) {
+			r.After.Confirmed, r.After.Remaining, r.Holds.ConfirmedSignups = 19, 1, 19
+		}, []error{ErrUndersold}},
+	}
+	all := []error{ErrIncomplete, ErrOversold, ErrUndersold, ErrDoubleGrant, ErrAccounting, ErrHolds}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := pass()
+			tt.change(&r)
+			err := r.Verdict()
 			for _, sentinel := range all {
 				want := false
 				for _, w := range tt.want {

@@ -98,7 +98,7 @@ func (w *worker) loop(ctx context.Context) {
 }
 
 // ops maps the plan's op codes to the client's.
-var ops = [3]client.Op{opClaim: client.OpClaim, opJoin: client.OpJoin, opCancel: client.OpCancel}
+var ops = [4]client.Op{opClaim: client.OpClaim, opJoin: client.OpJoin, opCancel: client.OpCancel, opConfirm: client.OpConfirm}
 
 // do sends request i and follows it to its final result.
 func (w *worker) do(ctx context.Context, i int) {
@@ -122,6 +122,9 @@ func (w *worker) do(ctx context.Context, i int) {
 	r.lat[i] = end.Sub(start)
 	w.lastFinal = max(w.lastFinal, end.Sub(r.t0))
 	r.outc[i] = w.record(res)
+	if r.holds != nil {
+		r.holds.observe(r.plan.users[i], res)
+	}
 }
 
 // record counts a final result's outcome and returns its code.
@@ -149,7 +152,7 @@ func (w *worker) fail(err error) {
 // open opens the activity with its capacity and requires a done OPENED or
 // RESIZED.
 func (w *worker) open(ctx context.Context) (string, error) {
-	res, err := w.o.Open(ctx, w.r.cfg.Activity, w.r.cfg.Capacity)
+	res, err := w.o.OpenWithHold(ctx, w.r.cfg.Activity, w.r.cfg.Capacity, w.r.cfg.Hold)
 	if err != nil {
 		return "", err
 	}
@@ -167,6 +170,10 @@ type State struct {
 	Confirmed int64 `json:"confirmed"`
 	Waiting   int64 `json:"waiting"`
 	Remaining int64 `json:"remaining"`
+	// Held counts the seats held, not yet confirmed (they are in
+	// Confirmed too); Hold is the activity's hold, "" without.
+	Held int64  `json:"held,omitempty"`
+	Hold string `json:"hold,omitempty"`
 }
 
 // state reads the activity; nil when it does not exist (404).
@@ -178,7 +185,8 @@ func (w *worker) state(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &State{Capacity: a.Capacity, Confirmed: a.Confirmed, Waiting: a.Waiting, Remaining: a.Remaining}, nil
+	return &State{Capacity: a.Capacity, Confirmed: a.Confirmed, Waiting: a.Waiting, Remaining: a.Remaining,
+		Held: a.Held, Hold: a.Hold}, nil
 }
 
 // outcomeNames are the outcomes counted without a map; index = code.
@@ -188,6 +196,7 @@ var outcomeNames = [...]wire.Outcome{
 	wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeAlreadyConfirmed, wire.OutcomeAlreadyWaiting,
 	wire.OutcomeCancelled, wire.OutcomeNotSignedUp, wire.OutcomeNoSuchActivity,
 	wire.OutcomeOpened, wire.OutcomeResized, wire.OutcomeRejected,
+	wire.OutcomeHeld, wire.OutcomeNotHeld, wire.OutcomeHoldExpired,
 }
 
 const (

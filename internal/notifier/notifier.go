@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,7 +56,10 @@ type Config struct {
 	// event_id). User info in it is sent as basic auth; redirects are not
 	// followed. Empty means log each event instead.
 	URL string
-	// Filter is the consumer's subject filter, within alloc.evt.>.
+	// Filter is the consumer's subject filter, within alloc.evt.>, or
+	// several separated by commas (they must not overlap), e.g.
+	// "alloc.evt.*.promoted,alloc.evt.*.expired" for an activity with
+	// holds: who got a seat to confirm, and whose hold lapsed.
 	Filter string
 	// Durable is the consumer's durable name: a new process with the same
 	// name resumes where the previous one stopped.
@@ -262,10 +266,19 @@ func (n *Notifier) setErr(err error) {
 }
 
 func (n *Notifier) ensureConsumer(ctx context.Context) (jetstream.Consumer, error) {
+	// One filter stays FilterSubject, as consumers made before several
+	// were possible have it.
+	filter, filters := n.cfg.Filter, Filters(n.cfg.Filter)
+	if len(filters) > 1 {
+		filter = ""
+	} else {
+		filters = nil
+	}
 	c, err := n.js.CreateOrUpdateConsumer(ctx, wire.EventStream, jetstream.ConsumerConfig{
-		Durable:       n.cfg.Durable,
-		Description:   "allot notifier: delivers events to a webhook",
-		FilterSubject: n.cfg.Filter,
+		Durable:        n.cfg.Durable,
+		Description:    "allot notifier: delivers events to a webhook",
+		FilterSubject:  filter,
+		FilterSubjects: filters,
 		// A new durable starts at the beginning of the stream: a notifier
 		// deployed after the first events still delivers them.
 		DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -280,6 +293,17 @@ func (n *Notifier) ensureConsumer(ctx context.Context) (jetstream.Consumer, erro
 		return nil, fmt.Errorf("%w: ensure consumer %s: %w", bus.ErrUnavailable, n.cfg.Durable, err)
 	}
 	return c, nil
+}
+
+// Filters splits a Config.Filter into its subjects.
+func Filters(filter string) []string {
+	var out []string
+	for f := range strings.SplitSeq(filter, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // work pulls one message at a time and delivers it, until ctx ends or the

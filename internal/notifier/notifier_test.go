@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -406,5 +407,57 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 				t.Errorf("New = %v, want ErrInvalidConfig", err)
 			}
 		})
+	}
+}
+
+// TestHoldEvents: a filter on promotions and expiries (two subjects)
+// selects exactly those; held_until reaches the webhook as the allocator
+// encoded it, and a lone expired filter works the same way.
+func TestHoldEvents(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	until := time.Date(2026, 12, 1, 4, 0, 2, 500_000_000, time.UTC)
+	publish := func(kind wire.EventKind, user int64, held bool) string {
+		ev := wire.Event{EventID: uuid.Must(uuid.NewV7()).String(), Kind: kind, ActivityID: 7, UserID: user,
+			RequestID: uuid.Must(uuid.NewV7()).String(), Seq: uint64(user), At: until.Add(-2 * time.Second)}
+		if held {
+			ev.HeldUntil = &until
+		}
+		b := ev.AppendJSON(nil) // the allocator's own encoding
+		e.publishRaw(wire.EventSubject(ev.ActivityID, kind), b, ev.EventID)
+		e.mu.Lock()
+		e.events[ev.EventID] = b
+		e.mu.Unlock()
+		return ev.EventID
+	}
+	publish(wire.EventHeld, 1, true)
+	promoted := publish(wire.EventPromoted, 2, true)
+	expired := publish(wire.EventExpired, 1, false)
+	publish(wire.EventConfirmed, 2, false)
+	publish(wire.EventCancelled, 3, false)
+
+	both := newReceiver(t, func(string, int) answer { return answerOK })
+	cfg := testConfig(both.URL())
+	cfg.Filter = wire.EventSubjectPrefix + "*." + string(wire.EventPromoted) + "," + wire.EventSubjectPrefix + "*." + string(wire.EventExpired)
+	cfg.Durable = "holds"
+	e.start(cfg, nil)
+
+	lone := newReceiver(t, func(string, int) answer { return answerOK })
+	cfg = testConfig(lone.URL())
+	cfg.Filter = wire.EventSubjectPrefix + "*." + string(wire.EventExpired)
+	cfg.Durable = "expiries"
+	e.start(cfg, nil)
+
+	waitFor(t, 20*time.Second, "promotions and expiries delivered", func() bool { return both.acceptedCount() >= 2 })
+	waitFor(t, 20*time.Second, "expiries delivered", func() bool { return lone.acceptedCount() >= 1 })
+	e.waitDrained("holds")
+	e.waitDrained("expiries")
+	both.check(e, []string{promoted, expired})
+	lone.check(e, []string{expired})
+	if body := e.eventJSON(promoted); !bytes.Contains(body, []byte(`"held_until":"2026-12-01T04:00:02.5Z"`)) {
+		t.Errorf("the promoted event carries no held_until: %s", body)
+	}
+	if info, err := e.consumerInfo("holds"); err != nil || len(info.Config.FilterSubjects) != 2 {
+		t.Errorf("consumer holds: %+v, %v; want two filter subjects", info, err)
 	}
 }

@@ -375,6 +375,55 @@ func TestLiveSendsStateThenTheActivitysEventsInOrder(t *testing.T) {
 	})
 }
 
+// TestLiveShowsHolds: under a hold the states carry held and the hold,
+// and held, promoted and expired events reach the page exactly as stored,
+// held_until included.
+func TestLiveShowsHolds(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, fastConfig())
+	const act = 44
+	f.exec("INSERT INTO activity (id, capacity, confirmed_count, held_count, hold_ns, next_seq) VALUES (?, 3, 2, 1, ?, 1)",
+		act, int64(2*time.Second))
+	c := f.dial(act)
+	st := c.state(5 * time.Second)
+	if st.Held != 1 || st.Hold != "2s" || st.Confirmed != 2 || st.Remaining != 1 {
+		t.Fatalf("first state %+v, want held 1 of confirmed 2, hold 2s", st)
+	}
+
+	until := time.Date(2026, 12, 1, 4, 0, 2, 0, time.UTC)
+	var want []string
+	for i, kind := range []wire.EventKind{wire.EventHeld, wire.EventPromoted, wire.EventExpired} {
+		ev := wire.Event{EventID: wire.EventID("hold", i), Kind: kind, ActivityID: act, UserID: int64(7 + i),
+			RequestID: "hold", Seq: uint64(30 + i), At: until.Add(-2 * time.Second)}
+		if kind != wire.EventExpired {
+			ev.HeldUntil = &until
+		}
+		data := ev.AppendJSON(nil) // as the allocator stores it
+		if _, err := f.js.Publish(context.Background(), wire.EventSubject(act, kind), data); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, string(data))
+	}
+	var got []string
+	for len(got) < len(want) {
+		if m := c.next(5 * time.Second); m.name == MsgEvent {
+			got = append(got, m.data)
+		}
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("event %d = %s, want %s", i, got[i], want[i])
+		}
+	}
+	if !strings.Contains(got[0], `"held_until":"2026-12-01T04:00:02Z"`) {
+		t.Errorf("the held event lost held_until: %s", got[0])
+	}
+
+	// The expiry released the seat: the next state says so.
+	f.exec("UPDATE activity SET confirmed_count = 1, held_count = 0 WHERE id = ?", act)
+	c.stateWhere(5*time.Second, "held 0", func(st State) bool { return st.Held == 0 && st.Confirmed == 1 && st.Hold == "2s" })
+}
+
 func TestLiveWatchesAnActivityBeforeItOpens(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, fastConfig())

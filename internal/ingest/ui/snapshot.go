@@ -24,9 +24,13 @@ type State struct {
 	// are then zero.
 	Opened    bool  `json:"opened"`
 	Capacity  int64 `json:"capacity"`
-	Confirmed int64 `json:"confirmed"`
-	Waiting   int64 `json:"waiting"`
-	Remaining int64 `json:"remaining"`
+	Confirmed int64 `json:"confirmed"` // seats taken, held ones included
+	// Held counts the seats held, not yet confirmed (activities with a
+	// hold); Hold is the activity's hold as a Go duration, "" without.
+	Held      int64  `json:"held"`
+	Hold      string `json:"hold,omitempty"`
+	Waiting   int64  `json:"waiting"`
+	Remaining int64  `json:"remaining"`
 	// AppliedSeq is the request-stream sequence of the last request the
 	// allocator applied to the activity (activity.next_seq − 1); 0 if none.
 	AppliedSeq uint64 `json:"applied_seq"`
@@ -126,6 +130,7 @@ func (s *Server) readState(ctx context.Context, activity int64, start time.Time)
 	}
 	st.Opened = true
 	st.Capacity, st.Confirmed, st.Waiting, st.Remaining = as.Capacity, as.Confirmed, as.Waiting, as.Remaining
+	st.Held, st.Hold = as.Held, as.Hold
 	if found && row.NextSeq > 0 {
 		st.AppliedSeq = row.NextSeq - 1
 	}

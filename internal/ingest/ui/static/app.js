@@ -11,7 +11,7 @@
   const CHART_SPAN_MAX_MS = 10 * 60 * 1000;
   const RETRY_MS = 3000;
   const TOKEN_KEY = 'allot.token';
-  const KINDS = ['granted', 'confirmed', 'promoted', 'waitlisted', 'cancelled', 'sold_out', 'opened', 'resized'];
+  const KINDS = ['granted', 'confirmed', 'held', 'promoted', 'expired', 'waitlisted', 'cancelled', 'sold_out', 'opened', 'resized'];
   const SVG_NS = 'http://www.w3.org/2000/svg';
 
   const $ = (id) => document.getElementById(id);
@@ -35,6 +35,8 @@
   let connectedAt = 0;
   let renderTimer = 0;
   let clockOffset = 0;      // browser clock minus server clock, from the states
+  let holdsShown = false;   // the Held card is shown: the activity has a hold
+  let holdText = '';        // the activity's hold, e.g. "2m0s"
 
   // ---- helpers -------------------------------------------------------------
 
@@ -89,7 +91,8 @@
     serial = 0; renderedSerial = 0; connectedAt = 0;
     document.body.dataset.events = '0';
     document.body.dataset.skipped = '0';
-    for (const id of ['capacity', 'confirmed', 'waiting', 'remaining', 'lag']) setNumber(id, null);
+    for (const id of ['capacity', 'confirmed', 'held', 'waiting', 'remaining', 'lag']) setNumber(id, null);
+    showHolds(false, '');
     $('rate').textContent = '–';
     $('activity-input').value = a;
     history.replaceState(null, '', '?activity=' + a);
@@ -150,7 +153,8 @@
 
     if (!st.opened) {
       showBanner('Activity ' + activity + ' is not open yet. This page fills in by itself as soon as it opens.', 'info');
-      for (const id of ['capacity', 'confirmed', 'waiting', 'remaining', 'lag']) setNumber(id, null);
+      for (const id of ['capacity', 'confirmed', 'held', 'waiting', 'remaining', 'lag']) setNumber(id, null);
+      showHolds(false, '');
       $('fill').style.width = '0';
       $('fill-text').textContent = '\u00a0';
       $('sold-out').hidden = true;
@@ -161,6 +165,11 @@
     setNumber('confirmed', st.confirmed);
     setNumber('waiting', st.waiting);
     setNumber('remaining', st.remaining);
+    // The Held card shows for an activity with a hold, and for as long as
+    // seats are held (a resize may have dropped the hold meanwhile).
+    const held = st.held || 0;
+    showHolds(!!st.hold || held > 0 || (counts.get('expired') || 0) > 0, st.hold || '');
+    setNumber('held', held);
 
     const lag = $('lag');
     setNumber('lag', st.lag);
@@ -172,7 +181,7 @@
     $('confirmed-hint').textContent = st.capacity > 0 ? pct.toFixed(pct < 10 ? 1 : 0) + '% of capacity' : 'seats taken';
     $('fill').style.width = pct + '%';
     $('fill-text').textContent = fmt.format(st.confirmed) + ' of ' + fmt.format(st.capacity) + ' seats taken · ' +
-      fmt.format(st.waiting) + ' waiting';
+      (holdsShown ? fmt.format(held) + ' held · ' : '') + fmt.format(st.waiting) + ' waiting';
     $('sold-out').hidden = !(st.capacity > 0 && st.remaining === 0);
     document.title = 'allot · ' + activity + ' · ' + fmt.format(st.confirmed) + '/' + fmt.format(st.capacity);
 
@@ -186,6 +195,24 @@
     }
   }
 
+  // showHolds shows or hides the Held card; hold is the activity's hold.
+  function showHolds(on, hold) {
+    holdsShown = on;
+    holdText = hold;
+    $('held-card').hidden = !on;
+    document.querySelector('.cards').classList.toggle('with-holds', on);
+    renderHeldHint();
+  }
+
+  // renderHeldHint says how many holds lapsed: the expired events received.
+  function renderHeldHint() {
+    const expired = counts.get('expired') || 0;
+    const el = $('held-hint');
+    el.dataset.expired = String(expired);
+    el.textContent = (expired ? fmt.format(expired) + ' expired' : 'awaiting confirmation') +
+      (holdText ? ' · hold ' + holdText : '');
+  }
+
   // ---- events --------------------------------------------------------------
 
   function onEvent(raw) {
@@ -197,6 +224,9 @@
     ev.n = ++serial;
     document.body.dataset.events = String(serial);
     counts.set(ev.kind, (counts.get(ev.kind) || 0) + 1);
+    if (ev.kind === 'expired') {
+      if (!holdsShown) showHolds(true, holdText); else renderHeldHint();
+    }
     arrivals.push(performance.now());
     let list = recent.get(ev.kind);
     if (!list) recent.set(ev.kind, (list = []));
@@ -215,7 +245,11 @@
       case 'opened': return 'activity opened';
       case 'resized': return 'capacity changed';
       case 'sold_out': return 'last free seat taken';
-      default: return 'user ' + ev.user;
+      case 'expired': return 'user ' + ev.user + ' · hold lapsed';
+      default:
+        // held, and promoted under a hold, say until when the seat is held.
+        if (ev.held_until) return 'user ' + ev.user + ' · held until ' + clock(parseTime(ev.held_until));
+        return 'user ' + ev.user;
     }
   }
 
