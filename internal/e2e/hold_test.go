@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// openHold opens (or resizes) activity with a hold, through HTTP.
+func (s *stack) openHold(activity, capacity int, hold string) {
+	s.t.Helper()
+	m := s.done("PUT", fmt.Sprintf("/v1/activities/%d", activity), fmt.Sprintf(`{"capacity": %d, "hold": %q}`, capacity, hold))
+	if o := m["outcome"]; o != string(wire.OutcomeOpened) && o != string(wire.OutcomeResized) {
+		s.t.Fatalf("open %d with hold %s: %v", activity, hold, m)
+	}
+}
+
+func (s *stack) confirm(a, u int) map[string]any {
+	return s.done("POST", fmt.Sprintf("/v1/activities/%d/signups/%d/confirm", a, u), "")
+}
+
+func (s *stack) claim(a, u int) map[string]any {
+	return s.done("POST", fmt.Sprintf("/v1/activities/%d/claims/%d", a, u), "")
+}
+
+// heldUntil reads an answer's held_until.
+func heldUntil(t *testing.T, what string, m map[string]any) time.Time {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(m["held_until"]))
+	if err != nil {
+		t.Fatalf("%s: held_until %v: %v (answer %v)", what, m["held_until"], err, m)
+	}
+	return at
+}
+
+// waitSignup polls user's signup until its status is status.
+func (s *stack) waitSignup(a, u int, status wire.Status, within time.Duration) map[string]any {
+	s.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		m := s.signup(a, u)
+		if m["status"] == string(status) {
+			return m
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("signup %d/%d is %v, not %s, after %s", a, u, m, status, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitExpire waits until the expire of the hold the request at holdSeq gave
+// user is applied, and returns its result.
+func (s *stack) waitExpire(a, u int, holdSeq float64, within time.Duration) map[string]any {
+	s.t.Helper()
+	id := wire.ExpireRequestID(int64(a), int64(u), uint64(holdSeq))
+	code, m := s.call("GET", "/v1/requests/"+id+fmt.Sprintf("?wait=%s", within), "")
+	if code != http.StatusOK || m["state"] != wire.StateDone {
+		s.t.Fatalf("expire of user %d's hold from seq %v: %d %v", u, holdSeq, code, m)
+	}
+	return m
+}
+
+// TestHoldWaitlistStory: a 2s hold. A holds, B and C wait; A never
+// confirms: at the expiry A is released and B held, in one change; B
+// confirms in time; C stays first in line from then on. The events are
+// held, expired, promoted, confirmed, in that order, each once; B's own
+// expire, later, finds B confirmed and changes nothing.
+func TestHoldWaitlistStory(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const act, A, B, C = 9101, 1, 2, 3
+	s.openHold(act, 1, "2s")
+	a := s.join(act, A)
+	want(t, "A joins", a, "outcome", wire.OutcomeHeld, "status", wire.StatusHeld)
+	untilA := heldUntil(t, "A joins", a)
+	want(t, "B joins", s.join(act, B), "outcome", wire.OutcomeWaiting, "position", 1)
+	want(t, "C joins", s.join(act, C), "outcome", wire.OutcomeWaiting, "position", 2)
+	want(t, "A while held", s.signup(act, A), "status", wire.StatusHeld)
+	_, st := s.call("GET", fmt.Sprintf("/v1/activities/%d", act), "")
+	want(t, "state while A holds", st, "confirmed", 1, "held", 1, "waiting", 2, "remaining", 0)
+
+	// A never confirms.
+	expA := s.waitExpire(act, A, a["seq"].(float64), 10*time.Second)
+	want(t, "A's expire", expA, "op", wire.OpExpire, "outcome", wire.OutcomeExpired, "user_id", A,
+		"status", wire.StatusCancelled, "promoted_user_id", B)
+	if got := heldUntil(t, "A's expire", expA); !got.After(untilA) {
+		t.Fatalf("B held until %v, not after A's hold's end %v", got, untilA)
+	}
+	applied, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(expA["applied_at"]))
+	if applied.Before(untilA) {
+		t.Fatalf("A's hold (until %v) lapsed at %v", untilA, applied)
+	}
+	want(t, "A after", s.signup(act, A), "status", wire.StatusCancelled)
+	want(t, "B after", s.signup(act, B), "status", wire.StatusHeld)
+	want(t, "C after A's expiry", s.signup(act, C), "status", wire.StatusWaiting, "position", 1)
+
+	want(t, "B confirms", s.confirm(act, B), "outcome", wire.OutcomeConfirmed, "status", wire.StatusConfirmed)
+	want(t, "C after B confirms", s.signup(act, C), "status", wire.StatusWaiting, "position", 1)
+	want(t, "B confirms again", s.confirm(act, B), "outcome", wire.OutcomeAlreadyConfirmed)
+	want(t, "C confirms", s.confirm(act, C), "outcome", wire.OutcomeNotHeld, "status", wire.StatusWaiting, "position", 1)
+
+	// B's expire falls due too, and finds nothing to do.
+	want(t, "B's expire", s.waitExpire(act, B, expA["seq"].(float64), 10*time.Second), "outcome", wire.OutcomeNotHeld,
+		"status", wire.StatusConfirmed)
+	want(t, "C at the end", s.signup(act, C), "status", wire.StatusWaiting, "position", 1)
+
+	evs := s.eventsFor(act, s.outboxEvents(act))
+	var story []string
+	for _, e := range evs {
+		switch e.Kind {
+		case wire.EventHeld, wire.EventExpired, wire.EventPromoted, wire.EventConfirmed:
+			story = append(story, fmt.Sprintf("%s:%d", e.Kind, e.UserID))
+			if (e.Kind == wire.EventHeld || e.Kind == wire.EventPromoted) && e.HeldUntil == nil {
+				t.Errorf("%s event of user %d without held_until", e.Kind, e.UserID)
+			}
+		}
+	}
+	if got, w := fmt.Sprint(story), fmt.Sprint([]string{"held:1", "expired:1", "promoted:2", "confirmed:2"}); got != w {
+		t.Fatalf("events %s, want %s", got, w)
+	}
+	s.db.CheckInvariants(t)
+	requireCleanAudit(t, s)
+}
+
+// TestConfirmRacingItsExpiry: a confirm received just before held_until
+// confirms; one received just after does not (HOLD_EXPIRED, or NOT_HELD if
+// the expire was stored first), whatever the clock says when it is
+// applied; the audit replays both the same way.
+func TestConfirmRacingItsExpiry(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const act = 9102
+	s.openHold(act, 2, "2s")
+	before, after := s.claim(act, 1), s.claim(act, 2)
+	want(t, "claim 1", before, "outcome", wire.OutcomeHeld)
+	want(t, "claim 2", after, "outcome", wire.OutcomeHeld)
+	s.join(act, 3)
+
+	var wg sync.WaitGroup
+	answers := make([]map[string]any, 2)
+	errs := make([]error, 2)
+	for i, c := range []struct {
+		m      map[string]any
+		user   int
+		offset time.Duration
+	}{{before, 1, -300 * time.Millisecond}, {after, 2, 50 * time.Millisecond}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Until(heldUntil(t, "claim", c.m).Add(c.offset)))
+			errs[i] = s.tryDone("POST", fmt.Sprintf("/v1/activities/%d/signups/%d/confirm?wait=10s", act, c.user), &answers[i])
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want(t, "confirm before held_until", answers[0], "outcome", wire.OutcomeConfirmed, "status", wire.StatusConfirmed)
+	switch o := answers[1]["outcome"]; o {
+	case string(wire.OutcomeHoldExpired):
+		want(t, "confirm after held_until", answers[1], "status", wire.StatusCancelled, "promoted_user_id", 3)
+	case string(wire.OutcomeNotHeld):
+		// The expire was stored first and released the seat.
+	default:
+		t.Fatalf("confirm after held_until: %v", answers[1])
+	}
+	want(t, "user 2 at the end", s.signup(act, 2), "status", wire.StatusCancelled)
+	want(t, "user 3 at the end", s.signup(act, 3), "status", wire.StatusHeld)
+	// Both expires of the first two holds, applied (one NOT_HELD at least).
+	s.waitExpire(act, 1, before["seq"].(float64), 10*time.Second)
+	s.waitExpire(act, 2, after["seq"].(float64), 10*time.Second)
+	s.db.CheckInvariants(t)
+	requireCleanAudit(t, s)
+}
+
+// TestFlashSaleWithHolds: 100 items held for 1s, claims in four waves a
+// hold period apart, 30% of the holders never confirm. Each item a no-show
+// leaves returns to stock when the hold lapses and is held by a claim of a
+// later wave; at the end every item is confirmed or free, nobody owns two,
+// the invariants hold and the audit is clean.
+func TestFlashSaleWithHolds(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, allocator.Config{})
+	const act, items, waves, perWave = 9103, 100, 4, 120
+	s.openHold(act, items, "1s")
+	var (
+		mu        sync.Mutex
+		held      = map[int]bool{}
+		confirmed = map[int]bool{}
+		noShow    = map[int]bool{}
+	)
+	user := 0
+	for w := range waves {
+		var wg sync.WaitGroup
+		errs := make(chan error, perWave)
+		for range perWave {
+			user++
+			u := user
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var m map[string]any
+				if err := s.tryDone("POST", fmt.Sprintf("/v1/activities/%d/claims/%d?wait=10s", act, u), &m); err != nil {
+					errs <- err
+					return
+				}
+				if m["outcome"] != string(wire.OutcomeHeld) {
+					return
+				}
+				mu.Lock()
+				held[u] = true
+				mu.Unlock()
+				if u%10 < 3 { // 30% never confirm
+					mu.Lock()
+					noShow[u] = true
+					mu.Unlock()
+					return
+				}
+				var c map[string]any
+				if err := s.tryDone("POST", fmt.Sprintf("/v1/activities/%d/signups/%d/confirm?wait=10s", act, u), &c); err != nil {
+					errs <- err
+					return
+				}
+				if c["outcome"] != string(wire.OutcomeConfirmed) {
+					errs <- fmt.Errorf("user %d confirmed in time: %v", u, c)
+					return
+				}
+				mu.Lock()
+				confirmed[u] = true
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if w < waves-1 {
+			time.Sleep(1500 * time.Millisecond) // the no-shows' holds lapse
+		}
+	}
+	// The last wave's no-shows lapse too.
+	deadline := time.Now().Add(20 * time.Second)
+	var st map[string]any
+	for {
+		_, st = s.call("GET", fmt.Sprintf("/v1/activities/%d", act), "")
+		if st["held"] == float64(0) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("holds still held 20s after the last wave: %v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(held) <= items {
+		t.Fatalf("%d claims held an item: no item a no-show left was held again", len(held))
+	}
+	want(t, "state at the end", st, "confirmed", len(confirmed), "held", 0, "remaining", items-len(confirmed))
+	for u := range noShow {
+		want(t, fmt.Sprintf("no-show %d", u), s.signup(act, u), "status", wire.StatusCancelled)
+	}
+	for u := range confirmed {
+		want(t, fmt.Sprintf("buyer %d", u), s.signup(act, u), "status", wire.StatusConfirmed)
+	}
+	if n := s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'CONFIRMED'", act); n != int64(len(confirmed)) {
+		t.Fatalf("%d CONFIRMED rows, %d buyers confirmed", n, len(confirmed))
+	}
+	t.Logf("%d claims, %d held an item, %d confirmed, %d no-shows", user, len(held), len(confirmed), len(noShow))
+	s.db.CheckInvariants(t)
+	requireCleanAudit(t, s)
+}
