@@ -210,10 +210,15 @@ func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) 
 			bad = append(bad, fmt.Sprintf("%q", entry))
 			continue
 		}
-		out = append(out, wire.Event{
+		ev := wire.Event{
 			EventID: wire.EventID(row.RequestID, first+i), Kind: es[0].Kind, ActivityID: row.ActivityID,
 			UserID: es[0].UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
-		})
+		}
+		if !es[0].HeldUntil.IsZero() {
+			until := es[0].HeldUntil
+			ev.HeldUntil = &until // held and promoted events of a hold
+		}
+		out = append(out, ev)
 	}
 	if len(bad) == 0 {
 		return out, nil

@@ -126,11 +126,13 @@ func (d *DB) CheckInvariants(t testing.TB) {
 	t.Helper()
 	checks := []struct{ name, query string }{
 		// The code's.
-		{"confirmed_count = CONFIRMED rows", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count <>
-			(SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'CONFIRMED')`},
+		{"confirmed_count = CONFIRMED and HELD rows", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count <>
+			(SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = a.id AND s.status IN ('CONFIRMED', 'HELD'))`},
+		{"held_count = HELD rows", `SELECT COUNT(*) FROM activity a WHERE a.held_count <>
+			(SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'HELD')`},
 		{"no WAITING while a seat is free", `SELECT COUNT(*) FROM activity a WHERE a.confirmed_count < a.capacity AND EXISTS
 			(SELECT 1 FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'WAITING')`},
-		{"promotion in queue_seq order", `SELECT COUNT(*) FROM activity_signup c WHERE c.status = 'CONFIRMED' AND c.queue_seq >
+		{"promotion in queue_seq order", `SELECT COUNT(*) FROM activity_signup c WHERE c.status IN ('CONFIRMED', 'HELD') AND c.queue_seq >
 			(SELECT MIN(w.queue_seq) FROM activity_signup w WHERE w.activity_id = c.activity_id AND w.status = 'WAITING')`},
 		{"one result per stream sequence", `SELECT COUNT(*) - COUNT(DISTINCT seq) FROM processed_request`},
 		// The database's: schema constraints, checked as present.

@@ -16,9 +16,10 @@ import (
 // doubled, leaves traces no key of the schema forbids.
 //
 //   - signup history: a user who already holds a seat or waits is
-//     confirmed, granted or waitlisted again; a user who does not wait is
-//     promoted; a user with no live signup is cancelled; an activity is
-//     opened twice;
+//     confirmed, granted, held or waitlisted again (a confirmed event on a
+//     HELD seat is its confirm); a user who does not wait is promoted; a
+//     user with no live signup is cancelled; a user without a HELD seat
+//     expires; an activity is opened twice;
 //   - counters: an activity's confirmed_count differs from the seats its
 //     history hands out;
 //   - rows: a signup row's status differs from where the history leaves the
@@ -32,6 +33,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 		none = iota
 		waiting
 		holding
+		held // a seat under a hold
 	)
 	type key struct{ activity, user int64 }
 	state := map[key]int{}
@@ -71,18 +73,27 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			case wire.EventOpened:
 				ok = !opened[activityID]
 				opened[activityID] = true
-			case wire.EventConfirmed, wire.EventGranted:
+			case wire.EventConfirmed:
+				to, ok = holding, from == none || from == held
+			case wire.EventGranted:
 				to, ok = holding, from == none
+			case wire.EventHeld:
+				to, ok = held, from == none
 			case wire.EventWaitlisted:
 				to, ok = waiting, from == none
 			case wire.EventPromoted:
 				to, ok = holding, from == waiting
+				if !e.HeldUntil.IsZero() {
+					to = held
+				}
 			case wire.EventCancelled:
 				to, ok = none, from != none
+			case wire.EventExpired:
+				to, ok = none, from == held
 			}
 			if !ok {
 				problems = append(problems, fmt.Sprintf("seq %d request %s: event %s for user %d of activity %d, who is %s already",
-					seq, id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat"}[from]))
+					seq, id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat", "holding a seat under a hold"}[from]))
 			}
 			state[k] = to
 		}
@@ -92,24 +103,31 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 
-	held := map[int64]int64{}
+	seats, holds := map[int64]int64{}, map[int64]int64{}
 	for k, s := range state {
-		if s == holding {
-			held[k.activity]++
+		switch s {
+		case holding:
+			seats[k.activity]++
+		case held:
+			seats[k.activity]++
+			holds[k.activity]++
 		}
 	}
-	acts, err := d.QueryContext(ctx, "SELECT id, confirmed_count FROM activity")
+	acts, err := d.QueryContext(ctx, "SELECT id, confirmed_count, held_count FROM activity")
 	if err != nil {
 		return nil, err
 	}
 	for acts.Next() {
-		var id, confirmed int64
-		if err := acts.Scan(&id, &confirmed); err != nil {
+		var id, confirmed, heldCount int64
+		if err := acts.Scan(&id, &confirmed, &heldCount); err != nil {
 			acts.Close()
 			return nil, err
 		}
-		if opened[id] && confirmed != held[id] {
-			problems = append(problems, fmt.Sprintf("activity %d: confirmed_count %d, its history hands out %d seats", id, confirmed, held[id]))
+		if opened[id] && confirmed != seats[id] {
+			problems = append(problems, fmt.Sprintf("activity %d: confirmed_count %d, its history hands out %d seats", id, confirmed, seats[id]))
+		}
+		if opened[id] && heldCount != holds[id] {
+			problems = append(problems, fmt.Sprintf("activity %d: held_count %d, its history leaves %d seats held", id, heldCount, holds[id]))
 		}
 	}
 	acts.Close()
@@ -132,7 +150,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			continue
 		}
 		seen[k] = true
-		want := map[int]wire.Status{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed}[state[k]]
+		want := map[int]wire.Status{none: wire.StatusCancelled, waiting: wire.StatusWaiting, holding: wire.StatusConfirmed, held: wire.StatusHeld}[state[k]]
 		if wire.Status(status) != want {
 			problems = append(problems, fmt.Sprintf("activity %d user %d: row %s, the history leaves %s", k.activity, k.user, status, want))
 		}
