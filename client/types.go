@@ -11,6 +11,12 @@ const (
 	OpJoin   Op = "join"
 	OpCancel Op = "cancel"
 	OpClaim  Op = "claim"
+	// OpConfirm turns a seat held under an activity's hold into a
+	// confirmed one (Client.Confirm).
+	OpConfirm Op = "confirm"
+	// OpExpire lapses a hold. Clients never send it: the allocator puts it
+	// in the request stream when the hold ends; its results are readable.
+	OpExpire Op = "expire"
 )
 
 // Outcome is the result of applying a request.
@@ -31,6 +37,11 @@ const (
 	SoldOut          Outcome = "SOLD_OUT"          // claim: no seat left
 	AlreadyOwned     Outcome = "ALREADY_OWNED"     // claim: the user holds a seat
 	NoSuchActivity   Outcome = "NO_SUCH_ACTIVITY"  // any op: never opened
+	// Holds (an activity opened with a hold).
+	Held        Outcome = "HELD"         // join or claim took a seat under the hold (Result.HeldUntil)
+	NotHeld     Outcome = "NOT_HELD"     // confirm or expire: the user holds no seat under a hold; unchanged
+	HoldExpired Outcome = "HOLD_EXPIRED" // confirm received after held_until: the seat is released
+	Expired     Outcome = "EXPIRED"      // expire: the hold lapsed, the seat is released
 )
 
 // Status is a signup's status.
@@ -41,6 +52,9 @@ const (
 	StatusConfirmed Status = "CONFIRMED"
 	StatusWaiting   Status = "WAITING"
 	StatusCancelled Status = "CANCELLED"
+	// StatusHeld is a seat taken under a hold, until SignupState.HeldUntil
+	// unless confirmed.
+	StatusHeld Status = "HELD"
 )
 
 // EventKind is the kind of an event, the last token of its subject
@@ -58,6 +72,8 @@ const (
 	EventPromoted   EventKind = "promoted"
 	EventCancelled  EventKind = "cancelled"
 	EventSoldOut    EventKind = "sold_out"
+	EventHeld       EventKind = "held"    // join or claim took a seat under a hold (Event.HeldUntil)
+	EventExpired    EventKind = "expired" // a hold lapsed, or a confirm came too late
 )
 
 // Request states as a polling client sees them.
@@ -95,6 +111,10 @@ type Result struct {
 	PromotedUserIDs []int64 `json:"promoted_user_ids,omitempty"`
 	// Capacity is the capacity an open set.
 	Capacity *int64 `json:"capacity,omitempty"`
+	// HeldUntil is the end of the hold the request created (for the user,
+	// or for the user it promoted) or, for a HELD user's repeat, of the
+	// hold the user has.
+	HeldUntil *time.Time `json:"held_until,omitempty"`
 	// Seq is the request's sequence in the request stream: the order in
 	// which it was applied.
 	Seq       uint64    `json:"seq"`
@@ -119,15 +139,21 @@ type Event struct {
 	RequestID  string    `json:"request_id"` // the request that caused it
 	Seq        uint64    `json:"seq"`        // that request's stream sequence
 	At         time.Time `json:"at"`
+	// HeldUntil is set on held and promoted events of a hold.
+	HeldUntil *time.Time `json:"held_until,omitempty"`
 }
 
 // ActivityState is an activity's counters, read in one snapshot.
 type ActivityState struct {
 	ActivityID int64 `json:"activity_id"`
 	Capacity   int64 `json:"capacity"`
-	Confirmed  int64 `json:"confirmed"`
+	Confirmed  int64 `json:"confirmed"` // seats taken, held ones included
+	Held       int64 `json:"held"`      // seats held, not yet confirmed
 	Waiting    int64 `json:"waiting"`
 	Remaining  int64 `json:"remaining"`
+	// Hold is the activity's hold as a Go duration ("10m0s"), "" when it
+	// has none.
+	Hold string `json:"hold,omitempty"`
 }
 
 // SignupState is one user's signup in one activity.
@@ -137,4 +163,6 @@ type SignupState struct {
 	Status     Status `json:"status"`
 	// Position is the 1-based place on the waitlist while WAITING.
 	Position *int64 `json:"position"`
+	// HeldUntil is when a HELD seat is released unless confirmed.
+	HeldUntil *time.Time `json:"held_until,omitempty"`
 }
