@@ -216,7 +216,8 @@ func ViewKey(activity int64) string { return "a." + strconv.FormatInt(activity, 
 func (v View) Sheddable() bool { return (v.Complete || v.HoldsListed) && v.Confirmed >= v.Capacity }
 
 // View is the value of a full activity's key: its counters and, when
-// Complete, every user holding a seat, which is all a claim's decision needs
+// Complete or HoldsListed, every user holding a seat (HELD ones apart, with
+// the ends of their holds), which is all a claim's decision needs
 // while nobody waits. An activity with waiters has no view: its waitlist
 // changes with every join, and claims on it are rare.
 type View struct {
