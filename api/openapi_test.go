@@ -243,6 +243,7 @@ const (
 	routeClaim    = "/v1/activities/{activity}/claims/{user}"
 	routeRequest  = "/v1/requests/{request_id}"
 	routeLive     = "/v1/activities/{activity}/live"
+	routeConfirm  = "/v1/activities/{activity}/signups/{user}/confirm"
 )
 
 // TestSpecMatchesTheRouter drives the real ingest router (with an allocator
@@ -310,9 +311,29 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(u, exchange{routeActivity, "GET", "/v1/activities/9003", nil, "", 200, mustConform})                        //
 	bearer := map[string]string{"Authorization": "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI1In0.c2ln"}
 	d.do(u, exchange{routeSignup, "GET", "/v1/activities/9003/signups/5", bearer, "", 200, mustConform}) // optional Authorization
-	d.do(u, exchange{"/healthz", "GET", "/healthz", nil, "", 200, mustConform})                          //
-	d.do(u, exchange{"/readyz", "GET", "/readyz", nil, "", 200, mustConform})                            //
-	d.do(u, exchange{"/metrics", "GET", "/metrics", nil, "", 200, mustConform})                          //
+
+	// Holds: a seat HELD, read, confirmed; a confirm after held_until.
+	d.do(u, exchange{routeActivity, "PUT", "/v1/activities/9010?wait=5s", nil, `{"capacity": 1, "hold": "1h"}`, 200, mustConform})
+	d.do(u, exchange{routeSignup, "POST", "/v1/activities/9010/signups/1?wait=5s", nil, "", 200, mustConform})          // HELD
+	d.do(u, exchange{routeSignup, "GET", "/v1/activities/9010/signups/1", nil, "", 200, mustConform})                   // HELD, held_until
+	d.do(u, exchange{routeActivity, "GET", "/v1/activities/9010", nil, "", 200, mustConform})                           // held 1, hold
+	d.do(u, exchange{routeClaim, "POST", "/v1/activities/9010/claims/1?wait=5s", nil, "", 200, mustConform})            // ALREADY_OWNED, HELD
+	d.do(u, exchange{routeConfirm, "POST", "/v1/activities/9010/signups/1/confirm?wait=5s", nil, "", 200, mustConform}) // CONFIRMED
+	d.do(u, exchange{routeConfirm, "POST", "/v1/activities/9010/signups/1/confirm", nil, "", 202, mustConform})         // ALREADY_CONFIRMED, later
+	d.do(u, exchange{routeConfirm, "POST", "/v1/activities/9010/signups/2/confirm?wait=5s", nil, "", 200, mustConform}) // NOT_HELD
+	d.do(u, exchange{routeConfirm, "POST", "/v1/activities/9003/signups/5/confirm", key, "", 422, mustConform})         // key bound to a join
+	d.do(u, exchange{routeActivity, "PUT", "/v1/activities/9011?wait=5s", nil, `{"capacity": 1, "hold": "100ms"}`, 200, mustConform})
+	var heldJoin struct {
+		HeldUntil time.Time `json:"held_until"`
+	}
+	if err := json.Unmarshal(d.do(u, exchange{routeSignup, "POST", "/v1/activities/9011/signups/1?wait=5s", nil, "", 200, mustConform}), &heldJoin); err != nil || heldJoin.HeldUntil.IsZero() {
+		t.Fatalf("a join under a hold answered no held_until (%v)", err)
+	}
+	time.Sleep(time.Until(heldJoin.HeldUntil.Add(10 * time.Millisecond)))
+	d.do(u, exchange{routeConfirm, "POST", "/v1/activities/9011/signups/1/confirm?wait=5s", nil, "", 200, mustConform}) // HOLD_EXPIRED: an expired event
+	d.do(u, exchange{"/healthz", "GET", "/healthz", nil, "", 200, mustConform})                                         //
+	d.do(u, exchange{"/readyz", "GET", "/readyz", nil, "", 200, mustConform})                                           //
+	d.do(u, exchange{"/metrics", "GET", "/metrics", nil, "", 200, mustConform})                                         //
 
 	// Bad input: 400, and the spec refuses the request as well.
 	for _, x := range []exchange{
@@ -322,6 +343,12 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 		{routeActivity, "PUT", "/v1/activities/1", nil, `{"capacity": 1, "extra": 2}`, 400, mustNotConform},
 		{routeActivity, "PUT", "/v1/activities/1", nil, `{"capacity": 1.5}`, 400, mustNotConform},
 		{routeActivity, "PUT", "/v1/activities/1?wait=-1s", nil, cap1, 400, mustNotConform},
+		{routeActivity, "PUT", "/v1/activities/1", nil, `{"capacity": 1, "hold": "-1s"}`, 400, mustNotConform},
+		{routeActivity, "PUT", "/v1/activities/1", nil, `{"capacity": 1, "hold": "ten minutes"}`, 400, mustNotConform},
+		{routeActivity, "PUT", "/v1/activities/1", nil, `{"capacity": 1, "hold": 600}`, 400, mustNotConform},
+		{routeActivity, "PUT", "/v1/activities/1", nil, `{"capacity": 1, "hold": "200h"}`, 400, either}, // above 168h: the spec says so in words
+		{routeConfirm, "POST", "/v1/activities/1/signups/0/confirm", nil, "", 400, mustNotConform},
+		{routeConfirm, "POST", "/v1/activities/1/signups/1/confirm?wait=x", nil, "", 400, mustNotConform},
 		{routeActivity, "GET", "/v1/activities/abc", nil, "", 400, mustNotConform},
 		{routeSignup, "POST", "/v1/activities/1/signups/0", nil, "", 400, mustNotConform},
 		{routeSignup, "POST", "/v1/activities/1/signups/1?wait=soon", nil, "", 400, mustNotConform},
@@ -338,12 +365,14 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 		{"", "GET", "/v1/nothing-here", nil, "", 404, mustNotConform},
 		{routeActivity, "PATCH", "/v1/activities/1", nil, cap1, 405, mustNotConform},
 		{routeClaim, "DELETE", "/v1/activities/1/claims/1", nil, "", 405, mustNotConform},
+		{routeConfirm, "GET", "/v1/activities/1/signups/1/confirm", nil, "", 405, mustNotConform},
 		{routeRequest, "POST", "/v1/requests/" + uuid.NewString(), nil, "", 405, mustNotConform},
 		// Too large.
 		{routeActivity, "PUT", "/v1/activities/1", nil, big, 413, either},
 		{routeSignup, "POST", "/v1/activities/1/signups/1", nil, big, 413, either},
 		{routeSignup, "DELETE", "/v1/activities/1/signups/1", nil, big, 413, either},
 		{routeClaim, "POST", "/v1/activities/1/claims/1", nil, big, 413, either},
+		{routeConfirm, "POST", "/v1/activities/1/signups/1/confirm", nil, big, 413, either},
 	} {
 		d.do(u, x)
 	}
@@ -373,6 +402,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(limited, exchange{routeSignup, "POST", "/v1/activities/777/signups/1", nil, "", 429, mustConform})
 	d.do(limited, exchange{routeSignup, "DELETE", "/v1/activities/777/signups/1", nil, "", 429, mustConform})
 	d.do(limited, exchange{routeClaim, "POST", "/v1/activities/777/claims/1", nil, "", 429, mustConform})
+	d.do(limited, exchange{routeConfirm, "POST", "/v1/activities/777/signups/1/confirm", nil, "", 429, mustConform})
 
 	// An instance on a NATS server no allocator reads: its requests stay
 	// pending; then that server stops (503 on writes and /readyz) and its
@@ -397,6 +427,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	d.do(lonely, exchange{routeSignup, "POST", "/v1/activities/8001/signups/1", nil, "", 503, mustConform})
 	d.do(lonely, exchange{routeSignup, "DELETE", "/v1/activities/8001/signups/1", nil, "", 503, mustConform})
 	d.do(lonely, exchange{routeClaim, "POST", "/v1/activities/8001/claims/1", nil, "", 503, mustConform})
+	d.do(lonely, exchange{routeConfirm, "POST", "/v1/activities/8001/signups/1/confirm", nil, "", 503, mustConform})
 	closeDB()
 	d.do(lonely, exchange{routeActivity, "GET", "/v1/activities/9001", nil, "", 503, mustConform})
 	d.do(lonely, exchange{routeSignup, "GET", "/v1/activities/9001/signups/2", nil, "", 503, mustConform})
@@ -433,6 +464,8 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 		{routeSignup, "GET", "/v1/activities/9001/signups/2", token("2"), "", 200, mustConform},
 		{routeClaim, "POST", "/v1/activities/9001/claims/4", nil, "", 401, mustConform},
 		{routeClaim, "POST", "/v1/activities/9001/claims/4", user3, "", 403, mustConform},
+		{routeConfirm, "POST", "/v1/activities/9001/signups/4/confirm", nil, "", 401, mustConform},
+		{routeConfirm, "POST", "/v1/activities/9001/signups/4/confirm", user3, "", 403, mustConform},
 		{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), nil, "", 401, mustConform},
 		{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), user3, "", 404, mustConform}, // an admin's open
 		{routeRequest, "GET", "/v1/requests/" + requestID(t, ack), token("1", "allot:admin"), "", 200, mustConform},

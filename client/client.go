@@ -1,8 +1,9 @@
 // Package client is the Go client of allot's HTTP API (api/openapi.yaml):
-// open, join, cancel and claim with an idempotency key per logical
-// attempt, waiting for the final result (the server's ?wait= first, then
-// polling with backoff that honours Retry-After), reading state, and
-// decoding the events the allocator publishes and the notifier delivers.
+// open (with an optional hold), join, cancel, claim and confirm with an
+// idempotency key per logical attempt, waiting for the final result (the
+// server's ?wait= first, then polling with backoff that honours
+// Retry-After), reading state, and decoding the events the allocator
+// publishes and the notifier delivers.
 //
 // A write is safe to retry: every attempt of one call carries the same
 // Idempotency-Key, so the request is stored and applied once however often
@@ -156,7 +157,9 @@ type Write struct {
 	Activity int64
 	User     int64 // not for OpOpen
 	Capacity int64 // OpOpen only
-	// Hold is the activity's hold (OpOpen only; 0 opens without holds).
+	// Hold is how long seats taken from now on are held before they must
+	// be confirmed (OpOpen only; 0: no holds, also on a resize of an
+	// activity that had one; at most 168h).
 	Hold time.Duration
 	// Key is the Idempotency-Key; empty means a fresh NewKey.
 	Key string
@@ -169,7 +172,7 @@ func (w Write) route() (method, path string, body []byte, err error) {
 	a := "/v1/activities/" + strconv.FormatInt(w.Activity, 10)
 	if w.Op == OpOpen {
 		body := `{"capacity":` + strconv.FormatInt(w.Capacity, 10)
-		if w.Hold > 0 {
+		if w.Hold != 0 {
 			body += `,"hold":"` + w.Hold.String() + `"`
 		}
 		return http.MethodPut, a, []byte(body + `}`), nil
@@ -197,22 +200,17 @@ func (c *Client) Open(ctx context.Context, activity, capacity int64) (*Result, e
 	return c.Do(ctx, Write{Op: OpOpen, Activity: activity, Capacity: capacity})
 }
 
-// OpenWithHold opens activity with capacity seats whose takers hold them
-// for hold until they confirm (0: no holds), or resizes it, and waits for
-// the result.
+// OpenWithHold opens activity with capacity seats, or resizes it, holding
+// each seat taken from now on for hold (at most 168h) until its user
+// confirms it (Confirm); a seat not confirmed in time goes back to the
+// waitlist's head or to the pool. It waits for the result.
 func (c *Client) OpenWithHold(ctx context.Context, activity, capacity int64, hold time.Duration) (*Result, error) {
 	return c.Do(ctx, Write{Op: OpOpen, Activity: activity, Capacity: capacity, Hold: hold})
 }
 
-// Confirm confirms user's held seat in activity and waits for the result
-// (CONFIRMED, ALREADY_CONFIRMED, NOT_HELD or HOLD_EXPIRED).
-func (c *Client) Confirm(ctx context.Context, activity, user int64) (*Result, error) {
-	return c.Do(ctx, Write{Op: OpConfirm, Activity: activity, User: user})
-}
-
 // Join signs user up for activity and waits for the result (CONFIRMED,
-// WAITING with a position, ALREADY_CONFIRMED, ALREADY_WAITING or
-// NO_SUCH_ACTIVITY).
+// or HELD with HeldUntil in an activity with a hold; WAITING with a
+// position, ALREADY_CONFIRMED, ALREADY_WAITING or NO_SUCH_ACTIVITY).
 func (c *Client) Join(ctx context.Context, activity, user int64) (*Result, error) {
 	return c.Do(ctx, Write{Op: OpJoin, Activity: activity, User: user})
 }
@@ -224,9 +222,18 @@ func (c *Client) Cancel(ctx context.Context, activity, user int64) (*Result, err
 }
 
 // Claim claims a seat of activity for user and waits for the result
-// (GRANTED, SOLD_OUT, ALREADY_OWNED, ALREADY_WAITING or NO_SUCH_ACTIVITY).
+// (GRANTED, or HELD with HeldUntil in an activity with a hold; SOLD_OUT,
+// ALREADY_OWNED, ALREADY_WAITING or NO_SUCH_ACTIVITY).
 func (c *Client) Claim(ctx context.Context, activity, user int64) (*Result, error) {
 	return c.Do(ctx, Write{Op: OpClaim, Activity: activity, User: user})
+}
+
+// Confirm confirms the seat user holds in activity under its hold and
+// waits for the result (CONFIRMED; ALREADY_CONFIRMED, NOT_HELD, or
+// HOLD_EXPIRED when the confirm was received after the hold's end, which
+// releases the seat; NO_SUCH_ACTIVITY).
+func (c *Client) Confirm(ctx context.Context, activity, user int64) (*Result, error) {
+	return c.Do(ctx, Write{Op: OpConfirm, Activity: activity, User: user})
 }
 
 // Do submits w and waits for its final result.

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -218,39 +219,45 @@ func TestWithoutKeys(t *testing.T) {
 	}
 }
 
-// TestHoldRoutes: an open with a hold carries it in the body, a confirm
-// posts to the signup's confirm route, and held_until decodes.
+// TestHoldRoutes: OpenWithHold sends the hold as a Go duration beside the
+// capacity (and no hold field without one); Confirm posts to the signup's
+// confirm route; a HELD result decodes with its held_until.
 func TestHoldRoutes(t *testing.T) {
 	var bodies []string
-	record := func(next func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
-		return func(w http.ResponseWriter, r *http.Request) {
-			b := new(strings.Builder)
-			if r.Body != nil {
-				buf := make([]byte, 256)
-				n, _ := r.Body.Read(buf)
-				b.Write(buf[:n])
-			}
-			bodies = append(bodies, b.String())
-			next(w, r)
-		}
+	body := func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies = append(bodies, string(b))
+		answer(200, `{"request_id":"`+id+`","state":"done","op":"open","activity_id":1,"user_id":0,"outcome":"OPENED","status":null,"position":null,"promoted_user_id":null,"capacity":3,"seq":1,"applied_at":"2026-01-01T00:00:00Z"}`)(w, r)
 	}
-	confirmed := `{"request_id":"` + id + `","state":"done","op":"confirm","activity_id":1,"user_id":2,"outcome":"CONFIRMED","status":"CONFIRMED","held_until":"2026-01-01T00:00:02Z","seq":9,"applied_at":"2026-01-01T00:00:01Z"}`
-	s, c := fake(t, record(answer(200, `{"request_id":"`+id+`","state":"done","op":"open","outcome":"OPENED"}`)),
-		record(answer(200, confirmed)))
-	if _, err := c.OpenWithHold(context.Background(), 1, 5, 2*time.Second); err != nil {
+	held := `{"request_id":"` + id + `","state":"done","op":"join","activity_id":1,"user_id":2,"outcome":"HELD","status":"HELD","position":null,"promoted_user_id":null,"held_until":"2026-01-01T00:10:00.000001Z","seq":2,"applied_at":"2026-01-01T00:00:00Z"}`
+	confirmed := `{"request_id":"` + id + `","state":"done","op":"confirm","activity_id":1,"user_id":2,"outcome":"CONFIRMED","status":"CONFIRMED","position":null,"promoted_user_id":null,"seq":3,"applied_at":"2026-01-01T00:01:00Z"}`
+	s, c := fake(t, body, body, answer(200, held), answer(200, confirmed))
+	ctx := context.Background()
+	if _, err := c.OpenWithHold(ctx, 1, 3, 10*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	res, err := c.Confirm(context.Background(), 1, 2)
+	if _, err := c.Open(ctx, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if bodies[0] != `{"capacity":3,"hold":"10m0s"}` || bodies[1] != `{"capacity":3}` {
+		t.Errorf("open bodies %q, want the hold only on the first", bodies)
+	}
+	res, err := c.Join(ctx, 1, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bodies[0] != `{"capacity":5,"hold":"2s"}` {
-		t.Errorf("open body %s", bodies[0])
+	if res.Outcome != Held || *res.Status != StatusHeld || res.HeldUntil == nil ||
+		!res.HeldUntil.Equal(time.Date(2026, 1, 1, 0, 10, 0, 1000, time.UTC)) {
+		t.Errorf("held join: %+v", res)
 	}
-	if r := s.seen[1]; r.Method != http.MethodPost || r.URL.Path != "/v1/activities/1/signups/2/confirm" {
-		t.Errorf("confirm sent %s %s", r.Method, r.URL.Path)
+	res, err = c.Confirm(ctx, 1, 2)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if res.Outcome != Confirmed || res.HeldUntil == nil || !res.HeldUntil.Equal(time.Date(2026, 1, 1, 0, 0, 2, 0, time.UTC)) {
-		t.Errorf("confirm result %+v", res)
+	if res.Outcome != Confirmed || res.Op != OpConfirm || res.HeldUntil != nil {
+		t.Errorf("confirm: %+v", res)
+	}
+	if r := s.seen[3]; r.Method != http.MethodPost || r.URL.Path != "/v1/activities/1/signups/2/confirm" || r.Header.Get("Idempotency-Key") == "" {
+		t.Errorf("confirm sent as %s %s (key %q)", r.Method, r.URL, r.Header.Get("Idempotency-Key"))
 	}
 }

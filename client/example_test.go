@@ -58,6 +58,36 @@ func ExampleClient_Claim() {
 	}
 }
 
+// Holds: in an activity opened with a hold, a seat is first HELD until
+// HeldUntil; the user confirms it in time, or it goes back to the head of
+// the waitlist (or the pool).
+func ExampleClient_Confirm() {
+	ctx := context.Background()
+	c, _ := client.New("http://localhost:8080")
+	if _, err := c.OpenWithHold(ctx, 9003, 100, 10*time.Minute); err != nil {
+		log.Fatal(err)
+	}
+	res, err := c.Join(ctx, 9003, 42)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if res.Outcome != client.Held {
+		fmt.Println(res.Outcome) // WAITING, ALREADY_CONFIRMED, ...
+		return
+	}
+	fmt.Println("confirm before", res.HeldUntil.Format(time.Kitchen))
+	res, err = c.Confirm(ctx, 9003, 42)
+	if err != nil {
+		log.Fatal(err)
+	}
+	switch res.Outcome {
+	case client.Confirmed, client.AlreadyConfirmed:
+		fmt.Println("the seat is yours")
+	case client.HoldExpired, client.NotHeld:
+		fmt.Println("too late: the seat was released")
+	}
+}
+
 // Submit now, collect the result later: keep the ack's request id and the
 // key, and Wait for the result when it is needed.
 func ExampleClient_Submit() {

@@ -66,6 +66,29 @@ func TestAgainstTheStack(t *testing.T) {
 		t.Errorf("unknown activity: %v, want ErrNotFound", err)
 	}
 
+	// An activity with a hold: the seat is HELD until its end, then
+	// confirmed.
+	if r := must(c.OpenWithHold(ctx, 9002, 2, time.Hour)); r.Outcome != client.Opened {
+		t.Errorf("open with a hold: %+v", r)
+	}
+	held := must(c.Join(ctx, 9002, 1))
+	if held.Outcome != client.Held || *held.Status != client.StatusHeld || held.HeldUntil == nil ||
+		held.HeldUntil.Before(time.Now().Add(59*time.Minute)) {
+		t.Errorf("join under a hold: %+v", held)
+	}
+	if s, err := c.Signup(ctx, 9002, 1); err != nil || s.Status != client.StatusHeld || s.HeldUntil == nil || !s.HeldUntil.Equal(*held.HeldUntil) {
+		t.Errorf("held signup: %+v, %v", s, err)
+	}
+	if a, err := c.Activity(ctx, 9002); err != nil || *a != (client.ActivityState{ActivityID: 9002, Capacity: 2, Confirmed: 1, Held: 1, Remaining: 1, Hold: "1h0m0s"}) {
+		t.Errorf("activity with a held seat: %+v, %v", a, err)
+	}
+	if r := must(c.Confirm(ctx, 9002, 1)); r.Outcome != client.Confirmed || *r.Status != client.StatusConfirmed || r.HeldUntil != nil {
+		t.Errorf("confirm: %+v", r)
+	}
+	if r := must(c.Confirm(ctx, 9002, 2)); r.Outcome != client.NotHeld {
+		t.Errorf("confirm without a seat: %+v", r)
+	}
+
 	// One logical attempt submitted twice (a retry after a lost answer):
 	// one request id, applied once.
 	w := client.Write{Op: client.OpJoin, Activity: 9001, User: 4, Key: client.NewKey()}
@@ -106,12 +129,15 @@ func TestAgainstTheStack(t *testing.T) {
 			if !strings.HasSuffix(m.Subject, "."+string(ev.Kind)) || ev.At.IsZero() || ev.RequestID == "" {
 				t.Errorf("event %+v on %s", ev, m.Subject)
 			}
+			if (ev.Kind == client.EventHeld) != (ev.HeldUntil != nil) {
+				t.Errorf("event %+v: held_until only and always on a held event here", ev)
+			}
 			kinds[ev.Kind]++
 		}
-		return kinds[client.EventWaitlisted] >= 2
+		return kinds[client.EventWaitlisted] >= 2 && kinds[client.EventHeld] >= 1 && kinds[client.EventConfirmed] >= 2
 	})
 	for _, k := range []client.EventKind{client.EventOpened, client.EventConfirmed, client.EventWaitlisted,
-		client.EventCancelled, client.EventPromoted, client.EventSoldOut} {
+		client.EventCancelled, client.EventPromoted, client.EventSoldOut, client.EventHeld} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s event decoded; saw %v", k, kinds)
 		}
@@ -183,6 +209,11 @@ func TestWordsMatchTheServers(t *testing.T) {
 		{string(client.NotSignedUp), string(wire.OutcomeNotSignedUp)}, {string(client.Granted), string(wire.OutcomeGranted)},
 		{string(client.SoldOut), string(wire.OutcomeSoldOut)}, {string(client.AlreadyOwned), string(wire.OutcomeAlreadyOwned)},
 		{string(client.NoSuchActivity), string(wire.OutcomeNoSuchActivity)},
+		{string(client.OpConfirm), string(wire.OpConfirm)}, {string(client.OpExpire), string(wire.OpExpire)},
+		{string(client.Held), string(wire.OutcomeHeld)}, {string(client.NotHeld), string(wire.OutcomeNotHeld)},
+		{string(client.HoldExpired), string(wire.OutcomeHoldExpired)}, {string(client.Expired), string(wire.OutcomeExpired)},
+		{string(client.StatusHeld), string(wire.StatusHeld)},
+		{string(client.EventHeld), string(wire.EventHeld)}, {string(client.EventExpired), string(wire.EventExpired)},
 		{string(client.StatusConfirmed), string(wire.StatusConfirmed)}, {string(client.StatusWaiting), string(wire.StatusWaiting)},
 		{string(client.StatusCancelled), string(wire.StatusCancelled)},
 		{string(client.EventOpened), string(wire.EventOpened)}, {string(client.EventResized), string(wire.EventResized)},

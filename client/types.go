@@ -11,10 +11,11 @@ const (
 	OpJoin   Op = "join"
 	OpCancel Op = "cancel"
 	OpClaim  Op = "claim"
-	// OpConfirm turns a held seat into a confirmed one (activities with a
-	// hold).
+	// OpConfirm turns a seat held under an activity's hold into a
+	// confirmed one (Client.Confirm).
 	OpConfirm Op = "confirm"
-	// OpExpire lapses a hold; the server sends it, never a client.
+	// OpExpire lapses a hold. Clients never send it: the allocator puts it
+	// in the request stream when the hold ends; its results are readable.
 	OpExpire Op = "expire"
 )
 
@@ -36,10 +37,11 @@ const (
 	SoldOut          Outcome = "SOLD_OUT"          // claim: no seat left
 	AlreadyOwned     Outcome = "ALREADY_OWNED"     // claim: the user holds a seat
 	NoSuchActivity   Outcome = "NO_SUCH_ACTIVITY"  // any op: never opened
-	Held             Outcome = "HELD"              // join or claim took a seat under a hold (Result.HeldUntil)
-	NotHeld          Outcome = "NOT_HELD"          // confirm or expire: no hold to act on; unchanged
-	HoldExpired      Outcome = "HOLD_EXPIRED"      // confirm after held_until: the seat is released
-	Expired          Outcome = "EXPIRED"           // expire: the hold lapsed, the seat is released
+	// Holds (an activity opened with a hold).
+	Held        Outcome = "HELD"         // join or claim took a seat under the hold (Result.HeldUntil)
+	NotHeld     Outcome = "NOT_HELD"     // confirm or expire: the user holds no seat under a hold; unchanged
+	HoldExpired Outcome = "HOLD_EXPIRED" // confirm received after held_until: the seat is released
+	Expired     Outcome = "EXPIRED"      // expire: the hold lapsed, the seat is released
 )
 
 // Status is a signup's status.
@@ -50,8 +52,8 @@ const (
 	StatusConfirmed Status = "CONFIRMED"
 	StatusWaiting   Status = "WAITING"
 	StatusCancelled Status = "CANCELLED"
-	// StatusHeld is a seat taken under a hold, until it is confirmed or
-	// lapses at held_until.
+	// StatusHeld is a seat taken under a hold, until SignupState.HeldUntil
+	// unless confirmed.
 	StatusHeld Status = "HELD"
 )
 
@@ -70,8 +72,8 @@ const (
 	EventPromoted   EventKind = "promoted"
 	EventCancelled  EventKind = "cancelled"
 	EventSoldOut    EventKind = "sold_out"
-	EventHeld       EventKind = "held"    // join or claim took a seat under a hold
-	EventExpired    EventKind = "expired" // a hold lapsed and its seat was released
+	EventHeld       EventKind = "held"    // join or claim took a seat under a hold (Event.HeldUntil)
+	EventExpired    EventKind = "expired" // a hold lapsed, or a confirm came too late
 )
 
 // Request states as a polling client sees them.
@@ -109,8 +111,9 @@ type Result struct {
 	PromotedUserIDs []int64 `json:"promoted_user_ids,omitempty"`
 	// Capacity is the capacity an open set.
 	Capacity *int64 `json:"capacity,omitempty"`
-	// HeldUntil is when the hold a request created (HELD, or a promotion
-	// under a hold) lapses unless confirmed.
+	// HeldUntil is the end of the hold the request created (for the user,
+	// or for the user it promoted) or, for a HELD user's repeat, of the
+	// hold the user has.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
 	// Seq is the request's sequence in the request stream: the order in
 	// which it was applied.
@@ -136,7 +139,7 @@ type Event struct {
 	RequestID  string    `json:"request_id"` // the request that caused it
 	Seq        uint64    `json:"seq"`        // that request's stream sequence
 	At         time.Time `json:"at"`
-	// HeldUntil is set on held and promoted events under a hold.
+	// HeldUntil is set on held and promoted events of a hold.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
 }
 
@@ -148,7 +151,8 @@ type ActivityState struct {
 	Held       int64 `json:"held"`      // seats held, not yet confirmed
 	Waiting    int64 `json:"waiting"`
 	Remaining  int64 `json:"remaining"`
-	// Hold is the activity's hold as a Go duration, "" when it has none.
+	// Hold is the activity's hold as a Go duration ("10m0s"), "" when it
+	// has none.
 	Hold string `json:"hold,omitempty"`
 }
 
@@ -159,6 +163,6 @@ type SignupState struct {
 	Status     Status `json:"status"`
 	// Position is the 1-based place on the waitlist while WAITING.
 	Position *int64 `json:"position"`
-	// HeldUntil is when a HELD seat lapses unless confirmed.
+	// HeldUntil is when a HELD seat is released unless confirmed.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
 }

@@ -28,10 +28,21 @@ func viewOf(act *allocation.Activity) wire.View {
 	if act.Confirmed > wire.MaxViewHolders {
 		return v
 	}
-	v.Complete = true
-	v.Holders = make([]int64, 0, act.Confirmed)
+	// A claim by a HELD user is answered ALREADY_OWNED with status HELD
+	// and held_until, so the HELD users are listed apart, with their
+	// holds' ends, in a view an ingest without holds does not shed from.
+	v.Holders = make([]int64, 0, act.Confirmed-act.Held)
 	for _, s := range act.Live() {
+		if s.Status == wire.StatusHeld {
+			v.Held = append(v.Held, wire.HeldSeat{UserID: s.UserID, HeldUntil: s.HeldUntil})
+			continue
+		}
 		v.Holders = append(v.Holders, s.UserID)
+	}
+	if len(v.Held) > 0 {
+		v.HoldsListed = true
+	} else {
+		v.Complete = true
 	}
 	return v
 }

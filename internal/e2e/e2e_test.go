@@ -450,8 +450,9 @@ func (s *stack) sameAsRecorded(what string, m map[string]any) {
 	var status sql.NullString
 	var seq float64
 	var activity, user int64
-	err := s.db.QueryRow("SELECT outcome, status, seq, op, activity_id, user_id FROM processed_request WHERE request_id = ?", id).
-		Scan(&outcome, &status, &seq, &op, &activity, &user)
+	var until sql.NullTime
+	err := s.db.QueryRow("SELECT outcome, status, seq, op, activity_id, user_id, held_until FROM processed_request WHERE request_id = ?", id).
+		Scan(&outcome, &status, &seq, &op, &activity, &user, &until)
 	if err != nil {
 		s.t.Fatalf("%s: recorded result of %s: %v (answer %v)", what, id, err, m)
 	}
@@ -462,6 +463,16 @@ func (s *stack) sameAsRecorded(what string, m map[string]any) {
 	if m["outcome"] != outcome || m["status"] != wantStatus || m["seq"] != seq || m["op"] != op ||
 		m["activity_id"] != float64(activity) || m["user_id"] != float64(user) {
 		s.t.Fatalf("%s: answer %v, but the allocator recorded %s %v seq %v for %s/%d/%d", what, m, outcome, wantStatus, seq, op, activity, user)
+	}
+	got, has := m["held_until"]
+	switch {
+	case has != until.Valid:
+		s.t.Fatalf("%s: answer %v, but the allocator recorded held_until %v", what, m, until)
+	case has:
+		at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(got))
+		if err != nil || !at.Equal(until.Time) {
+			s.t.Fatalf("%s: answer held_until %v, but the allocator recorded %v", what, got, until.Time)
+		}
 	}
 }
 

@@ -175,6 +175,7 @@ func TestAuthEveryRoute(t *testing.T) {
 		{method: http.MethodPost, path: "/v1/activities/1/signups/5", right: user5, want: 202, other: 403, noScope: 202, write: true},
 		{method: http.MethodDelete, path: "/v1/activities/1/signups/5", right: user5, want: 202, other: 403, noScope: 202, write: true},
 		{method: http.MethodPost, path: "/v1/activities/1/claims/5", right: user5, want: 202, other: 403, noScope: 202, write: true},
+		{method: http.MethodPost, path: "/v1/activities/1/signups/5/confirm", right: user5, want: 202, other: 403, noScope: 202, write: true},
 		{method: http.MethodGet, path: "/v1/activities/1", right: user5, want: 200, other: 200, noScope: 200},
 		{method: http.MethodGet, path: "/v1/activities/1/signups/5", right: user5, want: 200, other: 403, noScope: 200},
 		{method: http.MethodGet, path: "/v1/requests/" + pending, right: user5, want: 200, other: 404, noScope: 200},

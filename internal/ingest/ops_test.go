@@ -96,6 +96,10 @@ func TestActivityAndSignupReads(t *testing.T) {
 		}
 	}
 	exec("INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES (7, 2, 2, 10), (8, 5, 1, 3)")
+	// An activity with a 10m hold: user 1 holds a seat, user 2 confirmed.
+	exec("INSERT INTO activity (id, capacity, confirmed_count, next_seq, hold_ns, held_count) VALUES (10, 3, 2, 6, ?, 1)", int64(10*time.Minute))
+	exec(`INSERT INTO activity_signup (activity_id, user_id, status, queue_seq, held_until, hold_seq) VALUES
+		(10, 1, 'HELD', 2, '2026-12-01 10:20:30.123456', 2), (10, 2, 'CONFIRMED', 3, NULL, NULL)`)
 	exec(`INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES
 		(7, 1, 'CONFIRMED', 1), (7, 2, 'CONFIRMED', 2), (7, 4, 'WAITING', 3),
 		(7, 5, 'CANCELLED', 4), (7, 3, 'WAITING', 5), (7, 6, 'WAITING', 9),
@@ -107,9 +111,15 @@ func TestActivityAndSignupReads(t *testing.T) {
 		wantBody   string
 	}{
 		{name: "full activity", path: "/v1/activities/7", want: 200,
-			wantBody: `{"activity_id":7,"capacity":2,"confirmed":2,"waiting":3,"remaining":0}`},
+			wantBody: `{"activity_id":7,"capacity":2,"confirmed":2,"held":0,"waiting":3,"remaining":0}`},
 		{name: "activity with seats", path: "/v1/activities/8", want: 200,
-			wantBody: `{"activity_id":8,"capacity":5,"confirmed":1,"waiting":0,"remaining":4}`},
+			wantBody: `{"activity_id":8,"capacity":5,"confirmed":1,"held":0,"waiting":0,"remaining":4}`},
+		{name: "activity with a hold", path: "/v1/activities/10", want: 200,
+			wantBody: `{"activity_id":10,"capacity":3,"confirmed":2,"held":1,"waiting":0,"remaining":1,"hold":"10m0s"}`},
+		{name: "held", path: "/v1/activities/10/signups/1", want: 200,
+			wantBody: `{"activity_id":10,"user_id":1,"status":"HELD","position":null,"held_until":"2026-12-01T10:20:30.123456Z"}`},
+		{name: "confirmed in an activity with a hold", path: "/v1/activities/10/signups/2", want: 200,
+			wantBody: `{"activity_id":10,"user_id":2,"status":"CONFIRMED","position":null}`},
 		{name: "never opened", path: "/v1/activities/9", want: 404},
 		{name: "confirmed", path: "/v1/activities/7/signups/1", want: 200,
 			wantBody: `{"activity_id":7,"user_id":1,"status":"CONFIRMED","position":null}`},

@@ -62,6 +62,8 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpJoin))},
 		endpoint{http.MethodDelete, s.guard(self, s.writeHandler(wire.OpCancel))},
 		endpoint{http.MethodGet, s.guard(self, s.handleSignup)})
+	rt.handle("/v1/activities/{activity}/signups/{user}/confirm",
+		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpConfirm))})
 	rt.handle("/v1/activities/{activity}/claims/{user}",
 		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpClaim))})
 	rt.handle("/v1/requests/{request_id}",

@@ -30,14 +30,23 @@ import (
 //     the activity other than claims stored after V and before S.
 //
 // Then the state at S is the view's state (claims change nothing on a full
-// activity), and the answer is the allocator's: a holder gets ALREADY_OWNED,
-// anyone else SOLD_OUT. Otherwise the claim waits for the allocator like any
-// other write. The allocator applies it later and records the same result.
+// activity), and the answer is the allocator's: a holder gets ALREADY_OWNED
+// with the status of the seat (CONFIRMED, or HELD with the end of the hold
+// in an activity with holds), anyone else SOLD_OUT. Otherwise the claim
+// waits for the allocator like any other write. The allocator applies it
+// later and records the same result.
+//
+// A hold that ends changes nothing by itself: the seat stays HELD until its
+// expire request is applied, and that request, like a confirm, is a
+// non-claim the tail sees. So a claim by a HELD user stored before the
+// expire is ALREADY_OWNED, HELD, whatever the clock says.
 
 // shedView is the decoded view of one full activity.
 type shedView struct {
-	v       wire.View
-	holders map[int64]struct{}
+	v wire.View
+	// holders maps every user holding a seat to the end of the user's
+	// hold: zero for a CONFIRMED seat.
+	holders map[int64]time.Time
 }
 
 // viewEntry is ingest's copy of one activity's key: the highest sequence a
@@ -91,9 +100,18 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 func (vs *views) put(v wire.View) {
 	var sv *shedView
 	if v.Sheddable() {
-		sv = &shedView{v: v, holders: make(map[int64]struct{}, len(v.Holders))}
+		sv = &shedView{v: v, holders: make(map[int64]time.Time, len(v.Holders)+len(v.Held))}
 		for _, u := range v.Holders {
-			sv.holders[u] = struct{}{}
+			sv.holders[u] = time.Time{}
+		}
+		for _, h := range v.Held {
+			if h.HeldUntil.IsZero() {
+				// Not a hold the allocator could have given: never
+				// answer from such a view.
+				sv = nil
+				break
+			}
+			sv.holders[h.UserID] = h.HeldUntil.UTC()
 		}
 	}
 	vs.mu.Lock()
@@ -160,8 +178,12 @@ func (s *Service) answerEarly(ctx context.Context, id string, activity, user int
 	}
 	res := wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: activity, UserID: user,
 		Outcome: wire.OutcomeSoldOut, Seq: seq, AppliedAt: time.Now().UTC().Truncate(time.Microsecond), Shed: true}
-	if _, ok := sv.holders[user]; ok {
+	if until, ok := sv.holders[user]; ok {
 		st := wire.StatusConfirmed
+		if !until.IsZero() {
+			st = wire.StatusHeld
+			res.HeldUntil = &until
+		}
 		res.Outcome, res.Status = wire.OutcomeAlreadyOwned, &st
 	}
 	s.early.Add(id, res)

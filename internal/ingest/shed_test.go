@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"testing"
+	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
 
@@ -78,5 +79,45 @@ func TestTailSettles(t *testing.T) {
 	}
 	if !small.settled(1, 2, 3) {
 		t.Fatal("a view newer than every evicted change does not settle")
+	}
+}
+
+// TestHeldHoldersAreListedApart: in a view of an activity with holds, a
+// CONFIRMED holder maps to no hold and a HELD one to the end of its hold,
+// which an early ALREADY_OWNED carries; a view that lists no end for a
+// HELD seat never decides a claim.
+func TestHeldHoldersAreListedApart(t *testing.T) {
+	cache, _ := lru.New[int64, viewEntry](8)
+	vs := views{m: cache}
+	until := time.Date(2026, 12, 1, 10, 20, 30, 123456000, time.UTC)
+	v := wire.View{ActivityID: 7, Capacity: 2, Confirmed: 2, Seq: 100, HoldsListed: true,
+		Holders: []int64{1}, Held: []wire.HeldSeat{{UserID: 2, HeldUntil: until}}}
+	if !v.Sheddable() {
+		t.Fatal("a full view listing its HELD seats apart is not sheddable")
+	}
+	vs.put(v)
+	sv := vs.get(7)
+	if sv == nil {
+		t.Fatal("the view was not installed")
+	}
+	if got, ok := sv.holders[1]; !ok || !got.IsZero() {
+		t.Fatalf("CONFIRMED holder: %v %v, want no hold", got, ok)
+	}
+	if got, ok := sv.holders[2]; !ok || !got.Equal(until) {
+		t.Fatalf("HELD holder: %v %v, want held until %v", got, ok, until)
+	}
+	if _, ok := sv.holders[3]; ok {
+		t.Fatal("a user without a seat is listed")
+	}
+	// An ingest that knows nothing of holds reads Complete only.
+	if v.Complete {
+		t.Fatal("a view with HELD seats is Complete: an ingest without holds would answer from it")
+	}
+	bad := v
+	bad.Seq = 101
+	bad.Held = []wire.HeldSeat{{UserID: 2}}
+	vs.put(bad)
+	if vs.get(7) != nil {
+		t.Fatal("a view with a HELD seat without an end was installed")
 	}
 }

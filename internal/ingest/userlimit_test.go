@@ -63,6 +63,10 @@ func TestPerUserRateLimit(t *testing.T) {
 	if codes[http.StatusAccepted] != 2 || codes[http.StatusTooManyRequests] != 3 {
 		t.Fatalf("answers %v, want 2 accepted and 3 refused", codes)
 	}
+	// A confirm spends the same user's budget.
+	if resp, _ := h.do(req{method: "POST", path: "/v1/activities/1/signups/42/confirm"}); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("confirm by the same user: %d, want 429", resp.StatusCode)
+	}
 	if resp, _ := h.do(req{method: "POST", path: "/v1/activities/1/claims/43"}); resp.StatusCode != http.StatusAccepted {
 		t.Fatalf("another user: %d, want 202", resp.StatusCode)
 	}

@@ -133,26 +133,41 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	return body, nil
 }
 
-// parseCapacity decodes {"capacity": N}: N a JSON integer (not a string,
-// not 1.0, not 1e3) in 0..wire.MaxCapacity, required; no other field, no
+// parseOpen decodes the body of an open: {"capacity": N} with an optional
+// "hold". N is a JSON integer (not a string, not 1.0, not 1e3) in
+// 0..wire.MaxCapacity, required; the hold a JSON string holding a Go
+// duration in 0..wire.MaxHold (0 or absent: no holds); no other field, no
 // trailing data.
-func parseCapacity(body []byte) (int64, error) {
+func parseOpen(body []byte) (int64, time.Duration, error) {
 	var in struct {
 		Capacity json.RawMessage `json:"capacity"`
+		Hold     json.RawMessage `json:"hold"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&in); err != nil {
 		// encoding/json reports an unknown field only in its text.
 		if strings.HasPrefix(err.Error(), "json: unknown field") {
-			return 0, badRequest(`The body has an unknown field; only "capacity" is allowed.`)
+			return 0, 0, badRequest(`The body has an unknown field; only "capacity" and "hold" are allowed.`)
 		}
-		return 0, badRequest(`The body must be a JSON object such as {"capacity": 100}.`)
+		return 0, 0, badRequest(`The body must be a JSON object such as {"capacity": 100}.`)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return 0, badRequest(`The body must be one JSON object such as {"capacity": 100}, with nothing after it.`)
+		return 0, 0, badRequest(`The body must be one JSON object such as {"capacity": 100}, with nothing after it.`)
 	}
-	raw := in.Capacity
+	n, err := parseCapacity(in.Capacity)
+	if err != nil {
+		return 0, 0, err
+	}
+	hold, err := parseHold(in.Hold)
+	if err != nil {
+		return 0, 0, err
+	}
+	return n, hold, nil
+}
+
+// parseCapacity reads the capacity of an open's body.
+func parseCapacity(raw json.RawMessage) (int64, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, badRequest(`The body must set "capacity", e.g. {"capacity": 100}.`)
 	}
@@ -170,4 +185,25 @@ func parseCapacity(body []byte) (int64, error) {
 		return 0, badRequest("The capacity must be between 0 and " + strconv.Itoa(wire.MaxCapacity) + ".")
 	}
 	return n, nil
+}
+
+// parseHold reads the optional hold of an open's body: absent is 0 (no
+// holds); present, a JSON string holding a Go duration from 0 to
+// wire.MaxHold.
+func parseHold(raw json.RawMessage) (time.Duration, error) {
+	if len(raw) == 0 {
+		return 0, nil
+	}
+	var s string
+	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return 0, badRequest(`The hold must be a JSON string holding a Go duration, such as "10m".`)
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, badRequest(`The hold must be a Go duration such as "10m" or "1h30m".`)
+	}
+	if d < 0 || d > wire.MaxHold {
+		return 0, badRequest("The hold must be between 0 and " + strings.TrimSuffix(wire.MaxHold.String(), "0m0s") + ".")
+	}
+	return d, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -41,6 +42,8 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 			tc{name: "signup bad user " + id, req: req{method: "GET", path: "/v1/activities/1/signups/" + id}, want: 400},
 			tc{name: "claim bad activity " + id, req: req{method: "POST", path: "/v1/activities/" + id + "/claims/1"}, want: 400},
 			tc{name: "claim bad user " + id, req: req{method: "POST", path: "/v1/activities/1/claims/" + id}, want: 400},
+			tc{name: "confirm bad activity " + id, req: req{method: "POST", path: "/v1/activities/" + id + "/signups/1/confirm"}, want: 400},
+			tc{name: "confirm bad user " + id, req: req{method: "POST", path: "/v1/activities/1/signups/" + id + "/confirm"}, want: 400},
 		)
 	}
 	tests = append(tests, []tc{
@@ -60,11 +63,24 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 		{name: "empty body", req: req{method: "PUT", path: "/v1/activities/1"}, want: 400},
 		{name: "array body", req: req{method: "PUT", path: "/v1/activities/1", body: `[10]`}, want: 400},
 		{name: "trailing data", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5} {"capacity": 6}`}, want: 400},
+		// hold
+		{name: "negative hold", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": "-1s"}`}, want: 400},
+		{name: "hold above max", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": "168h0m1s"}`}, want: 400},
+		{name: "hold of a year", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": "8760h"}`}, want: 400},
+		{name: "unparsable hold", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": "ten minutes"}`}, want: 400},
+		{name: "hold without unit", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": "600"}`}, want: 400},
+		{name: "empty hold", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": ""}`}, want: 400},
+		{name: "numeric hold", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": 600}`}, want: 400},
+		{name: "null hold", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": null}`}, want: 400},
+		{name: "object hold", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 5, "hold": {"m": 10}}`}, want: 400},
+		{name: "hold without capacity", req: req{method: "PUT", path: "/v1/activities/1", body: `{"hold": "10m"}`}, want: 400},
+		{name: "good hold, bad capacity", req: req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": -1, "hold": "10m"}`}, want: 400},
 		// body size
 		{name: "oversize open", req: req{method: "PUT", path: "/v1/activities/1", body: bigJSON}, want: 413},
 		{name: "oversize join", req: req{method: "POST", path: "/v1/activities/1/signups/2", body: big}, want: 413},
 		{name: "oversize cancel", req: req{method: "DELETE", path: "/v1/activities/1/signups/2", body: big}, want: 413},
 		{name: "oversize claim", req: req{method: "POST", path: "/v1/activities/1/claims/2", body: big}, want: 413},
+		{name: "oversize confirm", req: req{method: "POST", path: "/v1/activities/1/signups/2/confirm", body: big}, want: 413},
 		{name: "oversize chunked join", req: req{method: "POST", path: "/v1/activities/1/signups/2", reader: io.MultiReader(strings.NewReader(big))}, want: 413},
 		{name: "oversize chunked open", req: req{method: "PUT", path: "/v1/activities/1", reader: io.MultiReader(strings.NewReader(bigJSON))}, want: 413},
 		// routes
@@ -76,6 +92,8 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 		{name: "signups empty user", req: req{method: "POST", path: "/v1/activities/1/signups/"}, want: 404},
 		{name: "unknown kind", req: req{method: "POST", path: "/v1/activities/1/tickets/2"}, want: 404},
 		{name: "too deep", req: req{method: "POST", path: "/v1/activities/1/signups/2/x"}, want: 404},
+		{name: "below confirm", req: req{method: "POST", path: "/v1/activities/1/signups/2/confirm/x"}, want: 404},
+		{name: "confirm of a claim", req: req{method: "POST", path: "/v1/activities/1/claims/2/confirm"}, want: 404},
 		{name: "requests list", req: req{method: "GET", path: "/v1/requests/"}, want: 404},
 		{name: "unclean path", req: req{method: "GET", path: "//v1/activities/1"}, want: 404},
 		// methods
@@ -85,6 +103,9 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 		{name: "PUT signup", req: req{method: "PUT", path: "/v1/activities/1/signups/2"}, want: 405, wantAllow: "POST, DELETE, GET, HEAD"},
 		{name: "GET claim", req: req{method: "GET", path: "/v1/activities/1/claims/2"}, want: 405, wantAllow: "POST"},
 		{name: "DELETE claim", req: req{method: "DELETE", path: "/v1/activities/1/claims/2"}, want: 405, wantAllow: "POST"},
+		{name: "GET confirm", req: req{method: "GET", path: "/v1/activities/1/signups/2/confirm"}, want: 405, wantAllow: "POST"},
+		{name: "PUT confirm", req: req{method: "PUT", path: "/v1/activities/1/signups/2/confirm"}, want: 405, wantAllow: "POST"},
+		{name: "DELETE confirm", req: req{method: "DELETE", path: "/v1/activities/1/signups/2/confirm"}, want: 405, wantAllow: "POST"},
 		{name: "POST request", req: req{method: "POST", path: "/v1/requests/" + okUUID}, want: 405, wantAllow: "GET, HEAD"},
 		{name: "POST healthz", req: req{method: "POST", path: "/healthz"}, want: 405, wantAllow: "GET, HEAD"},
 		{name: "PUT readyz", req: req{method: "PUT", path: "/readyz"}, want: 405, wantAllow: "GET, HEAD"},
@@ -96,6 +117,7 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 		{name: "join empty wait", req: req{method: "POST", path: "/v1/activities/1/signups/2?wait="}, want: 400},
 		{name: "cancel bad wait", req: req{method: "DELETE", path: "/v1/activities/1/signups/2?wait=abc"}, want: 400},
 		{name: "claim bad wait", req: req{method: "POST", path: "/v1/activities/1/claims/2?wait=-1s"}, want: 400},
+		{name: "confirm bad wait", req: req{method: "POST", path: "/v1/activities/1/signups/2/confirm?wait=soon"}, want: 400},
 		{name: "open bad wait", req: req{method: "PUT", path: "/v1/activities/1?wait=abc", body: open}, want: 400},
 		{name: "poll negative wait", req: req{method: "GET", path: "/v1/requests/" + okUUID + "?wait=-1s"}, want: 400},
 		{name: "poll unparsable wait", req: req{method: "GET", path: "/v1/requests/" + okUUID + "?wait=abc"}, want: 400},
@@ -107,6 +129,7 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 		// idempotency keys
 		{name: "key too long", req: req{method: "POST", path: "/v1/activities/1/signups/2", header: map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}}, want: 400},
 		{name: "key with a tab", req: req{method: "POST", path: "/v1/activities/1/claims/2", header: map[string]string{"Idempotency-Key": "a\tb"}}, want: 400},
+		{name: "confirm key too long", req: req{method: "POST", path: "/v1/activities/1/signups/2/confirm", header: map[string]string{"Idempotency-Key": strings.Repeat("k", 256)}}, want: 400},
 		{name: "key not ASCII", req: req{method: "PUT", path: "/v1/activities/1", body: open, header: map[string]string{"Idempotency-Key": "clé"}}, want: 400},
 	}...)
 
@@ -141,21 +164,28 @@ func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 	}
 }
 
-func TestParseCapacityAcceptsTheRange(t *testing.T) {
+func TestParseOpenAcceptsTheRange(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name string
-		body string
-		want int64
+		name     string
+		body     string
+		want     int64
+		wantHold time.Duration
 	}{
 		{name: "zero", body: `{"capacity":0}`, want: 0},
 		{name: "max", body: `{"capacity":10000000}`, want: 10_000_000},
 		{name: "spaces", body: " {\n \"capacity\" : 42 }\n", want: 42},
+		{name: "hold", body: `{"capacity": 3, "hold": "10m"}`, want: 3, wantHold: 10 * time.Minute},
+		{name: "hold first", body: `{"hold": "1h30m", "capacity": 3}`, want: 3, wantHold: 90 * time.Minute},
+		{name: "zero hold", body: `{"capacity": 3, "hold": "0"}`, want: 3},
+		{name: "zero hold with a unit", body: `{"capacity": 3, "hold": "0s"}`, want: 3},
+		{name: "max hold", body: `{"capacity": 3, "hold": "168h"}`, want: 3, wantHold: wire.MaxHold},
+		{name: "tiny hold", body: `{"capacity": 3, "hold": "1ms"}`, want: 3, wantHold: time.Millisecond},
 	}
 	for _, tt := range tests {
-		got, err := parseCapacity([]byte(tt.body))
-		if err != nil || got != tt.want {
-			t.Errorf("%s: parseCapacity(%s) = %d, %v; want %d", tt.name, tt.body, got, err, tt.want)
+		got, hold, err := parseOpen([]byte(tt.body))
+		if err != nil || got != tt.want || hold != tt.wantHold {
+			t.Errorf("%s: parseOpen(%s) = %d, %s, %v; want %d, %s", tt.name, tt.body, got, hold, err, tt.want, tt.wantHold)
 		}
 	}
 }

@@ -41,13 +41,14 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	}
 	var user int64
 	var capacity *int64
+	var hold time.Duration
 	if op == wire.OpOpen {
-		c, err := parseCapacity(body)
+		c, h, err := parseOpen(body)
 		if err != nil {
 			writeInputError(w, err)
 			return
 		}
-		capacity = &c
+		capacity, hold = &c, h
 	} else if user, err = parseID(uStr, "user"); err != nil {
 		writeInputError(w, err)
 		return
@@ -107,6 +108,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 		ActivityID:     activity,
 		UserID:         user,
 		Capacity:       capacity,
+		Hold:           wire.Duration(hold),
 		IdempotencyKey: key,
 		ReceivedAt:     time.Now().UTC(),
 	})
@@ -218,6 +220,8 @@ func canonicalPath(op wire.Op, activity, user int64) string {
 		return "/v1/activities/" + a
 	case wire.OpClaim:
 		return "/v1/activities/" + a + "/claims/" + u
+	case wire.OpConfirm:
+		return "/v1/activities/" + a + "/signups/" + u + "/confirm"
 	default: // join and cancel share their path; the op tells them apart
 		return "/v1/activities/" + a + "/signups/" + u
 	}

@@ -28,11 +28,18 @@ func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 		wantActivity int64
 		wantUser     int64
 		wantCapacity *int64
+		wantHold     time.Duration
 	}{
 		{name: "open", req: req{method: "PUT", path: "/v1/activities/101", body: `{"capacity": 25}`},
 			wantOp: wire.OpOpen, wantActivity: 101, wantCapacity: ptr[int64](25)},
 		{name: "open zero", req: req{method: "PUT", path: "/v1/activities/102", body: `{"capacity":0}`},
 			wantOp: wire.OpOpen, wantActivity: 102, wantCapacity: ptr[int64](0)},
+		{name: "open with a hold", req: req{method: "PUT", path: "/v1/activities/106", body: `{"capacity": 3, "hold": "10m"}`},
+			wantOp: wire.OpOpen, wantActivity: 106, wantCapacity: ptr[int64](3), wantHold: 10 * time.Minute},
+		{name: "open with a zero hold", req: req{method: "PUT", path: "/v1/activities/107", body: `{"capacity": 3, "hold": "0s"}`},
+			wantOp: wire.OpOpen, wantActivity: 107, wantCapacity: ptr[int64](3)},
+		{name: "confirm", req: req{method: "POST", path: "/v1/activities/108/signups/42/confirm"},
+			wantOp: wire.OpConfirm, wantActivity: 108, wantUser: 42},
 		{name: "join", req: req{method: "POST", path: "/v1/activities/103/signups/42"},
 			wantOp: wire.OpJoin, wantActivity: 103, wantUser: 42},
 		{name: "cancel", req: req{method: "DELETE", path: "/v1/activities/104/signups/42"},
@@ -63,6 +70,9 @@ func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 		if tt.wantCapacity != nil {
 			wantFields = append(wantFields, "capacity")
 		}
+		if tt.wantHold != 0 {
+			wantFields = append(wantFields, "hold")
+		}
 		if len(fields) != len(wantFields) {
 			t.Errorf("%s: message fields %s, want exactly %v", tt.name, m.Data, wantFields)
 		}
@@ -80,6 +90,9 @@ func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 		}
 		if (msg.Capacity == nil) != (tt.wantCapacity == nil) || (msg.Capacity != nil && *msg.Capacity != *tt.wantCapacity) {
 			t.Errorf("%s: capacity %v, want %v", tt.name, msg.Capacity, tt.wantCapacity)
+		}
+		if time.Duration(msg.Hold) != tt.wantHold {
+			t.Errorf("%s: hold %s, want %s", tt.name, time.Duration(msg.Hold), tt.wantHold)
 		}
 		if msg.ReceivedAt.Before(before.Add(-time.Second)) || msg.ReceivedAt.After(time.Now().Add(time.Second)) || msg.ReceivedAt.Location() != time.UTC {
 			t.Errorf("%s: received_at %s is not now in UTC", tt.name, msg.ReceivedAt)
@@ -127,6 +140,7 @@ func TestIdempotencyKey(t *testing.T) {
 		{name: "same key, other activity", req: req{method: "POST", path: "/v1/activities/8/signups/3", header: key("key-1")}},
 		{name: "same key, other op, same path", req: req{method: "DELETE", path: "/v1/activities/7/signups/3", header: key("key-1")}},
 		{name: "same key, claim", req: req{method: "POST", path: "/v1/activities/7/claims/3", header: key("key-1")}},
+		{name: "same key, confirm", req: req{method: "POST", path: "/v1/activities/7/signups/3/confirm", header: key("key-1")}},
 	}
 	for _, tt := range conflicts {
 		resp, body := h.do(tt.req)
@@ -135,6 +149,21 @@ func TestIdempotencyKey(t *testing.T) {
 		if !strings.Contains(msg, "join") || !strings.Contains(msg, "/v1/activities/7/signups/3") {
 			t.Errorf("%s: %q does not say what the key was used for", tt.name, msg)
 		}
+	}
+
+	// A confirm's key: its repeat is the same request, and it is bound to
+	// the confirm, not to the join on the path below it.
+	confirm := req{method: "POST", path: "/v1/activities/7/signups/3/confirm", header: key("confirm-1")}
+	resp, body = h.do(confirm)
+	confirmID := accepted(t, "confirm", resp, body)
+	resp, body = h.do(confirm)
+	if again := accepted(t, "confirm repeated", resp, body); again != confirmID {
+		t.Fatalf("confirm repeated answered %s, want %s", again, confirmID)
+	}
+	resp, body = h.do(req{method: "POST", path: "/v1/activities/7/signups/3", header: key("confirm-1")})
+	wantStatus(t, "a confirm's key on a join", resp, body, http.StatusUnprocessableEntity)
+	if msg := errorSentence(t, "a confirm's key on a join", resp, body); !strings.Contains(msg, "/v1/activities/7/signups/3/confirm") {
+		t.Errorf("a confirm's key on a join: %q does not name the confirm's path", msg)
 	}
 
 	resp, body = h.do(req{method: "POST", path: "/v1/activities/7/signups/3", header: key(strings.Repeat("k", 256))})
@@ -156,8 +185,8 @@ func TestIdempotencyKey(t *testing.T) {
 	if got := decode[wire.Request](t, "open message", h.lastMsg(wire.RequestSubject(9)).Data); *got.Capacity != 5 {
 		t.Fatalf("open message capacity %d, want the first one, 5", *got.Capacity)
 	}
-	if n := natstest.StreamMsgs(t, h.js, wire.RequestStream); n != 3 {
-		t.Fatalf("%s holds %d messages, want 3", wire.RequestStream, n)
+	if n := natstest.StreamMsgs(t, h.js, wire.RequestStream); n != 4 {
+		t.Fatalf("%s holds %d messages, want 4", wire.RequestStream, n)
 	}
 }
 

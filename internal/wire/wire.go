@@ -213,17 +213,35 @@ func ViewKey(activity int64) string { return "a." + strconv.FormatInt(activity, 
 
 // Sheddable reports whether a claim can be decided from the view alone: no
 // free seat, and every holder listed.
-func (v View) Sheddable() bool { return v.Complete && v.Confirmed >= v.Capacity }
+func (v View) Sheddable() bool { return (v.Complete || v.HoldsListed) && v.Confirmed >= v.Capacity }
 
 // View is the value of a full activity's key: its counters and, when
-// Complete, every user holding a seat, which is all a claim's decision needs
+// Complete or HoldsListed, every user holding a seat (HELD ones apart, with
+// the ends of their holds), which is all a claim's decision needs
 // while nobody waits. An activity with waiters has no view: its waitlist
 // changes with every join, and claims on it are rare.
 type View struct {
-	ActivityID int64   `json:"activity_id"`
-	Capacity   int64   `json:"capacity"`
-	Confirmed  int64   `json:"confirmed"`
-	Seq        uint64  `json:"seq"` // the last stream sequence applied to the activity
-	Complete   bool    `json:"complete"`
-	Holders    []int64 `json:"holders,omitempty"` // CONFIRMED users
+	ActivityID int64  `json:"activity_id"`
+	Capacity   int64  `json:"capacity"`
+	Confirmed  int64  `json:"confirmed"`
+	Seq        uint64 `json:"seq"` // the last stream sequence applied to the activity
+	// Complete: every holder is listed in Holders, and none holds a seat
+	// under a hold.
+	Complete bool    `json:"complete"`
+	Holders  []int64 `json:"holders,omitempty"` // CONFIRMED users
+	// HoldsListed marks the view of a full activity with HELD seats that
+	// lists every holder: the CONFIRMED ones in Holders, the HELD ones in
+	// Held, with the ends of their holds, since a claim by a HELD user is
+	// answered with them (ALREADY_OWNED, status HELD, held_until).
+	// Complete stays false on such a view, so that an ingest that knows
+	// nothing of holds never answers from it.
+	HoldsListed bool       `json:"holds_listed,omitempty"`
+	Held        []HeldSeat `json:"held,omitempty"`
+}
+
+// HeldSeat is a seat a view lists as HELD: its user and the end of the
+// hold (as the signup row keeps it, whole microseconds in UTC).
+type HeldSeat struct {
+	UserID    int64     `json:"user_id"`
+	HeldUntil time.Time `json:"held_until"`
 }
