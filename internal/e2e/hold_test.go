@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -8,35 +9,9 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
-
-// openHold opens (or resizes) activity with a hold, through HTTP.
-func (s *stack) openHold(activity, capacity int, hold string) {
-	s.t.Helper()
-	m := s.done("PUT", fmt.Sprintf("/v1/activities/%d", activity), fmt.Sprintf(`{"capacity": %d, "hold": %q}`, capacity, hold))
-	if o := m["outcome"]; o != string(wire.OutcomeOpened) && o != string(wire.OutcomeResized) {
-		s.t.Fatalf("open %d with hold %s: %v", activity, hold, m)
-	}
-}
-
-func (s *stack) confirm(a, u int) map[string]any {
-	return s.done("POST", fmt.Sprintf("/v1/activities/%d/signups/%d/confirm", a, u), "")
-}
-
-func (s *stack) claim(a, u int) map[string]any {
-	return s.done("POST", fmt.Sprintf("/v1/activities/%d/claims/%d", a, u), "")
-}
-
-// heldUntil reads an answer's held_until.
-func heldUntil(t *testing.T, what string, m map[string]any) time.Time {
-	t.Helper()
-	at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(m["held_until"]))
-	if err != nil {
-		t.Fatalf("%s: held_until %v: %v (answer %v)", what, m["held_until"], err, m)
-	}
-	return at
-}
 
 // waitSignup polls user's signup until its status is status.
 func (s *stack) waitSignup(a, u int, status wire.Status, within time.Duration) map[string]any {
@@ -55,15 +30,30 @@ func (s *stack) waitSignup(a, u int, status wire.Status, within time.Duration) m
 }
 
 // waitExpire waits until the expire of the hold the request at holdSeq gave
-// user is applied, and returns its result.
+// user is applied, and returns its result as a poll answers it. It reads
+// MySQL: an expire's id was never issued by ingest, which answers 404 for
+// it until it is applied.
 func (s *stack) waitExpire(a, u int, holdSeq float64, within time.Duration) map[string]any {
 	s.t.Helper()
 	id := wire.ExpireRequestID(int64(a), int64(u), uint64(holdSeq))
-	code, m := s.call("GET", "/v1/requests/"+id+fmt.Sprintf("?wait=%s", within), "")
-	if code != http.StatusOK || m["state"] != wire.StateDone {
-		s.t.Fatalf("expire of user %d's hold from seq %v: %d %v", u, holdSeq, code, m)
+	deadline := time.Now().Add(within)
+	for {
+		r, ok, err := store.GetResult(context.Background(), s.db, id)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		if ok {
+			code, m := s.call("GET", "/v1/requests/"+id, "")
+			if code != http.StatusOK || m["state"] != wire.StateDone || m["seq"] != float64(r.Seq) {
+				s.t.Fatalf("poll of the applied expire %s: %d %v, recorded %+v", id, code, m, r)
+			}
+			return m
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("expire of user %d's hold from seq %v not applied within %s", u, holdSeq, within)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return m
 }
 
 // TestHoldWaitlistStory: a 2s hold. A holds, B and C wait; A never

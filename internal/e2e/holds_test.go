@@ -317,8 +317,7 @@ func TestEarlyAnswerInAHoldActivity(t *testing.T) {
 		s.sameAsRecorded(fmt.Sprintf("answer %d", i), a)
 	}
 	s.db.CheckInvariants(t)
-	// Not audited yet: the audit's reference model (allocation/refmodel)
-	// does not know holds, and reports every held seat as a divergence.
+	requireCleanAudit(t, s)
 }
 
 // TestEarlyAnswersMatchTheStreamWithHolds: the randomized rounds of
