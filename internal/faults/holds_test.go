@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -138,6 +139,18 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 		t.Errorf("%d expires ordered before the signup they expire", n)
 	}
 	s.db.CheckInvariants(t)
+	// The audit replays the holds, the expiries the restarted relay
+	// scheduled late and the promotions they made, and agrees.
+	rep, err := audit.Run(ctx, s.db.DB, s.js, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rep.Divergences {
+		t.Errorf("audit divergence: %+v", d)
+	}
+	if rep.Pending != 0 || rep.Malformed != 0 {
+		t.Errorf("audit: %d pending, %d malformed", rep.Pending, rep.Malformed)
+	}
 }
 
 // streamMsgs is the number of messages stream holds.

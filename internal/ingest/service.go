@@ -350,9 +350,8 @@ func (s *Service) Start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("ingest start: %w", err)
 		}
-		wctx, cancel := context.WithCancel(context.Background())
-		if err := s.watchViews(wctx, vkv); err != nil {
-			cancel()
+		cancel, err := s.watchViews(vkv)
+		if err != nil {
 			return fmt.Errorf("ingest start: %w: watch %s: %w", bus.ErrUnavailable, wire.ViewBucket, err)
 		}
 		s.stopViews = cancel

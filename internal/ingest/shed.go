@@ -122,13 +122,18 @@ func (vs *views) put(v wire.View) {
 	vs.m.Add(v.ActivityID, viewEntry{seq: v.Seq, sv: sv})
 }
 
-// watchViews keeps s.views current until ctx ends.
-func (s *Service) watchViews(ctx context.Context, kv jetstream.KeyValue) error {
+// watchViews keeps s.views current until stop is called; stop returns
+// once the watcher's subscription is gone.
+func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(context.Background())
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
-		return err
+		cancel()
+		return nil, err
 	}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		defer w.Stop() //nolint:errcheck
 		for {
 			select {
@@ -147,7 +152,7 @@ func (s *Service) watchViews(ctx context.Context, kv jetstream.KeyValue) error {
 			}
 		}
 	}()
-	return nil
+	return func() { cancel(); <-done }, nil
 }
 
 // DefaultEarlyWait bounds how long a claim waits for the tail to pass it

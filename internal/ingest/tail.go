@@ -106,6 +106,12 @@ func (t *tail) start(ctx context.Context, js jetstream.JetStream, replay uint64,
 func (t *tail) stop() {
 	if t.cc != nil {
 		t.cc.Stop()
+		// Stop unsubscribes in the background; a stopped Service leaves
+		// no subscription behind.
+		select {
+		case <-t.cc.Closed():
+		case <-time.After(5 * time.Second):
+		}
 	}
 }
 
