@@ -13,22 +13,6 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// waitSignup polls user's signup until its status is status.
-func (s *stack) waitSignup(a, u int, status wire.Status, within time.Duration) map[string]any {
-	s.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		m := s.signup(a, u)
-		if m["status"] == string(status) {
-			return m
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("signup %d/%d is %v, not %s, after %s", a, u, m, status, within)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // waitExpire waits until the expire of the hold the request at holdSeq gave
 // user is applied, and returns its result as a poll answers it. It reads
 // MySQL: an expire's id was never issued by ingest, which answers 404 for
