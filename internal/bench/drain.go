@@ -51,22 +51,8 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return DrainResult{}, err
 	}
 	now := time.Now().UTC()
-	sent := 0
-	publish := func(r wire.Request) error {
-		b, err := json.Marshal(r)
-		if err != nil {
-			return err
-		}
-		if sent++; sent%2000 == 0 { // stay below the async publish bound
-			select {
-			case <-js.PublishAsyncComplete():
-			case <-time.After(time.Minute):
-				return fmt.Errorf("pre-publish stalled")
-			}
-		}
-		_, err = js.PublishAsync(wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(r.RequestID))
-		return err
-	}
+	bl := &backlog{js: js}
+	publish := bl.add
 	id := func() string { return uuid.Must(uuid.NewV7()).String() }
 	for a := 1; a <= cfg.Activities; a++ {
 		c := cfg.Capacity
@@ -85,20 +71,13 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 			return DrainResult{}, err
 		}
 	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(time.Minute):
-		return DrainResult{}, fmt.Errorf("pre-publish did not complete within a minute")
+	if err := bl.wait(); err != nil {
+		return DrainResult{}, err
 	}
-	st, err := js.Stream(ctx, wire.RequestStream)
+	last, err := lastSeq(ctx, js)
 	if err != nil {
 		return DrainResult{}, err
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return DrainResult{}, err
-	}
-	last := info.State.LastSeq
 	total := cfg.Requests + cfg.Activities
 
 	a, err := allocator.New(db, nc, log, nil, cfg.Allocator, allocator.Hooks{})
@@ -110,18 +89,41 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return DrainResult{}, err
 	}
 	defer a.Stop()
-	for {
-		var fence uint64
-		if err := db.QueryRowContext(ctx, "SELECT last_seq FROM allocator_partition WHERE partition_id = ?", cfg.Allocator.Partition).Scan(&fence); err != nil && err != sql.ErrNoRows {
-			return DrainResult{}, err
-		}
-		if fence >= last {
-			break
-		}
-		if time.Since(start) > 5*time.Minute {
-			return DrainResult{}, fmt.Errorf("drain stalled at %d of %d", fence, last)
-		}
-		time.Sleep(2 * time.Millisecond)
+	if err := waitFence(ctx, db, cfg.Allocator.Partition, last, 5*time.Minute); err != nil {
+		return DrainResult{}, err
 	}
 	return DrainResult{Decisions: total, Elapsed: time.Since(start)}, nil
+}
+
+// backlog publishes requests ahead of an allocator, asynchronously,
+// staying below the async publish bound.
+type backlog struct {
+	js   jetstream.JetStream
+	sent int
+}
+
+func (b *backlog) add(r wire.Request) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if b.sent++; b.sent%2000 == 0 {
+		select {
+		case <-b.js.PublishAsyncComplete():
+		case <-time.After(time.Minute):
+			return fmt.Errorf("pre-publish stalled")
+		}
+	}
+	_, err = b.js.PublishAsync(wire.RequestSubject(r.ActivityID), data, jetstream.WithMsgID(r.RequestID))
+	return err
+}
+
+// wait returns once every request added is stored.
+func (b *backlog) wait() error {
+	select {
+	case <-b.js.PublishAsyncComplete():
+		return nil
+	case <-time.After(time.Minute):
+		return fmt.Errorf("pre-publish did not complete within a minute")
+	}
 }

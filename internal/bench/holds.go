@@ -82,19 +82,8 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	}
 	const act, probeAct = 1, 2
 	id := func() string { return uuid.Must(uuid.NewV7()).String() }
-	sent := 0
-	publish := func(r wire.Request) error {
-		b, _ := json.Marshal(r)
-		if sent++; sent%2000 == 0 { // stay below the async publish bound
-			select {
-			case <-js.PublishAsyncComplete():
-			case <-time.After(time.Minute):
-				return fmt.Errorf("pre-publish stalled")
-			}
-		}
-		_, err := js.PublishAsync(wire.RequestSubject(r.ActivityID), b, jetstream.WithMsgID(r.RequestID))
-		return err
-	}
+	bl := &backlog{js: js}
+	publish := bl.add
 	open := func(a, capacity int64, hold time.Duration) wire.Request {
 		return wire.Request{RequestID: id(), Op: wire.OpOpen, ActivityID: a, Capacity: &capacity,
 			Hold: wire.Duration(hold), ReceivedAt: time.Now().UTC()}
@@ -110,10 +99,8 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 			return res, err
 		}
 	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(time.Minute):
-		return res, fmt.Errorf("pre-publish did not complete within a minute")
+	if err := bl.wait(); err != nil {
+		return res, err
 	}
 	last, err := lastSeq(ctx, js)
 	if err != nil {
@@ -138,6 +125,9 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	resize := open(act, int64(cfg.Holds), cfg.Hold)
 	start = time.Now()
 	if err := publish(resize); err != nil {
+		return res, err
+	}
+	if err := bl.wait(); err != nil {
 		return res, err
 	}
 	r, err := waitResult(ctx, db, resize.RequestID, 5*time.Minute)
