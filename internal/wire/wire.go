@@ -45,8 +45,9 @@ const (
 	OpClaim  Op = "claim"
 	// OpConfirm turns a hold into a confirmed seat.
 	OpConfirm Op = "confirm"
-	// OpExpire lapses a hold; never sent by clients: the allocator schedules
-	// it through ALLOT_HOLDS when it creates the hold (see HoldSchedule).
+	// OpExpire lapses a hold; never sent by clients: the allocator's outbox
+	// relay schedules it in ALLOT_HOLDS when the hold is committed (see
+	// hold.go).
 	OpExpire Op = "expire"
 )
 
