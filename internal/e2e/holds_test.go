@@ -247,7 +247,8 @@ func TestHoldConfirmTooLate(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, allocator.Config{})
 	const act, A, B = 1403, 1, 2
-	s.openHold(act, 1, "300ms")
+	// Long enough for the steps before the confirm on a loaded machine.
+	s.openHold(act, 1, "2s")
 	j := s.join(act, A)
 	want(t, "A joins", j, "outcome", wire.OutcomeHeld)
 	untilA := heldUntil(t, "A joins", j)
