@@ -254,12 +254,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 		}
 		// Never fewer replicas than the stream has (KeepReplicas).
 		rc.Replicas = max(rc.Replicas, have.Replicas)
-		if rc.Requests == (Retention{}) {
-			rc.Requests = Retention{MaxAge: have.MaxAge, MaxBytes: have.MaxBytes}
-			if rc.Requests.MaxAge == 0 {
-				rc.Requests.MaxAge = -1
-			}
-		}
+		rc.Requests = rc.Requests.orHave(have)
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}
@@ -275,10 +270,9 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 // ensureHoldStream creates or updates ALLOT_HOLDS, never with fewer
 // replicas than it has.
 func ensureHoldStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	if st, err := js.Stream(ctx, wire.HoldStream); err == nil {
-		replicas = max(replicas, st.CachedInfo().Config.Replicas)
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.HoldStream, err)
+	replicas, err := KeepReplicas(ctx, js, wire.HoldStream, replicas)
+	if err != nil {
+		return err
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, HoldStreamConfig(StreamConfig{Replicas: replicas})); err != nil {
 		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.HoldStream, err)
@@ -294,12 +288,7 @@ func EnsureEventStream(ctx context.Context, js jetstream.JetStream, c StreamConf
 	case err == nil:
 		have := st.CachedInfo().Config
 		c.Replicas = max(c.Replicas, have.Replicas)
-		if c.Events == (Retention{}) {
-			c.Events = Retention{MaxAge: have.MaxAge, MaxBytes: have.MaxBytes}
-			if c.Events.MaxAge == 0 {
-				c.Events.MaxAge = -1
-			}
-		}
+		c.Events = c.Events.orHave(have)
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.EventStream, err)
 	}

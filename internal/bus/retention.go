@@ -32,6 +32,20 @@ type Retention struct {
 	MaxBytes int64
 }
 
+// orHave is r, or, when r is zero (a binary that does not own the
+// setting), the bounds the existing stream has; its age limit 0 (none)
+// becomes -1, which orDefault keeps as none.
+func (r Retention) orHave(have jetstream.StreamConfig) Retention {
+	if r != (Retention{}) {
+		return r
+	}
+	r = Retention{MaxAge: have.MaxAge, MaxBytes: have.MaxBytes}
+	if r.MaxAge == 0 {
+		r.MaxAge = -1
+	}
+	return r
+}
+
 func (r Retention) orDefault(age time.Duration, bytes int64) Retention {
 	if r.MaxAge == 0 {
 		r.MaxAge = age
