@@ -41,11 +41,15 @@ type Relay struct {
 	// awaitingAcks, when set, runs while a pass's publishes await their
 	// PubAcks: a test's look at what the relay holds then.
 	awaitingAcks func()
+	// warnedAtomic marks the streams the relay said once do not take
+	// atomic batches.
+	warnedAtomic map[string]bool
 }
 
 func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics, partition int) *Relay {
 	return &Relay{db: db, js: js, log: log, m: m, partition: partition,
-		wake: make(chan struct{}, 1), done: make(chan struct{}), batch: 2000, period: time.Second}
+		wake: make(chan struct{}, 1), done: make(chan struct{}), batch: 2000, period: time.Second,
+		warnedAtomic: make(map[string]bool)}
 }
 
 // kick asks the relay to look at the outbox now.
@@ -285,8 +289,24 @@ func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
 			msgs   []*nats.Msg
 			ids    []string
 		}{{wire.HoldStream, schedules, sids}, {wire.EventStream, msgs, ids}} {
-			if len(batch.msgs) == 0 || bus.PublishAtomic(nc, batch.stream, batch.msgs, batch.ids, 10*time.Second) {
+			if len(batch.msgs) == 0 {
 				continue
+			}
+			_, err := bus.PublishAtomic(nc, batch.stream, batch.msgs, batch.ids, 10*time.Second)
+			switch {
+			case err == nil:
+				continue
+			case errors.Is(err, bus.ErrAtomicRefused):
+				// The expected answer to a copy published again.
+			case errors.Is(err, bus.ErrAtomicUnsupported):
+				if !r.warnedAtomic[batch.stream] {
+					r.warnedAtomic[batch.stream] = true
+					r.log.WarnContext(ctx, "outbox relay: the stream does not take atomic batches; publishing one by one",
+						slog.String("stream", batch.stream), slog.Any("err", err))
+				}
+			default:
+				r.log.WarnContext(ctx, "outbox relay: atomic batch failed; publishing one by one",
+					slog.String("stream", batch.stream), slog.Int("size", len(batch.msgs)), slog.Any("err", err))
 			}
 			for i, msg := range batch.msgs {
 				f, err := r.js.PublishMsgAsync(msg, jetstream.WithMsgID(batch.ids[i]))

@@ -2,18 +2,16 @@ package ingest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -164,84 +162,31 @@ func (c *committer) publishEach(group []*pubRequest) {
 	}
 }
 
-// batchAck is the server's answer to a batch's commit.
-type batchAck struct {
-	Stream    string `json:"stream"`
-	Seq       uint64 `json:"seq"`
-	Duplicate bool   `json:"duplicate"`
-	BatchID   string `json:"batch"`
-	Count     int    `json:"count"`
-	Error     *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error"`
-}
-
-// JetStream's error code for a stream that does not allow atomic publish.
-const errCodeAtomicPublishDisabled = 10174
-
 // commitBatch publishes group as one atomic batch and reports whether it
 // answered every request in it. On false nothing has been answered and the
 // caller publishes the messages on their own.
 func (c *committer) commitBatch(group []*pubRequest) bool {
-	batch := nuid.Next()
 	n := len(group)
-	var reply *nats.Msg
+	msgs, ids := make([]*nats.Msg, n), make([]string, n)
 	for i, r := range group {
-		m := &nats.Msg{Subject: r.msg.Subject, Data: r.msg.Data, Header: make(nats.Header, 6)}
-		for k, v := range r.msg.Header {
-			m.Header[k] = v
-		}
-		m.Header.Set(jetstream.MsgIDHeader, r.id)
-		m.Header.Set(jetstream.ExpectedStreamHeader, wire.RequestStream)
-		m.Header.Set("Nats-Batch-Id", batch)
-		m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
-		if i < n-1 {
-			if err := c.nc.PublishMsg(m); err != nil {
-				return false // the batch is abandoned; nothing of it is stored
-			}
-			continue
-		}
-		m.Header.Set("Nats-Batch-Commit", "1")
-		var err error
-		if reply, err = c.nc.RequestMsg(m, c.timeout); err != nil {
-			c.log.Warn("atomic batch: no answer to the commit; publishing its messages one by one",
-				slog.Int("size", n), slog.Any("err", err))
-			return false
-		}
+		msgs[i], ids[i] = r.msg, r.id
 	}
-	var ack batchAck
-	if err := json.Unmarshal(reply.Data, &ack); err != nil {
-		return false
-	}
-	if ack.Error != nil {
-		if ack.Error.ErrCode == errCodeAtomicPublishDisabled {
-			if !c.noAtomic.Swap(true) {
-				c.log.Warn("the request stream does not allow atomic publish; publishing one by one")
-			}
-		} else {
-			c.log.Debug("atomic batch refused; publishing its messages one by one",
-				slog.Int("size", n), slog.String("err", ack.Error.Description))
-		}
-		return false
-	}
-	if ack.Count == 0 && ack.BatchID == "" {
-		// A server without atomic publish stored the messages one by one;
-		// the publishes that follow find them as duplicates.
+	first, err := bus.PublishAtomic(c.nc, wire.RequestStream, msgs, ids, c.timeout)
+	switch {
+	case errors.Is(err, bus.ErrAtomicUnsupported):
 		if !c.noAtomic.Swap(true) {
-			c.log.Warn("the broker does not know atomic batches; publishing one by one")
+			c.log.Warn("the request stream or the broker does not take atomic batches; publishing one by one", slog.Any("err", err))
 		}
 		return false
-	}
-	if ack.Count != n || ack.Seq < uint64(n) {
-		c.log.Warn("atomic batch: unexpected answer; publishing its messages one by one",
-			slog.String("answer", string(reply.Data)))
+	case errors.Is(err, bus.ErrAtomicRefused):
+		c.log.Debug("atomic batch refused; publishing its messages one by one", slog.Int("size", n), slog.Any("err", err))
+		return false
+	case err != nil:
+		c.log.Warn("atomic batch: publishing its messages one by one", slog.Int("size", n), slog.Any("err", err))
 		return false
 	}
-	first := ack.Seq - uint64(n) + 1
 	for i, r := range group {
-		r.res <- pubResult{sent: true, ack: &jetstream.PubAck{Stream: ack.Stream, Sequence: first + uint64(i)}}
+		r.res <- pubResult{sent: true, ack: &jetstream.PubAck{Stream: wire.RequestStream, Sequence: first + uint64(i)}}
 	}
 	if c.batches != nil {
 		c.batches(n)
