@@ -368,15 +368,38 @@ func TestApply(t *testing.T) {
 	}
 }
 
+// step is one request of a story, the decision it must get and, when set,
+// the live signups after it.
+type step struct {
+	name     string
+	req      Request
+	want     Decision
+	wantLive []Signup
+}
+
+// apply applies st to a as stream sequence seq and fails t unless the
+// decision is st.want, the state passes mustCheck and, when st.wantLive is
+// set, the live signups are st.wantLive. It returns the new state.
+func (st step) apply(t testing.TB, a *Activity, seq uint64) *Activity {
+	t.Helper()
+	a, d, err := Apply(a, st.req, seq)
+	if err != nil {
+		t.Fatalf("%s: Apply: %v", st.name, err)
+	}
+	if !reflect.DeepEqual(d, st.want) {
+		t.Fatalf("%s: decision:\n got  %+v\n want %+v", st.name, d, st.want)
+	}
+	mustCheck(t, a)
+	if st.wantLive != nil && !reflect.DeepEqual(a.Live(), st.wantLive) {
+		t.Fatalf("%s: Live:\n got  %+v\n want %+v", st.name, a.Live(), st.wantLive)
+	}
+	return a
+}
+
 // TestSeedStory walks the contract's seed story step by step on one activity.
 func TestSeedStory(t *testing.T) {
 	const A, B, C = 1, 2, 3
-	steps := []struct {
-		name     string
-		req      Request
-		want     Decision
-		wantLive []Signup
-	}{
+	steps := []step{
 		{
 			name: "open capacity 1", req: reqOpen(1),
 			want: Decision{Outcome: wire.OutcomeOpened, Events: []Event{ev(wire.EventOpened, 0)}, Changes: true},
@@ -453,20 +476,7 @@ func TestSeedStory(t *testing.T) {
 	}
 	var a *Activity
 	for i, st := range steps {
-		seq := uint64(i + 1)
-		var d Decision
-		var err error
-		a, d, err = Apply(a, st.req, seq)
-		if err != nil {
-			t.Fatalf("%s: Apply: %v", st.name, err)
-		}
-		if !reflect.DeepEqual(d, st.want) {
-			t.Fatalf("%s: decision:\n got  %+v\n want %+v", st.name, d, st.want)
-		}
-		mustCheck(t, a)
-		if st.wantLive != nil && !reflect.DeepEqual(a.Live(), st.wantLive) {
-			t.Fatalf("%s: Live:\n got  %+v\n want %+v", st.name, a.Live(), st.wantLive)
-		}
+		a = st.apply(t, a, uint64(i+1))
 	}
 	if a.Capacity != 1 || a.Confirmed != 1 || a.Waiting() != 1 || a.NextSeq != uint64(len(steps)+1) {
 		t.Fatalf("final counters: capacity %d confirmed %d waiting %d next seq %d", a.Capacity, a.Confirmed, a.Waiting(), a.NextSeq)
@@ -792,12 +802,7 @@ func TestHolds(t *testing.T) {
 	untilB := micro(wire.HoldDue(untilA).Add(hold))   // promoted by A's expire at seq 11
 	untilC := micro(at(20*time.Second + hold))        // promoted by the resize at seq 16
 	untilE := micro(at(40*time.Second + time.Second)) // promoted by D's cancel at seq 23
-	steps := []struct {
-		name     string
-		req      Request
-		want     Decision
-		wantLive []Signup
-	}{
+	steps := []step{
 		{name: "open capacity 1 with a hold", req: open(1, hold, 0),
 			want: Decision{Outcome: wire.OutcomeOpened, Events: []Event{ev(wire.EventOpened, 0)}, Changes: true}},
 		{name: "A's join is held", req: do(wire.OpJoin, A, 0),
@@ -870,19 +875,7 @@ func TestHolds(t *testing.T) {
 	}
 	var a *Activity
 	for i, st := range steps {
-		var d Decision
-		var err error
-		a, d, err = Apply(a, st.req, uint64(i+1))
-		if err != nil {
-			t.Fatalf("%s: Apply: %v", st.name, err)
-		}
-		if !reflect.DeepEqual(d, st.want) {
-			t.Fatalf("%s: decision:\n got  %+v\n want %+v", st.name, d, st.want)
-		}
-		mustCheck(t, a)
-		if st.wantLive != nil && !reflect.DeepEqual(a.Live(), st.wantLive) {
-			t.Fatalf("%s: Live:\n got  %+v\n want %+v", st.name, a.Live(), st.wantLive)
-		}
+		a = st.apply(t, a, uint64(i+1))
 		// Every state restores to itself, holds included.
 		r, err := Restore(a.ID, a.Capacity, a.Confirmed, a.NextSeq, a.Hold, a.Live())
 		if err != nil || !reflect.DeepEqual(r.Live(), a.Live()) || r.Held != a.Held || r.Hold != a.Hold {

@@ -87,18 +87,9 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 	e.db.CheckInvariants(t)
 
 	outcomes := map[string]bool{}
-	rows, err := e.db.Query("SELECT DISTINCT outcome FROM processed_request")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var o string
-		if err := rows.Scan(&o); err != nil {
-			t.Fatal(err)
-		}
+	for _, o := range e.queryStrings("SELECT DISTINCT outcome FROM processed_request") {
 		outcomes[o] = true
 	}
-	rows.Close()
 	for _, o := range []wire.Outcome{wire.OutcomeOpened, wire.OutcomeResized, wire.OutcomeRejected, wire.OutcomeConfirmed,
 		wire.OutcomeWaiting, wire.OutcomeAlreadyConfirmed, wire.OutcomeAlreadyWaiting, wire.OutcomeCancelled,
 		wire.OutcomeNotSignedUp, wire.OutcomeGranted, wire.OutcomeSoldOut, wire.OutcomeAlreadyOwned, wire.OutcomeNoSuchActivity} {
@@ -170,12 +161,7 @@ func TestTamperingIsReported(t *testing.T) {
 	}
 	quietSeq := strconv.FormatUint(tr.seqs[quiet.RequestID], 10)
 
-	tests := []struct {
-		name    string
-		tamper  []string
-		restore []string
-		want    audit.Divergence
-	}{
+	tests := []tamperCase{
 		{
 			name:    "waiting user confirmed by hand",
 			tamper:  []string{"UPDATE activity_signup SET status = 'CONFIRMED' WHERE activity_id = 50 AND user_id = 2"},
@@ -240,21 +226,7 @@ func TestTamperingIsReported(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for _, q := range tt.tamper {
-				e.exec(q)
-			}
-			rep := e.audit(audit.Options{})
-			for _, q := range tt.restore {
-				e.exec(q)
-			}
-			if rep.OK || len(rep.Divergences) != 1 {
-				t.Fatalf("want exactly one divergence, got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
-			}
-			got := rep.Divergences[0]
-			got.Detail = ""
-			if got != tt.want {
-				t.Fatalf("divergence = %+v\nwant %+v", got, tt.want)
-			}
+			rep, _ := e.auditTampered(t, tt)
 			var text bytes.Buffer
 			rep.WriteText(&text) //nolint:errcheck
 			line := "DIVERGENCE seq " + strconv.FormatUint(tt.want.Seq, 10) + " request_id "

@@ -42,6 +42,21 @@ func (e *env) streamFirstSeq() uint64 {
 	return info.State.FirstSeq
 }
 
+// newPartitionedEnv is newEnv with a request stream of the given number of
+// partitions: newEnv makes a one-partition stream, this starts it over.
+func newPartitionedEnv(t testing.TB, partitions int) *env {
+	t.Helper()
+	e := newEnv(t)
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
 // TestAuditFromCheckpointAfterRetention: the allocator checkpoints its
 // state; retention removes every request up to the checkpoint from the
 // stream (a full audit now refuses to run), and the audit from the
@@ -236,15 +251,8 @@ func TestFromCheckpointNeedsOne(t *testing.T) {
 func TestAuditFromCheckpointPartitioned(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t)
 	const partitions = 3
-	// newEnv made a one-partition stream; start over with three.
-	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
-		t.Fatal(err)
-	}
+	e := newPartitionedEnv(t, partitions)
 	var allocs []*allocator.Allocator
 	start := func(interval time.Duration) {
 		for _, a := range allocs {
@@ -352,14 +360,8 @@ func TestAuditFromCheckpointPartitioned(t *testing.T) {
 func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	e := newEnv(t)
 	const partitions = 3
-	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
-		t.Fatal(err)
-	}
+	e := newPartitionedEnv(t, partitions)
 	// Activities of partitions 0 and 1; partition 2 gets nothing.
 	var acts [2]int64
 	for a := int64(1); acts[0] == 0 || acts[1] == 0; a++ {

@@ -153,6 +153,28 @@ func (e *env) exec(query string, args ...any) {
 	}
 }
 
+// queryStrings returns the one string column of query's rows, in order.
+func (e *env) queryStrings(query string, args ...any) []string {
+	e.t.Helper()
+	rows, err := e.db.Query(query, args...)
+	if err != nil {
+		e.t.Fatalf("%s: %v", query, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			e.t.Fatalf("%s: %v", query, err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatalf("%s: %v", query, err)
+	}
+	return out
+}
+
 // burst is a deterministic mix of every op over activities 1..activities
 // and users 1..users: opens first, then joins, cancels, claims and resizes.
 // Small capacities and few users make every outcome occur.
@@ -187,4 +209,35 @@ func divergences(ds []audit.Divergence) string {
 		s += "\n  " + d.String()
 	}
 	return s
+}
+
+// tamperCase is one change made to MySQL behind the allocator's back, the
+// statements that undo it, and the one divergence the audit must report.
+type tamperCase struct {
+	name            string
+	tamper, restore []string
+	want            audit.Divergence
+}
+
+// auditTampered applies tc.tamper, audits, applies tc.restore and fails t
+// unless the audit reported exactly one divergence, equal to tc.want apart
+// from Detail. It returns the report and that divergence, Detail cleared.
+func (e *env) auditTampered(t testing.TB, tc tamperCase) (audit.Report, audit.Divergence) {
+	t.Helper()
+	for _, q := range tc.tamper {
+		e.exec(q)
+	}
+	rep := e.audit(audit.Options{})
+	for _, q := range tc.restore {
+		e.exec(q)
+	}
+	if rep.OK || len(rep.Divergences) != 1 {
+		t.Fatalf("want exactly one divergence, got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
+	}
+	got := rep.Divergences[0]
+	got.Detail = ""
+	if got != tc.want {
+		t.Fatalf("divergence = %+v\nwant %+v", got, tc.want)
+	}
+	return rep, got
 }

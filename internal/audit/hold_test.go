@@ -375,19 +375,7 @@ func TestHoldsAuditFromCheckpoint(t *testing.T) {
 	late := reqAt(wire.OpConfirm, 70, 3, 0)
 	late.ReceivedAt = until3.Add(time.Microsecond)
 	last := e.apply(late) // HOLD_EXPIRED: 4 is held
-	var outcomes []string
-	rows, err := e.db.Query("SELECT outcome FROM processed_request WHERE seq > ? ORDER BY seq", ckptSeq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var o string
-		if err := rows.Scan(&o); err != nil {
-			t.Fatal(err)
-		}
-		outcomes = append(outcomes, o)
-	}
-	rows.Close()
+	outcomes := e.queryStrings("SELECT outcome FROM processed_request WHERE seq > ? ORDER BY seq", ckptSeq)
 	if got := strings.Join(outcomes, " "); got != "CONFIRMED EXPIRED HOLD_EXPIRED" {
 		t.Fatalf("outcomes after the checkpoint: %s", got)
 	}

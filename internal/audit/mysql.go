@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/allot-dev/allot/internal/store"
 )
@@ -101,7 +100,7 @@ func startResults(ctx context.Context, tx *sql.Tx, after uint64, activities []in
 		query += " AND partition_id = " + strconv.FormatInt(only, 10)
 	}
 	if len(activities) > 0 {
-		query += " AND activity_id IN (" + intList(activities) + ")"
+		query += " AND activity_id IN (" + store.IntList(activities) + ")"
 	}
 	query += " ORDER BY seq LIMIT " + strconv.Itoa(resultsPage)
 	go func() {
@@ -202,7 +201,7 @@ type activityRow struct {
 func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]activityRow, error) {
 	query := "SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count FROM activity"
 	if len(activities) > 0 {
-		query += " WHERE id IN (" + intList(activities) + ")"
+		query += " WHERE id IN (" + store.IntList(activities) + ")"
 	}
 	rows, err := tx.QueryContext(ctx, query+" ORDER BY id")
 	if err != nil {
@@ -237,7 +236,7 @@ type signupRow struct {
 func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key signupKey, row signupRow)) error {
 	query := "SELECT activity_id, user_id, status, queue_seq, held_until, hold_seq FROM activity_signup"
 	if len(activities) > 0 {
-		query += " WHERE activity_id IN (" + intList(activities) + ")"
+		query += " WHERE activity_id IN (" + store.IntList(activities) + ")"
 	}
 	rows, err := tx.QueryContext(ctx, query+" ORDER BY activity_id, user_id")
 	if err != nil {
@@ -258,17 +257,4 @@ func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key
 		return fmt.Errorf("audit: read activity_signup: %w", err)
 	}
 	return nil
-}
-
-// intList formats validated ids for an IN list: integers only, so no
-// placeholder is needed and none can inject.
-func intList(ids []int64) string {
-	var b strings.Builder
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(id, 10))
-	}
-	return b.String()
 }

@@ -64,11 +64,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 	}
 	stray := uuid.Must(uuid.NewV7()).String()
 	j2Seq, j3Seq := tr.seqs[tr.j2.RequestID], tr.seqs[tr.j3.RequestID]
-	tests := []struct {
-		name            string
-		tamper, restore []string
-		want            audit.Divergence
-	}{
+	tests := []tamperCase{
 		{
 			name: "a result for a malformed message",
 			tamper: []string{fmt.Sprintf(`INSERT INTO processed_request (seq, request_id, op, activity_id, user_id, outcome, applied_at)
@@ -107,21 +103,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			for _, q := range tt.tamper {
-				e.exec(q)
-			}
-			rep := e.audit(audit.Options{})
-			for _, q := range tt.restore {
-				e.exec(q)
-			}
-			if rep.OK || len(rep.Divergences) != 1 {
-				t.Fatalf("want exactly one divergence, got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
-			}
-			got := rep.Divergences[0]
-			got.Detail = ""
-			if got != tt.want {
-				t.Fatalf("divergence = %+v\nwant %+v", got, tt.want)
-			}
+			_, got := e.auditTampered(t, tt)
 			if !strings.Contains(got.String(), string(tt.want.Kind)) {
 				t.Fatalf("%q does not name its kind", got.String())
 			}

@@ -197,7 +197,7 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 		ranges = ranges[:0]
 		for len(ids) > 0 {
 			n := min(len(ids), 500)
-			ranges = append(ranges, "activity_id IN ("+intList(ids[:n])+") AND ")
+			ranges = append(ranges, "activity_id IN ("+IntList(ids[:n])+") AND ")
 			ids = ids[n:]
 		}
 	}
@@ -377,8 +377,9 @@ func copySignups(ctx context.Context, tx *sql.Tx, ins *rowInserter, d *Digester,
 	}
 }
 
-// intList formats ids for an IN list: integers only, nothing to inject.
-func intList(ids []int64) string {
+// IntList formats ids for an SQL IN list: integers only, so no placeholder
+// is needed and none can inject. The audit builds its IN lists with it too.
+func IntList(ids []int64) string {
 	var b strings.Builder
 	for i, id := range ids {
 		if i > 0 {
