@@ -2,12 +2,9 @@ package loadgen_test
 
 import (
 	"context"
-	"errors"
-	"net/http"
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
@@ -62,28 +59,13 @@ func TestRunAgainstTheRealStack(t *testing.T) {
 
 // TestRunHoldsAgainstTheRealStack fires a burst with holds and no-shows at
 // the real system: loadgen's verdict holds (every hold confirmed or lapsed,
-// held 0, confirmed = the CONFIRMED signups), and MySQL agrees. It skips
-// while ingest does not take a hold (the hold routes and the expiry
-// scheduling land separately).
+// held 0, confirmed = the CONFIRMED signups), and MySQL agrees.
 func TestRunHoldsAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
 	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
 	const act, capacity, requests = 4343, 20, 600
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := client.New(st.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var apiErr *client.APIError
-	if _, err := c.OpenWithHold(ctx, act+1, 1, time.Second); errors.As(err, &apiErr) && apiErr.Status == http.StatusBadRequest {
-		t.Skipf("ingest does not open an activity with a hold yet: %v", err)
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	if a, err := c.Activity(ctx, act+1); err != nil || a.Hold == "" {
-		t.Skipf("ingest does not report an activity's hold yet (%+v, %v)", a, err)
-	}
 	rep, err := loadgen.Run(ctx, loadgen.Config{
 		BaseURL: st.URL, Activity: act, Capacity: capacity,
 		Requests: requests, Users: 200, Concurrency: 16,
