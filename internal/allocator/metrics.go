@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/allot-dev/allot/internal/store"
 )
@@ -27,62 +28,62 @@ type metrics struct {
 	backlog         prometheus.Gauge
 }
 
+// newMetrics builds the metrics, each registered with reg where it is
+// built (promauto: a failed registration panics, as MustRegister does).
 func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+	f := promauto.With(reg)
+	return &metrics{
+		decisions: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_allocator_decisions_total", Help: "Requests applied, by op and outcome.",
 		}, []string{"op", "outcome"}),
-		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+		batchSize: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_batch_size", Help: "Requests applied per transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
-		txSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+		txSeconds: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_transaction_duration_seconds", Help: "Time to apply and commit one batch.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		txRetries: prometheus.NewCounter(prometheus.CounterOpts{
+		txRetries: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
 		}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+		rejected: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
 		}),
-		viewRebuilds: prometheus.NewCounter(prometheus.CounterOpts{
+		viewRebuilds: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_view_rebuilds_total",
 			Help: "Rebuilds of this partition's views from MySQL: at start and whenever the allocator takes the partition.",
 		}),
-		gapFilled: prometheus.NewCounter(prometheus.CounterOpts{
+		gapFilled: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",
 		}),
-		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+		cacheHits: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_cache_hits_total", Help: "Batches that used an activity's cached state.",
 		}),
-		cacheLoads: prometheus.NewCounter(prometheus.CounterOpts{
+		cacheLoads: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_cache_loads_total", Help: "Activity states loaded from MySQL.",
 		}),
-		eventsPublished: prometheus.NewCounter(prometheus.CounterOpts{
+		eventsPublished: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_events_published_total", Help: "Outbox events relayed to ALLOT_EVENTS.",
 		}),
-		holdsScheduled: prometheus.NewCounter(prometheus.CounterOpts{
+		holdsScheduled: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_holds_scheduled_total", Help: "Hold expiries scheduled in ALLOT_HOLDS by the outbox relay.",
 		}),
-		badEntries: prometheus.NewCounter(prometheus.CounterOpts{
+		badEntries: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_outbox_bad_entries_total",
 			Help: "Outbox entries the relay could not read and skipped (recorded in outbox_skipped).",
 		}),
-		acceptToApply: prometheus.NewHistogram(prometheus.HistogramOpts{
+		acceptToApply: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}),
-		pending: prometheus.NewGauge(prometheus.GaugeOpts{
+		pending: f.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_allocator_consumer_pending_messages", Help: "Requests stored on this partition and not yet acknowledged (the allocator's lag).",
 		}),
-		backlog: prometheus.NewGauge(prometheus.GaugeOpts{
+		backlog: f.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_allocator_outbox_backlog_requests", Help: "Applied requests whose events are not yet relayed to ALLOT_EVENTS.",
 		}),
 	}
-	reg.MustRegister(m.pending, m.backlog, m.decisions, m.batchSize, m.txSeconds, m.txRetries, m.rejected, m.gapFilled, m.viewRebuilds,
-		m.cacheHits, m.cacheLoads, m.eventsPublished, m.holdsScheduled, m.acceptToApply, m.badEntries)
-	return m
 }
 
 // watch refreshes the gauges that need a question to the broker or the

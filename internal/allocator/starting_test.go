@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 )
@@ -21,23 +20,22 @@ import (
 func TestRunWaitsForJetStream(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
-	plain, port := natstest.NewPlain(t)
+	late := natstest.NewLate(t)
+	nc := late.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	nc, err := bus.Connect(plain.ClientURL(), t.Name(), log)
+	// The metrics listener is open before Run starts, so that no parallel
+	// test can take its port first.
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	t.Cleanup(func() { mln.Close() })
+	addr := mln.Addr().String()
+	cfg := RunConfig{MetricsAddr: addr, listen: func(string, string) (net.Listener, error) { return mln, nil }}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ran := make(chan error, 1)
-	go func() { ran <- Run(ctx, RunConfig{MetricsAddr: addr}, db.DB, nc, log) }()
+	go func() { ran <- Run(ctx, cfg, db.DB, nc, log) }()
 	readyz := func() int {
 		r, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {
@@ -63,13 +61,7 @@ func TestRunWaitsForJetStream(t *testing.T) {
 	time.Sleep(2 * time.Second) // several attempts fail meanwhile
 	waitFor("/readyz still 503", func() bool { return readyz() == http.StatusServiceUnavailable })
 
-	plain.Shutdown()
-	plain.WaitForShutdown()
-	js, err := bus.RunServer(bus.ServerConfig{Port: port, StoreDir: t.TempDir(), SyncInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { js.Shutdown(); js.WaitForShutdown() }()
+	late.StartJetStream()
 	waitFor("/readyz 200 once JetStream answers", func() bool { return readyz() == http.StatusOK })
 	cancel()
 	if err := <-ran; err != nil {

@@ -25,65 +25,83 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	r := registrar{reg: reg}
 	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		requests: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_http_requests_total",
 			Help: "HTTP requests answered, by route pattern and status code.",
-		}, []string{"route", "code"}),
-		publishDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"route", "code"})),
+		publishDuration: register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "allot_ingest_publish_duration_seconds",
 			Help:    "Time from publishing a request to its JetStream PubAck (or failure).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5ms .. 4s
-		}),
-		publishFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		})),
+		publishFailures: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_ingest_publish_failures_total",
 			Help: "Requests that JetStream did not store (answered 503).",
-		}),
-		replays: prometheus.NewCounter(prometheus.CounterOpts{
+		})),
+		replays: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_ingest_idempotent_replays_total",
 			Help: "Writes answered with the request id of an earlier use of their Idempotency-Key.",
-		}),
-		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+		})),
+		waiters: register(&r, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_ingest_waiters",
 			Help: "HTTP handlers waiting for a request's result (?wait=).",
-		}),
-		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+		})),
+		shed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_claims_total",
 			Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
-		}, []string{"outcome"}),
-		commitBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+		}, []string{"outcome"})),
+		commitBatch: register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "allot_ingest_commit_batch_size",
 			Help:    "Requests published together as one atomic batch (group commit).",
 			Buckets: prometheus.ExponentialBuckets(16, 2, 7),
-		}),
-		tailWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+		})),
+		tailWait: register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "allot_ingest_tail_wait_seconds",
 			Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (early answers).",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
-		}),
-		resultQueries: prometheus.NewCounter(prometheus.CounterOpts{
+		})),
+		resultQueries: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_ingest_result_queries_total",
 			Help: "MySQL queries that read results for polls and waiting handlers (each gathers up to 500 reads).",
-		}),
-		waitersRefused: prometheus.NewCounter(prometheus.CounterOpts{
+		})),
+		waitersRefused: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_ingest_waiters_refused_total",
 			Help: "Writes and polls with ?wait= answered 503 because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
-		}),
-		earlyMissed: prometheus.NewCounterVec(prometheus.CounterOpts{
+		})),
+		earlyMissed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_missed_total",
 			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
-		}, []string{"reason"}),
-		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		}, []string{"reason"})),
+		authFailures: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_auth_failures_total",
 			Help: "Requests refused before their handler: no token (missing), a token that failed verification (invalid), or too many such from one address (flood).",
-		}, []string{"reason"}),
+		}, []string{"reason"})),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.publishDuration, m.publishFailures, m.replays, m.waiters, m.shed, m.earlyMissed, m.commitBatch, m.resultQueries, m.waitersRefused, m.tailWait, m.authFailures} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("ingest: register metrics: %w", err)
-		}
+	if r.err != nil {
+		return nil, r.err
 	}
 	return m, nil
+}
+
+// registrar registers each metric where newMetrics builds it, so that a
+// metric is declared in one place. After the first failure it registers
+// nothing more and keeps that error.
+type registrar struct {
+	reg prometheus.Registerer
+	err error
+}
+
+// register registers c with r's registry unless an earlier one failed, and
+// returns c.
+func register[C prometheus.Collector](r *registrar, c C) C {
+	if r.err == nil {
+		if err := r.reg.Register(c); err != nil {
+			r.err = fmt.Errorf("ingest: register metrics: %w", err)
+		}
+	}
+	return c
 }
 
 // codeLabels holds the label text of every status code, so that counting a

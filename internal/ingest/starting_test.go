@@ -11,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 )
@@ -23,13 +22,9 @@ import (
 func TestRunWaitsForJetStream(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
-	plain, port := natstest.NewPlain(t)
+	late := natstest.NewLate(t)
+	nc := late.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	nc, err := bus.Connect(plain.ClientURL(), t.Name(), log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -69,13 +64,7 @@ func TestRunWaitsForJetStream(t *testing.T) {
 	}
 
 	// JetStream comes up on the same URL: ingest gets ready by itself.
-	plain.Shutdown()
-	plain.WaitForShutdown()
-	js, err := bus.RunServer(bus.ServerConfig{Port: port, StoreDir: t.TempDir(), SyncInterval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { js.Shutdown(); js.WaitForShutdown() }()
+	late.StartJetStream()
 	eventually(t, 30*time.Second, "ready once JetStream answers", func() bool {
 		c, _ := code(http.MethodGet, "/readyz")
 		return c == http.StatusOK
