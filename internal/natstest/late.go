@@ -162,10 +162,10 @@ func (f *forwarder) relay(c net.Conn) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		io.Copy(up, c)
+		io.Copy(up, c) //nolint:errcheck // either side closing ends the pipe; untrack closes both
 		f.untrack(c, up)
 	}()
-	io.Copy(c, up)
+	io.Copy(c, up) //nolint:errcheck // as above
 	f.untrack(c, up)
 	<-done
 }
