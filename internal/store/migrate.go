@@ -110,7 +110,9 @@ func alreadyThere(err error) bool {
 	switch me.Number {
 	case 1060, 1061: // duplicate column, duplicate key name
 		return true
-	case 1091: // can't drop: no such column, key or constraint
+	case 1091: // can't drop: no such column, key or constraint (MariaDB; MySQL for columns and keys)
+		return true
+	case 3821, 3940: // MySQL 8: no such check constraint (DROP CHECK), no such constraint (DROP CONSTRAINT)
 		return true
 	case 1826, 3822: // duplicate constraint name (MariaDB, MySQL)
 		return true

@@ -34,6 +34,32 @@ func TestMigrateTwice(t *testing.T) {
 	}
 }
 
+// TestMigrateAfterDyingMidMigration: a run that died between dropping a
+// constraint and adding it back (0006 widens chk_signup_status that way)
+// finishes the job when run again: the drop of what is gone is tolerated
+// and the constraint is back.
+func TestMigrateAfterDyingMidMigration(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		"ALTER TABLE activity_signup DROP CONSTRAINT chk_signup_status",
+		"DELETE FROM schema_migration WHERE version LIKE '0006%'",
+		"INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES (1, 1, 0, 1)",
+	} {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if err := store.Migrate(ctx, db.DB); err != nil {
+		t.Fatalf("migrate after a run that died mid-0006: %v", err)
+	}
+	_, err := db.ExecContext(ctx, "INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (1, 1, 'BOGUS', 1)")
+	if me, ok := errors.AsType[*mysql.MySQLError](err); !ok || me.Number != 4025 && me.Number != 3819 {
+		t.Fatalf("a status outside the CHECK: %v, want the constraint's refusal", err)
+	}
+}
+
 // TestSchemaConstraints: the constraints refuse what the contract forbids,
 // whatever the code above them does.
 func TestSchemaConstraints(t *testing.T) {
