@@ -86,17 +86,16 @@ func TestRunMetricsListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	free, err := net.Listen("tcp", "127.0.0.1:0")
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	metricsAddr := free.Addr().String()
-	free.Close()
+	metricsAddr := mln.Addr().String()
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
 		ran <- Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry(), ShutdownTimeout: 5 * time.Second,
-			MetricsAddr: metricsAddr, Auth: auth.Config{HS256Key: []byte(testKey)}}, db.DB, nc, nil)
+			MetricsListener: mln, Auth: auth.Config{HS256Key: []byte(testKey)}}, db.DB, nc, nil)
 	}()
 	defer func() {
 		cancel()

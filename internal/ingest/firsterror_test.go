@@ -29,16 +29,15 @@ func TestRunFirstErrorWins(t *testing.T) {
 		t.Fatal(err)
 	}
 	ln := &testenv.BrokenListener{Listener: inner}
-	free, err := net.Listen("tcp", "127.0.0.1:0")
+	mln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	metricsAddr := free.Addr().String()
-	free.Close()
+	metricsAddr := mln.Addr().String()
 	ran := make(chan error, 1)
 	go func() {
 		ran <- Run(context.Background(), RunConfig{Listener: ln, Registry: prometheus.NewRegistry(),
-			ShutdownTimeout: 5 * time.Second, MetricsAddr: metricsAddr}, db.DB, nc, nil)
+			ShutdownTimeout: 5 * time.Second, MetricsListener: mln}, db.DB, nc, nil)
 	}()
 	get := func(url string) int {
 		resp, err := http.Get(url)

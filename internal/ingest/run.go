@@ -43,8 +43,13 @@ type RunConfig struct {
 	// DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
 	// MetricsAddr, when set, serves /metrics also on a listener of its own,
-	// without a token (ALLOT_INGEST_METRICS_ADDR).
+	// without a token (ALLOT_INGEST_METRICS_ADDR). Ignored when
+	// MetricsListener is set.
 	MetricsAddr string
+	// MetricsListener, when set, is that listener instead of one on
+	// MetricsAddr (tests, which must not close a free port and hope to get
+	// it back). Run closes it.
+	MetricsListener net.Listener
 	// Auth configures bearer tokens. With neither a key nor a JWKS URL,
 	// Run serves without authentication only when AuthOff is set or the
 	// listener is on a loopback address, and says so; else it refuses.
@@ -72,6 +77,16 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	}
 	opts := cfg.Options
 	opts.Gatherer = reg
+	// Listeners given to Run are Run's to close, also when it returns
+	// before serving them.
+	handedOver := false
+	defer func() {
+		for _, l := range []net.Listener{cfg.Listener, cfg.MetricsListener} {
+			if !handedOver && l != nil {
+				l.Close()
+			}
+		}
+	}()
 	ln := cfg.Listener
 	addr := cfg.HTTPAddr
 	if ln != nil {
@@ -97,9 +112,6 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		log.WarnContext(ctx, "authentication off: no key is set and ingest listens on a loopback address only; set ALLOT_AUTH_HS256_KEY (at least 32 bytes) or ALLOT_AUTH_JWKS_URL to require bearer tokens",
 			slog.String("addr", addr))
 	default:
-		if ln != nil {
-			ln.Close()
-		}
 		return fmt.Errorf("ingest: %w", errOpenNotLoopback(addr))
 	}
 	svc, err := New(db, nc, js, log, reg, opts)
@@ -111,17 +123,23 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		if err != nil {
 			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
 		}
+		defer func() {
+			if !handedOver {
+				ln.Close()
+			}
+		}()
 	}
 	timeout := cfg.ShutdownTimeout
 	if timeout <= 0 {
 		timeout = DefaultShutdownTimeout
 	}
 	var metrics *lifecycle.Part
-	if cfg.MetricsAddr != "" {
-		mln, err := net.Listen("tcp", cfg.MetricsAddr)
-		if err != nil {
-			ln.Close()
-			return fmt.Errorf("ingest: listen on %s (ALLOT_INGEST_METRICS_ADDR): %w", cfg.MetricsAddr, err)
+	if mln := cfg.MetricsListener; mln != nil || cfg.MetricsAddr != "" {
+		if mln == nil {
+			var err error
+			if mln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+				return fmt.Errorf("ingest: listen on %s (ALLOT_INGEST_METRICS_ADDR): %w", cfg.MetricsAddr, err)
+			}
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -172,6 +190,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		return nil
 	}}
 	parts := []lifecycle.Part{api, service}
+	handedOver = true
 	if metrics != nil {
 		parts = append(parts, lifecycle.StopAfter(stopped, *metrics))
 	}
