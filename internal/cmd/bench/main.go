@@ -367,6 +367,15 @@ func start(ctx context.Context, bin string, args []string, env []string, ready s
 	}
 }
 
+// cpu is the CPU time (user+system) the server used over its life; valid
+// after stop.
+func (s *server) cpu() time.Duration {
+	if s.cmd.ProcessState == nil {
+		return 0
+	}
+	return s.cmd.ProcessState.UserTime() + s.cmd.ProcessState.SystemTime()
+}
+
 func (s *server) stop() {
 	s.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
 	done := make(chan struct{})
@@ -388,6 +397,8 @@ func e2e(ctx context.Context, o opts) error {
 	}
 	var reports []loadgen.Report
 	var names []string
+	var cpus []cpuSample
+	var serverCPU []time.Duration
 
 	// allot: the whole stack as one process (embedded JetStream, fsync always).
 	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_e2e_")
@@ -412,8 +423,11 @@ func e2e(ctx context.Context, o opts) error {
 	if err != nil {
 		return err
 	}
+	before := sampleCPU()
 	rep, err := lg(url)
+	cpus = append(cpus, sampleCPU().sub(before))
 	s.stop()
+	serverCPU = append(serverCPU, s.cpu())
 	if err != nil {
 		return fmt.Errorf("loadgen against allot: %w", err)
 	}
@@ -432,8 +446,11 @@ func e2e(ctx context.Context, o opts) error {
 	if err != nil {
 		return err
 	}
+	before = sampleCPU()
 	grep, err := lg(gurl)
+	cpus = append(cpus, sampleCPU().sub(before))
 	g.stop()
+	serverCPU = append(serverCPU, g.cpu())
 	if err != nil {
 		return fmt.Errorf("loadgen against the gated seed design: %w", err)
 	}
@@ -442,15 +459,16 @@ func e2e(ctx context.Context, o opts) error {
 	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine ==\n",
 		o.n, o.n*9/10, o.httpConc)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tverdict\t")
+	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
 	for i, r := range reports {
 		verdict := "PASS"
 		if err := r.Verdict(); err != nil {
 			verdict = "FAIL: " + err.Error()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%s\t\n", names[i], r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", names[i], r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
 			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
-			r.Outcomes[string(wire.OutcomeGranted)], verdict)
+			r.Outcomes[string(wire.OutcomeGranted)], serverCPU[i].Seconds(), cpus[i].self.Seconds(),
+			cpus[i].mariadb.Seconds(), cpus[i].redis.Seconds(), cpus[i].coresBusy(), verdict)
 	}
 	tw.Flush()
 	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",
