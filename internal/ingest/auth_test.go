@@ -439,8 +439,9 @@ func TestAuthJWKSRotation(t *testing.T) {
 }
 
 // TestIngestWritesWithoutMySQL: ingest's writes never touch MySQL, so with
-// the database unreachable it keeps answering 202 and /readyz stays
-// green; the reads that need MySQL answer 503 on their own.
+// the database unreachable it keeps answering 202, while /readyz (NATS and
+// MySQL, as the contract says) and the reads that need MySQL answer 503
+// with a sentence; /healthz stays 200.
 func TestIngestWritesWithoutMySQL(t *testing.T) {
 	t.Parallel()
 	ns := natstest.New(t)
@@ -469,7 +470,10 @@ func TestIngestWritesWithoutMySQL(t *testing.T) {
 		t.Fatalf("the request stream holds %d messages, want 3", n)
 	}
 	resp, body := h.do(req{method: http.MethodGet, path: "/readyz"})
-	wantStatus(t, "/readyz without MySQL", resp, body, http.StatusOK)
+	wantStatus(t, "/readyz without MySQL", resp, body, http.StatusServiceUnavailable)
+	errorSentence(t, "/readyz without MySQL", resp, body)
+	resp, body = h.do(req{method: http.MethodGet, path: "/healthz"})
+	wantStatus(t, "/healthz without MySQL", resp, body, http.StatusOK)
 	resp, body = h.do(req{method: http.MethodGet, path: "/v1/activities/1"})
 	wantStatus(t, "activity state without MySQL", resp, body, http.StatusServiceUnavailable)
 	errorSentence(t, "activity state without MySQL", resp, body)

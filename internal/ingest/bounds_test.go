@@ -3,6 +3,7 @@ package ingest
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,8 +14,9 @@ import (
 )
 
 // TestWaitersAreCapped: beyond MaxWaiters handlers waiting for results, a
-// poll or write with ?wait= answers 503 with Retry-After at once, and the
-// write is not published.
+// poll or write with ?wait= is served at once as if it had none: the poll
+// answers 200 pending (a poll always answers 200), the write is published
+// and answered 202; neither waits.
 func TestWaitersAreCapped(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Options{MaxWaiters: 2})
@@ -27,30 +29,33 @@ func TestWaitersAreCapped(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, id := range ids[:2] {
 		wg.Go(func() {
-			resp, body := h.do(req{method: "GET", path: "/v1/requests/" + id + "?wait=3s"})
+			resp, body := h.do(req{method: "GET", path: "/v1/requests/" + id + "?wait=10s"})
 			wantStatus(t, "waiting poll", resp, body, http.StatusOK)
 		})
 	}
 	eventually(t, 5*time.Second, "two waiters", func() bool { return h.svc.waiters.count() == 2 })
-	resp, body := h.do(req{method: "GET", path: "/v1/requests/" + ids[2] + "?wait=3s"})
-	wantStatus(t, "third waiting poll", resp, body, http.StatusServiceUnavailable)
-	if resp.Header.Get("Retry-After") == "" {
-		t.Fatal("third waiting poll: no Retry-After")
+	start := time.Now()
+	resp, body := h.do(req{method: "GET", path: "/v1/requests/" + ids[2] + "?wait=10s"})
+	wantStatus(t, "third waiting poll", resp, body, http.StatusOK)
+	if !strings.Contains(string(body), `"state":"pending"`) {
+		t.Fatalf("third waiting poll: %s, want pending", body)
 	}
-	errorSentence(t, "third waiting poll", resp, body)
 	before := h.subjectMsgs(wire.RequestSubject(1))
-	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/9?wait=3s"})
-	wantStatus(t, "write with ?wait= over the cap", resp, body, http.StatusServiceUnavailable)
-	if after := h.subjectMsgs(wire.RequestSubject(1)); after != before {
-		t.Fatalf("a write refused for too many waiters was published (%d → %d messages)", before, after)
+	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/9?wait=10s"})
+	accepted(t, "write with ?wait= over the cap", resp, body)
+	if after := h.subjectMsgs(wire.RequestSubject(1)); after != before+1 {
+		t.Fatalf("a write over the waiters' cap: %d → %d messages, want it published", before, after)
 	}
-	// Without ?wait= nothing is capped.
-	resp, body = h.do(req{method: "GET", path: "/v1/requests/" + ids[2]})
-	wantStatus(t, "poll without wait", resp, body, http.StatusOK)
-	wg.Wait()
+	// Both answered without waiting out their 10s (the two waiters still
+	// wait: they hold the cap).
+	if h.svc.waiters.count() != 2 || time.Since(start) > 9*time.Second {
+		t.Fatalf("over the cap, a poll and a write waited (%v, %d waiters)", time.Since(start), h.svc.waiters.count())
+	}
 	if n := testutil.ToFloat64(h.svc.metrics.waitersRefused); n != 2 {
-		t.Fatalf("waiters refused: %v, want 2", n)
+		t.Fatalf("waits refused: %v, want 2", n)
 	}
+	h.svc.endWaits()
+	wg.Wait()
 }
 
 // TestWaitingReadsAreCoalesced: many handlers waiting at once read MySQL

@@ -68,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		})),
 		waitersRefused: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "allot_ingest_waiters_refused_total",
-			Help: "Writes and polls with ?wait= answered 503 because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
+			Help: "Writes and polls with ?wait= answered at once, without waiting, because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
 		})),
 		earlyMissed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_shed_missed_total",

@@ -2,9 +2,11 @@ package ingest
 
 import (
 	"context"
+	"database/sql"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/internal/store"
@@ -27,10 +29,10 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
+		// Too many handlers wait already: this poll answers at once with
+		// what is known (the poll always answers 200, pending or done).
 		s.metrics.waitersRefused.Inc()
-		retryAfter(w, time.Second)
-		writeError(w, http.StatusServiceUnavailable, msgPollWaiters)
-		return
+		wait = 0
 	}
 	// Register before the MySQL read: a result committed between the read
 	// and a later registration would otherwise wake no one.
@@ -157,15 +159,48 @@ func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	writeRaw(w, http.StatusOK, statusOK)
 }
 
-// handleReady serves /readyz: 200 when NATS is connected, else 503. Only
-// NATS: ingest's writes never touch MySQL, so an instance whose database
-// is down still takes writes (202), and the reads that need MySQL answer
-// 503 on their own; taking it out of a load balancer would refuse the
-// writes too.
-func (s *Service) handleReady(w http.ResponseWriter, _ *http.Request) {
+// handleReady serves /readyz: 200 when NATS is connected and MySQL answers
+// a ping, else 503 naming which (the contract's "readiness (NATS+MySQL)").
+// Writes do not wait on it: they never touch MySQL, so an instance whose
+// database is down still answers them 202, and only the reads that need
+// MySQL answer 503. A load balancer that should keep sending writes
+// through a database outage probes /healthz instead.
+func (s *Service) handleReady(w http.ResponseWriter, r *http.Request) {
 	if !s.nc.IsConnected() {
 		writeError(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected.")
 		return
 	}
+	if err := s.dbUp.check(r.Context()); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "Not ready: MySQL does not answer.")
+		return
+	}
 	writeRaw(w, http.StatusOK, statusOK)
+}
+
+// dbProbe pings MySQL for /readyz. /readyz needs no token, so a ping's
+// answer is kept for a second and pings never overlap: a flood of probes
+// costs the database one ping a second.
+type dbProbe struct {
+	db      *sql.DB
+	timeout time.Duration
+
+	mu  sync.Mutex
+	at  time.Time
+	err error
+}
+
+func (p *dbProbe) check(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.at.IsZero() && time.Since(p.at) < time.Second {
+		return p.err
+	}
+	pctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	err := p.db.PingContext(pctx)
+	if err != nil && ctx.Err() != nil {
+		return err // the caller went away: no answer to keep
+	}
+	p.at, p.err = time.Now(), err
+	return err
 }

@@ -22,8 +22,6 @@ const (
 	msgOverloaded      = "Too many requests are in flight; nothing was stored, retry after the time in the Retry-After header."
 	msgUserRateLimited = "Too many writes for this user; retry after the time in the Retry-After header."
 	msgRateLimited     = "Too many requests; retry after the time in the Retry-After header."
-	msgTooManyWaiters  = "Too many clients are waiting for results; nothing was stored, retry without ?wait= or after the time in the Retry-After header."
-	msgPollWaiters     = "Too many clients are waiting for results; poll without ?wait= or retry after the time in the Retry-After header."
 	msgOpenRateLimited = "Too many opens and resizes; retry after the time in the Retry-After header."
 )
 

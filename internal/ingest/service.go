@@ -114,8 +114,9 @@ type Options struct {
 	// ingest keeps for early answers (LRU). Default DefaultActivityCache.
 	ActivityCache int
 	// MaxWaiters bounds the handlers waiting for a result (?wait=); a
-	// write or poll with ?wait= beyond it answers 503 at once, and a write
-	// is then not published. Default DefaultMaxWaiters.
+	// write or poll with ?wait= beyond it is served as if it had no
+	// ?wait=: the poll answers 200 with what is known, the write is
+	// published and answered 202. Default DefaultMaxWaiters.
 	MaxWaiters int
 	// OpenRate caps opens and resizes per second of this instance (burst
 	// twice that); beyond, 429. Negative: no cap. Default DefaultOpenRate.
@@ -217,6 +218,7 @@ type Service struct {
 	tail   *tail
 	commit *committer // nil when CommitMinBatch < 0
 	reader *resultReader
+	dbUp   *dbProbe
 	opens  *rate.Limiter // nil when OpenRate < 0
 	// early holds the early answers given by this instance, for polls that
 	// come before the allocator has recorded them.
@@ -280,6 +282,7 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		ids:     newIDIssuer(opts.IDSecret),
 		tail:    newTail(opts.ActivityCache),
 		reader:  newResultReader(db, opts.QueryTimeout, m.resultQueries.Inc),
+		dbUp:    &dbProbe{db: db, timeout: min(opts.QueryTimeout, 2*time.Second)},
 		flight:  make(chan struct{}, opts.MaxInFlight),
 		waiters: newWaiters(m.waiters),
 		metrics: m,

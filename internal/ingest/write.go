@@ -74,10 +74,11 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 		return
 	}
 	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
+		// Too many handlers wait already: this write is published and
+		// answered without waiting (202, or an early answer), as if it had
+		// come without ?wait=; the client polls.
 		s.metrics.waitersRefused.Inc()
-		retryAfter(w, time.Second)
-		writeError(w, http.StatusServiceUnavailable, msgTooManyWaiters)
-		return
+		wait = 0
 	}
 	if s.users != nil && op != wire.OpOpen {
 		if ok, wait := s.users.allow(limitKey(r.Context(), user), time.Now()); !ok {
