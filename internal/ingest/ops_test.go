@@ -188,14 +188,27 @@ func TestHealthReadinessMetrics(t *testing.T) {
 	wantStatus(t, "/healthz with NATS down", resp, body, http.StatusOK)
 }
 
-// TestReadinessIsNATSOnly: ingest's writes never touch MySQL, so /readyz
-// stays green with MySQL closed, while a read that needs it answers 503.
-func TestReadinessIsNATSOnly(t *testing.T) {
+// TestReadinessIsNATSAndMySQL: /readyz is the contract's "NATS+MySQL":
+// ready while both answer, 503 naming MySQL once it stops answering (within
+// the second a probe's answer is kept). Writes never touch MySQL, so they
+// are still accepted then, while a read that needs it answers 503.
+func TestReadinessIsNATSAndMySQL(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, Options{})
-	h.db.Close() // a closed pool fails every query
 	resp, body := h.do(req{method: "GET", path: "/readyz"})
-	wantStatus(t, "/readyz with MySQL closed", resp, body, http.StatusOK)
+	wantStatus(t, "/readyz with NATS and MySQL up", resp, body, http.StatusOK)
+	h.db.Close() // a closed pool fails every query
+	eventually(t, 10*time.Second, "/readyz 503 with MySQL closed", func() bool {
+		resp, _ := h.do(req{method: "GET", path: "/readyz"})
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	resp, body = h.do(req{method: "GET", path: "/readyz"})
+	wantStatus(t, "/readyz with MySQL closed", resp, body, http.StatusServiceUnavailable)
+	if msg := errorSentence(t, "/readyz with MySQL closed", resp, body); !strings.Contains(msg, "MySQL") {
+		t.Errorf("/readyz says %q, want MySQL named", msg)
+	}
+	resp, body = h.do(req{method: "GET", path: "/healthz"})
+	wantStatus(t, "/healthz with MySQL closed", resp, body, http.StatusOK)
 	resp, body = h.do(req{method: "GET", path: "/v1/activities/1"})
 	wantStatus(t, "read with MySQL closed", resp, body, http.StatusServiceUnavailable)
 	errorSentence(t, "read with MySQL closed", resp, body)
