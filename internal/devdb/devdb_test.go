@@ -3,14 +3,14 @@ package devdb
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/allot-dev/allot/internal/testenv"
 )
 
 func TestDecide(t *testing.T) {
@@ -63,21 +63,10 @@ func TestAdviceNamesThePlatformsCommand(t *testing.T) {
 	}
 }
 
-// deadDSN names a port where nothing listens.
-func deadDSN(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return "root@tcp(127.0.0.1:" + strconv.Itoa(port) + ")/allot_x?parseTime=true"
-}
-
 // TestEnsureAdvisesWhenNothingIsInstalled: no server answers, none is
 // installed, installing is not allowed: one line naming the command.
 func TestEnsureAdvisesWhenNothingIsInstalled(t *testing.T) {
-	_, err := Ensure(context.Background(), Options{DSN: deadDSN(t), Dir: t.TempDir(), Server: "none"})
+	_, err := Ensure(context.Background(), Options{DSN: testenv.DeadDSN(t, "allot_x"), Dir: t.TempDir(), Server: "none"})
 	if err == nil || !strings.Contains(err.Error(), "install") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Ensure = %v, want one line naming an install command", err)
 	}
@@ -114,7 +103,7 @@ func TestEnsureStartsAPrivateServer(t *testing.T) {
 		t.Skip("no mariadbd or mysqld installed")
 	}
 	dir := filepath.Join(t.TempDir(), "mysql")
-	want := deadDSN(t)
+	want := testenv.DeadDSN(t, "allot_x")
 	var log bytes.Buffer
 	db, err := Ensure(context.Background(), Options{DSN: want, Explicit: true, Dir: dir, Log: &log})
 	if err != nil {

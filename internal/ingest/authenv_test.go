@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,6 +72,45 @@ func TestRunRefusesOpenNonLoopback(t *testing.T) {
 	err = Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry()}, db.DB, nc, nil)
 	if err == nil || !strings.Contains(err.Error(), "without authentication") {
 		t.Fatalf("Run on 0.0.0.0 without a key = %v, want a refusal", err)
+	}
+}
+
+// TestRunClosesListenersWhenItRefuses: the listeners handed to Run are
+// closed when it returns before serving them (here: a refused open
+// listener, and a key too short), so that nothing keeps their ports.
+func TestRunClosesListenersWhenItRefuses(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	for _, c := range []struct {
+		name, host string
+		auth       auth.Config
+		want       string
+	}{
+		{"open on 0.0.0.0", "0.0.0.0", auth.Config{}, "without authentication"},
+		{"a short key", "127.0.0.1", auth.Config{HS256Key: []byte("short")}, "at least"},
+	} {
+		listen := func() (net.Listener, string) {
+			l, err := net.Listen("tcp", c.host+":0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l, "127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+		}
+		ln, api := listen()
+		mln, metrics := listen()
+		err := Run(context.Background(), RunConfig{Listener: ln, MetricsListener: mln, Auth: c.auth,
+			Registry: prometheus.NewRegistry()}, db.DB, nc, nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("%s: Run = %v, want an error containing %q", c.name, err, c.want)
+		}
+		for what, addr := range map[string]string{"API": api, "metrics": metrics} {
+			if conn, err := net.DialTimeout("tcp", addr, 2*time.Second); err == nil {
+				conn.Close()
+				t.Errorf("%s: the %s listener still accepts connections after Run returned", c.name, what)
+			}
+		}
 	}
 }
 

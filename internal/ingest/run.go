@@ -63,6 +63,19 @@ type RunConfig struct {
 // to the caller, which closes (drains) them after Run returns. Run returns
 // nil after a clean shutdown, or the error that stopped it.
 func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger) error {
+	// The listeners given to Run and those it opens are Run's to close:
+	// here, when it returns before the servers take them over.
+	var unserved []net.Listener
+	for _, l := range []net.Listener{cfg.Listener, cfg.MetricsListener} {
+		if l != nil {
+			unserved = append(unserved, l)
+		}
+	}
+	defer func() {
+		for _, l := range unserved {
+			l.Close()
+		}
+	}()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -77,16 +90,6 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	}
 	opts := cfg.Options
 	opts.Gatherer = reg
-	// Listeners given to Run are Run's to close, also when it returns
-	// before serving them.
-	handedOver := false
-	defer func() {
-		for _, l := range []net.Listener{cfg.Listener, cfg.MetricsListener} {
-			if !handedOver && l != nil {
-				l.Close()
-			}
-		}
-	}()
 	ln := cfg.Listener
 	addr := cfg.HTTPAddr
 	if ln != nil {
@@ -123,11 +126,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		if err != nil {
 			return fmt.Errorf("ingest: listen on %s: %w", cfg.HTTPAddr, err)
 		}
-		defer func() {
-			if !handedOver {
-				ln.Close()
-			}
-		}()
+		unserved = append(unserved, ln)
 	}
 	timeout := cfg.ShutdownTimeout
 	if timeout <= 0 {
@@ -140,6 +139,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			if mln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
 				return fmt.Errorf("ingest: listen on %s (ALLOT_INGEST_METRICS_ADDR): %w", cfg.MetricsAddr, err)
 			}
+			unserved = append(unserved, mln)
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -190,7 +190,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		return nil
 	}}
 	parts := []lifecycle.Part{api, service}
-	handedOver = true
+	unserved = nil // the servers close them from here on
 	if metrics != nil {
 		parts = append(parts, lifecycle.StopAfter(stopped, *metrics))
 	}

@@ -6,7 +6,9 @@
 package testenv
 
 import (
+	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -41,4 +43,17 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// DeadDSN is a MySQL DSN (database db) naming a local port where nothing
+// listens: a database that is down.
+func DeadDSN(t testing.TB, db string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return "root@tcp(127.0.0.1:" + strconv.Itoa(port) + ")/" + db + "?parseTime=true"
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,7 +19,10 @@ type cpuSample struct {
 	// busy is the whole machine's CPU time not idle and not waiting for
 	// I/O (every process and the kernel's own threads).
 	busy time.Duration
+	// at is when a sample was taken; wall, in a difference of two, the
+	// time between them.
 	at   time.Time
+	wall time.Duration
 }
 
 func sampleCPU() cpuSample {
@@ -26,19 +30,19 @@ func sampleCPU() cpuSample {
 		busy: machineBusy(), at: time.Now()}
 }
 
+// sub is the difference a - b of two samples, b taken first.
 func (a cpuSample) sub(b cpuSample) cpuSample {
 	return cpuSample{self: a.self - b.self, mariadb: a.mariadb - b.mariadb, redis: a.redis - b.redis,
-		busy: a.busy - b.busy, at: time.Unix(0, int64(a.at.Sub(b.at)))}
+		busy: a.busy - b.busy, wall: a.at.Sub(b.at)}
 }
 
 // coresBusy is, for a difference of samples, how many cores were busy on
 // average over it.
 func (a cpuSample) coresBusy() float64 {
-	wall := time.Duration(a.at.UnixNano())
-	if wall <= 0 {
+	if a.wall <= 0 {
 		return 0
 	}
-	return a.busy.Seconds() / wall.Seconds()
+	return a.busy.Seconds() / a.wall.Seconds()
 }
 
 // machineBusy reads the first line of /proc/stat: every CPU's time in
@@ -86,12 +90,7 @@ func procCPU(names ...string) time.Duration {
 		if open < 0 || closing < open {
 			continue
 		}
-		comm := s[open+1 : closing]
-		match := false
-		for _, n := range names {
-			match = match || comm == n
-		}
-		if !match {
+		if !slices.Contains(names, s[open+1:closing]) {
 			continue
 		}
 		f := strings.Fields(s[closing+1:])

@@ -395,10 +395,27 @@ func e2e(ctx context.Context, o opts) error {
 			Concurrency: o.httpConc, Mix: loadgen.Mix{Claim: 1}, Wait: 30 * time.Second, Seed: 1,
 		})
 	}
-	var reports []loadgen.Report
-	var names []string
-	var cpus []cpuSample
-	var serverCPU []time.Duration
+	// measure runs the burst against url, then stops s: the report, the
+	// CPU time of each process over the burst and the server's over its
+	// life.
+	type burst struct {
+		name   string
+		rep    loadgen.Report
+		cpu    cpuSample
+		server time.Duration
+	}
+	var bursts []burst
+	measure := func(name string, s *server, url string) error {
+		before := sampleCPU()
+		rep, err := lg(url)
+		cpu := sampleCPU().sub(before)
+		s.stop()
+		if err != nil {
+			return fmt.Errorf("loadgen against %s: %w", name, err)
+		}
+		bursts = append(bursts, burst{name: name, rep: rep, cpu: cpu, server: s.cpu()})
+		return nil
+	}
 
 	// allot: the whole stack as one process (embedded JetStream, fsync always).
 	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_e2e_")
@@ -423,15 +440,9 @@ func e2e(ctx context.Context, o opts) error {
 	if err != nil {
 		return err
 	}
-	before := sampleCPU()
-	rep, err := lg(url)
-	cpus = append(cpus, sampleCPU().sub(before))
-	s.stop()
-	serverCPU = append(serverCPU, s.cpu())
-	if err != nil {
-		return fmt.Errorf("loadgen against allot: %w", err)
+	if err := measure("allot (ingest+allocator+JetStream)", s, url); err != nil {
+		return err
 	}
-	reports, names = append(reports, rep), append(names, "allot (ingest+allocator+JetStream)")
 
 	// The Redis-gated seed design, served over HTTP by the same kind of server.
 	gdsn, gdrop, err := freshDB(ctx, o.dsn, "allot_bench_gated_")
@@ -446,32 +457,27 @@ func e2e(ctx context.Context, o opts) error {
 	if err != nil {
 		return err
 	}
-	before = sampleCPU()
-	grep, err := lg(gurl)
-	cpus = append(cpus, sampleCPU().sub(before))
-	g.stop()
-	serverCPU = append(serverCPU, g.cpu())
-	if err != nil {
-		return fmt.Errorf("loadgen against the gated seed design: %w", err)
+	if err := measure("seed claim behind a Redis DECR gate", g, gurl); err != nil {
+		return err
 	}
-	reports, names = append(reports, grep), append(names, "seed claim behind a Redis DECR gate")
 
 	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine ==\n",
 		o.n, o.n*9/10, o.httpConc)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
-	for i, r := range reports {
+	for _, b := range bursts {
+		r := b.rep
 		verdict := "PASS"
 		if err := r.Verdict(); err != nil {
 			verdict = "FAIL: " + err.Error()
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", names[i], r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", b.name, r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
 			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
-			r.Outcomes[string(wire.OutcomeGranted)], serverCPU[i].Seconds(), cpus[i].self.Seconds(),
-			cpus[i].mariadb.Seconds(), cpus[i].redis.Seconds(), cpus[i].coresBusy(), verdict)
+			r.Outcomes[string(wire.OutcomeGranted)], b.server.Seconds(), b.cpu.self.Seconds(),
+			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), verdict)
 	}
 	tw.Flush()
 	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",
-		reports[0].ToLastResult.Seconds()/reports[1].ToLastResult.Seconds())
+		bursts[0].rep.ToLastResult.Seconds()/bursts[1].rep.ToLastResult.Seconds())
 	return nil
 }

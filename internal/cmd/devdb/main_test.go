@@ -2,23 +2,13 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
-)
 
-func deadDSN(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	return "root@tcp(127.0.0.1:" + strconv.Itoa(port) + ")/allot?parseTime=true"
-}
+	"github.com/allot-dev/allot/internal/testenv"
+)
 
 // TestHandsTheDSNToTheCommand: the command sees the variable set to the
 // server that answers and its exit code is devdb's.
@@ -39,7 +29,7 @@ func TestHandsTheDSNToTheCommand(t *testing.T) {
 // TestNoServerIsOneLine: nothing answers, nothing is installed, installing
 // is off: exit 2, one line naming a command, and the command never runs.
 func TestNoServerIsOneLine(t *testing.T) {
-	t.Setenv("ALLOT_MYSQL_DSN", deadDSN(t))
+	t.Setenv("ALLOT_MYSQL_DSN", testenv.DeadDSN(t, "allot"))
 	marker := filepath.Join(t.TempDir(), "ran")
 	var out bytes.Buffer
 	code := run([]string{"-server", "none", "-install=false", "-dir", t.TempDir(), "--", "touch", marker}, &out)
@@ -60,7 +50,7 @@ func TestResetDeletesThePrivateData(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a database server")
 	}
-	t.Setenv("ALLOT_MYSQL_DSN", deadDSN(t))
+	t.Setenv("ALLOT_MYSQL_DSN", testenv.DeadDSN(t, "allot"))
 	dir := filepath.Join(t.TempDir(), "mysql")
 	var out bytes.Buffer
 	if code := run([]string{"-dir", dir, "--", "true"}, &out); code != 0 {
