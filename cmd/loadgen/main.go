@@ -189,8 +189,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, stderrIsT
 	if c.Hold != 0 || c.NoShow != 0 {
 		holds = fmt.Sprintf(" hold=%s no-show=%g", c.Hold, c.NoShow)
 	}
-	fmt.Fprintf(stderr, "%s: url=%s activity=%d capacity=%d n=%d users=%d c=%d mix=%s wait=%s seed=%d no-open=%t%s\n",
-		binary, c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users, c.Concurrency, c.Mix, c.Wait, c.Seed, c.NoOpen, holds)
+	// The tokens themselves are secrets: only how they were obtained.
+	auth := "none"
+	switch {
+	case c.UserToken != nil:
+		auth = "tokens minted with ALLOT_AUTH_HS256_KEY (****)"
+	case c.Token != "":
+		auth = "bearer token (****)"
+	}
+	fmt.Fprintf(stderr, "%s: url=%s activity=%d capacity=%d n=%d users=%d c=%d mix=%s wait=%s seed=%d no-open=%t%s auth=%s\n",
+		binary, c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users, c.Concurrency, c.Mix, c.Wait, c.Seed, c.NoOpen, holds, auth)
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, o.timeout)

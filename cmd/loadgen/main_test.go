@@ -153,6 +153,32 @@ func TestRunUnreachableExit2(t *testing.T) {
 	}
 }
 
+// TestRunPrintsItsConfigWithoutSecrets: the line loadgen prints at start
+// says how it authenticates, never the token or the key.
+func TestRunPrintsItsConfigWithoutSecrets(t *testing.T) {
+	key := "loadgen-test-key-0123456789abcdef0123"
+	for _, c := range []struct {
+		name, token, key, want string
+	}{
+		{"no token", "", "", "auth=none"},
+		{"ALLOT_TOKEN", "secret-token-value", "", "auth=bearer token (****)"},
+		{"a key", "", key, "auth=tokens minted with ALLOT_AUTH_HS256_KEY (****)"},
+	} {
+		t.Setenv("ALLOT_TOKEN", c.token)
+		t.Setenv("ALLOT_AUTH_HS256_KEY", c.key)
+		var stdout, stderr bytes.Buffer
+		run(context.Background(), []string{"-url", "http://127.0.0.1:1", "-activity", "1", "-capacity", "1", "-n", "1"},
+			&stdout, &stderr, false)
+		out := stderr.String()
+		if !strings.Contains(out, c.want) || !strings.Contains(out, "url=http://127.0.0.1:1") {
+			t.Errorf("%s: stderr %q, want the config line with %q", c.name, out, c.want)
+		}
+		if strings.Contains(out, "secret-token-value") || strings.Contains(out, key) {
+			t.Errorf("%s: a secret is printed: %q", c.name, out)
+		}
+	}
+}
+
 // TestTokens: -token (or ALLOT_TOKEN) is sent as is; with
 // ALLOT_AUTH_HS256_KEY instead, loadgen mints an admin token for the open
 // and one token per simulated user, whose sub is that user.

@@ -113,7 +113,7 @@ func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 			if s.log.Enabled(r.Context(), slog.LevelDebug) {
 				s.log.DebugContext(r.Context(), "authentication failed", slog.String("path", r.URL.Path), slog.Any("err", err))
 			}
-			w.Header()["Www-Authenticate"] = []string{`Bearer realm="allot"`}
+			w.Header()["Www-Authenticate"] = []string{"Bearer"} // exactly the contract's value
 			writeError(w, http.StatusUnauthorized, msg)
 			return
 		}
