@@ -10,7 +10,6 @@ import (
 	"crypto/rsa"
 	"database/sql"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -20,10 +19,8 @@ import (
 
 	"github.com/MicahParks/jwkset"
 	"github.com/golang-jwt/jwt/v5"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/auth"
-	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -444,24 +441,12 @@ func TestAuthJWKSRotation(t *testing.T) {
 // with a sentence; /healthz stays 200.
 func TestIngestWritesWithoutMySQL(t *testing.T) {
 	t.Parallel()
-	ns := natstest.New(t)
-	nc, js := ns.Connect(t)
 	db, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/nowhere?timeout=1s")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	svc, err := New(db, nc, js, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), Options{QueryTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Start(context.Background()); err != nil {
-		t.Fatalf("Start without MySQL: %v", err)
-	}
-	t.Cleanup(svc.Stop)
-	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
-	h := &harness{t: t, ns: ns, nc: nc, js: js, svc: svc, srv: srv, cl: &http.Client{Timeout: 30 * time.Second}}
+	h := newHarnessWith(t, nil, db, Options{QueryTimeout: 2 * time.Second})
 	for u := 1; u <= 3; u++ {
 		resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/1/signups/" + jsonInt(int64(u))})
 		accepted(t, "join without MySQL", resp, body)

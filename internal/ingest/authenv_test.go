@@ -144,19 +144,8 @@ func TestRunMetricsListener(t *testing.T) {
 		}
 	}()
 	get := func(url, tok string) int {
-		r, err := http.NewRequest(http.MethodGet, url, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tok != "" {
-			r.Header.Set("Authorization", "Bearer "+tok)
-		}
-		resp, err := http.DefaultClient.Do(r)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		c, _ := statusOf(http.MethodGet, url, tok)
+		return c
 	}
 	api := "http://" + ln.Addr().String()
 	eventually(t, 20*time.Second, "Run serves /readyz", func() bool { return get(api+"/readyz", "") == http.StatusOK })

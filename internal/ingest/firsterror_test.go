@@ -40,12 +40,8 @@ func TestRunFirstErrorWins(t *testing.T) {
 			ShutdownTimeout: 5 * time.Second, MetricsListener: mln}, db.DB, nc, nil)
 	}()
 	get := func(url string) int {
-		resp, err := http.Get(url)
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		c, _ := statusOf(http.MethodGet, url, "")
+		return c
 	}
 	eventually(t, 20*time.Second, "Run gets ready", func() bool { return get("http://"+inner.Addr().String()+"/readyz") == http.StatusOK })
 	if c := get("http://" + metricsAddr + "/metrics"); c != http.StatusOK {

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -38,10 +39,19 @@ type harness struct {
 
 func newHarness(t *testing.T, opts Options) *harness {
 	t.Helper()
-	h := &harness{t: t, db: dbtest.New(t), ns: natstest.New(t), reg: prometheus.NewRegistry()}
+	db := dbtest.New(t)
+	return newHarnessWith(t, db, db.DB, opts)
+}
+
+// newHarnessWith is newHarness with the Service reading svcDB (another
+// MySQL user's pool, or one whose server is down) while h.db stays the
+// test's own access to its database (nil when it has none).
+func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, opts Options) *harness {
+	t.Helper()
+	h := &harness{t: t, db: db, ns: natstest.New(t), reg: prometheus.NewRegistry()}
 	h.nc, h.js = h.ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	svc, err := New(h.db.DB, h.nc, h.js, log, h.reg, opts)
+	svc, err := New(svcDB, h.nc, h.js, log, h.reg, opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -226,3 +236,22 @@ func (h *harness) publishResults(rs ...wire.Result) {
 func jsonInt(n int64) string { b, _ := json.Marshal(n); return string(b) }
 
 func ptr[T any](v T) *T { return &v }
+
+// statusOf sends method url, with a bearer token when tok is set, and
+// returns the status and headers of the answer, or 0 when none came (the
+// server is not listening yet, or any more).
+func statusOf(method, url, tok string) (int, http.Header) {
+	r, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return 0, nil
+	}
+	if tok != "" {
+		r.Header.Set("Authorization", "Bearer "+tok)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		return 0, nil
+	}
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header
+}

@@ -6,9 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
-	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,10 +14,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/dbtest"
-	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -145,20 +141,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	}
 
 	// The whole ingest on allot_ingest: writes (NATS only) and every read.
-	ingestDB := open("ingest")
-	ns := natstest.New(t)
-	nc, js := ns.Connect(t)
-	svc, err := New(ingestDB, nc, js, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
-	h := &harness{t: t, db: root, ns: ns, nc: nc, js: js, svc: svc, srv: srv, cl: &http.Client{Timeout: 30 * time.Second}}
+	h := newHarnessWith(t, root, open("ingest"), Options{})
 	resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/1/claims/7"})
 	id := accepted(t, "claim as allot_ingest", resp, body)
 	h.insertResult(wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: 1, UserID: 7,

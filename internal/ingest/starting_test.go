@@ -37,13 +37,8 @@ func TestRunWaitsForJetStream(t *testing.T) {
 	}()
 	base := "http://" + ln.Addr().String()
 	code := func(method, path string) (int, string) {
-		req, _ := http.NewRequest(method, base+path, nil)
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, ""
-		}
-		r.Body.Close()
-		return r.StatusCode, r.Header.Get("Retry-After")
+		c, h := statusOf(method, base+path, "")
+		return c, h.Get("Retry-After")
 	}
 	eventually(t, 10*time.Second, "Run serves /healthz while waiting", func() bool {
 		c, _ := code(http.MethodGet, "/healthz")
