@@ -40,6 +40,9 @@ type Client struct {
 	minBackoff time.Duration
 	maxBackoff time.Duration
 	observe    func(Exchange)
+	// sleep waits out a Retry-After or a backoff (ctxSleep; tests record
+	// the delays instead).
+	sleep func(context.Context, time.Duration) error
 }
 
 // Exchange describes one HTTP round trip, for WithObserver.
@@ -107,6 +110,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		netRetries: 3,
 		minBackoff: 50 * time.Millisecond,
 		maxBackoff: 5 * time.Second,
+		sleep:      ctxSleep,
 	}
 	for _, o := range opts {
 		o(c)
@@ -301,7 +305,7 @@ func (c *Client) Wait(ctx context.Context, id string) (*Result, error) {
 			return res, nil
 		}
 		if time.Since(start) < c.wait/2 {
-			if err := sleep(ctx, c.backoff(attempt)); err != nil {
+			if err := c.sleep(ctx, c.backoff(attempt)); err != nil {
 				return nil, err
 			}
 		} else {
@@ -373,7 +377,7 @@ func (c *Client) call(ctx context.Context, method, path, key string, body []byte
 		if retryAfter > 0 {
 			d = retryAfter
 		}
-		if err := sleep(ctx, d); err != nil {
+		if err := c.sleep(ctx, d); err != nil {
 			return 0, err
 		}
 	}
@@ -453,7 +457,8 @@ func (c *Client) backoff(attempt int) time.Duration {
 	return time.Duration(d/2 + mrand.Float64()*d/2)
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
+// ctxSleep waits d or until ctx ends, whichever is first.
+func ctxSleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -62,10 +62,38 @@ func fake(t *testing.T, steps ...func(http.ResponseWriter, *http.Request)) (*scr
 	return s, c
 }
 
+// sleeps records the delays a client asks to wait (Retry-After and
+// backoffs) instead of waiting them.
+type sleeps struct {
+	mu sync.Mutex
+	d  []time.Duration
+}
+
+func recordSleeps(c *Client) *sleeps {
+	s := &sleeps{}
+	c.sleep = func(ctx context.Context, d time.Duration) error {
+		s.mu.Lock()
+		s.d = append(s.d, d)
+		s.mu.Unlock()
+		return ctx.Err()
+	}
+	return s
+}
+
+func (s *sleeps) all() []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.d...)
+}
+
+// inBackoff reports whether d is a backoff of the client's policy for a
+// full wait of full: jittered over full's upper half, [full/2, full).
+func inBackoff(d, full time.Duration) bool { return d >= full/2 && d < full }
+
 // TestJoinRetriesWithOneKeyAndHonoursRetryAfter: a 503 with Retry-After,
-// a transport-level retry, a 202, a pending poll, then the result; every
-// attempt of the write carries the same key, and the client waited out the
-// Retry-After.
+// a 429 without one (retried after a backoff), a 202, a pending poll, then
+// the result; every attempt of the write carries the same key, and the
+// client waited exactly the Retry-After, then the policy's backoffs.
 func TestJoinRetriesWithOneKeyAndHonoursRetryAfter(t *testing.T) {
 	s, c := fake(t,
 		answer(503, `{"error":"overloaded"}`, "Retry-After", "1"),
@@ -74,7 +102,7 @@ func TestJoinRetriesWithOneKeyAndHonoursRetryAfter(t *testing.T) {
 		answer(200, pending),
 		answer(200, done),
 	)
-	start := time.Now()
+	slept := recordSleeps(c)
 	res, err := c.Join(context.Background(), 1, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -82,8 +110,10 @@ func TestJoinRetriesWithOneKeyAndHonoursRetryAfter(t *testing.T) {
 	if res.Outcome != Waiting || *res.Position != 1 || *res.Status != StatusWaiting {
 		t.Errorf("result %+v, want WAITING at position 1", res)
 	}
-	if el := time.Since(start); el < time.Second {
-		t.Errorf("done after %v: the Retry-After of 1s was not honoured", el)
+	// The 503's Retry-After: 1 exactly; the 429 (the write's attempt 1)
+	// a backoff of 2 x 1ms; the early pending poll (attempt 0) one of 1ms.
+	if d := slept.all(); len(d) != 3 || d[0] != time.Second || !inBackoff(d[1], 2*time.Millisecond) || !inBackoff(d[2], time.Millisecond) {
+		t.Errorf("the client waited %v, want [1s, [1ms,2ms), [0.5ms,1ms)]", d)
 	}
 	var keys []string
 	for _, r := range s.seen[:3] {
@@ -157,14 +187,21 @@ func TestRetriesAreBounded(t *testing.T) {
 func TestWaitBacksOffWhenTheServerDoesNotHold(t *testing.T) {
 	s, c := fake(t, answer(200, pending), answer(200, pending), answer(200, pending), answer(200, done))
 	c.minBackoff, c.maxBackoff = 40*time.Millisecond, time.Second
-	start := time.Now()
+	slept := recordSleeps(c)
 	res, err := c.Wait(context.Background(), id)
 	if err != nil || !res.Done() {
 		t.Fatalf("Wait = %+v, %v", res, err)
 	}
-	// 3 backoffs of at least 20, 40 and 80ms.
-	if el := time.Since(start); el < 140*time.Millisecond {
-		t.Errorf("4 polls in %v: no backoff between early pending answers", el)
+	// 3 backoffs doubling from 40ms, each jittered over its upper half:
+	// [20,40), [40,80) and [80,160)ms, so each longer than the one before.
+	d := slept.all()
+	if len(d) != 3 {
+		t.Fatalf("the client waited %v between 4 polls, want 3 backoffs", d)
+	}
+	for i, full := range []time.Duration{40 * time.Millisecond, 80 * time.Millisecond, 160 * time.Millisecond} {
+		if !inBackoff(d[i], full) {
+			t.Errorf("backoff %d was %v, want [%v,%v)", i, d[i], full/2, full)
+		}
 	}
 	if len(s.seen) != 4 {
 		t.Errorf("%d polls, want 4", len(s.seen))

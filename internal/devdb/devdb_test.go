@@ -3,6 +3,7 @@ package devdb
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,7 +81,7 @@ func TestEnsureUsesTheDSNThatAnswers(t *testing.T) {
 		dsn = "root@tcp(127.0.0.1:3306)/?parseTime=true"
 	}
 	if p, err := ProbeDSN(context.Background(), dsn); p != Answers {
-		t.Skipf("the tests' server does not answer: %v", err)
+		testenv.Missing(t, fmt.Sprintf("the tests' server at %s does not answer: %v", dsn, err))
 	}
 	db, err := Ensure(context.Background(), Options{DSN: dsn, Dir: t.TempDir(), Server: "none"})
 	if err != nil {
@@ -100,7 +101,7 @@ func TestEnsureStartsAPrivateServer(t *testing.T) {
 	}
 	server := findServer("")
 	if server == "" {
-		t.Skip("no mariadbd or mysqld installed")
+		testenv.Missing(t, "no mariadbd or mysqld installed")
 	}
 	dir := filepath.Join(t.TempDir(), "mysql")
 	want := testenv.DeadDSN(t, "allot_x")

@@ -179,6 +179,10 @@ func pointAt(dsn string, port int) string {
 // normal user's PATH.
 var serverDirs = []string{"/usr/sbin", "/usr/local/sbin", "/usr/local/mysql/bin", "/opt/homebrew/bin", "/usr/local/bin"}
 
+// FindServer returns the path of the installed mariadbd or mysqld that
+// Ensure would start, "" if none is installed.
+func FindServer() string { return findServer("") }
+
 func findServer(override string) string {
 	switch override {
 	case "none":

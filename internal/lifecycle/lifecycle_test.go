@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,7 +53,7 @@ func TestRun(t *testing.T) {
 			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
 				t.Fatalf("Run = %v, want %v", err, tt.want)
 			}
-			if tt.want != nil && err.Error()[:4] != "odd:" {
+			if tt.want != nil && !strings.HasPrefix(err.Error(), "odd:") {
 				t.Errorf("error %q does not name the part", err)
 			}
 			if stopped.Load() != 2 {
@@ -110,23 +111,31 @@ func TestStopAfter(t *testing.T) {
 		var order []string
 		var mu sync.Mutex
 		record := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
+		var doneFirst bool // done was closed when metrics was told to stop
 		ctx, cancel := context.WithCancel(context.Background())
 		time.AfterFunc(10*time.Millisecond, cancel)
 		err := Run(ctx,
 			Part{Name: "main", Run: func(ctx context.Context) error {
 				defer close(done)
 				<-ctx.Done()
-				time.Sleep(20 * time.Millisecond) // stopping takes a while
 				record("main")
 				return nil
 			}},
 			StopAfter(done, Part{Name: "metrics", Run: func(ctx context.Context) error {
 				<-ctx.Done()
+				select {
+				case <-done:
+					doneFirst = true
+				default:
+				}
 				record("metrics")
 				return nil
 			}}))
 		if err != nil {
 			t.Fatalf("Run = %v, want nil", err)
+		}
+		if !doneFirst {
+			t.Error("metrics was told to stop before done was closed")
 		}
 		if len(order) != 2 || order[0] != "main" {
 			t.Errorf("stopped in order %v, want main then metrics", order)
@@ -140,7 +149,7 @@ func TestStopAfter(t *testing.T) {
 		main.Run = func(ctx context.Context) error { defer close(done); return run(ctx) }
 		err := Run(context.Background(), main,
 			StopAfter(done, Part{Name: "metrics", Run: func(context.Context) error { return boom }}))
-		if !errors.Is(err, boom) || err.Error()[:8] != "metrics:" {
+		if !errors.Is(err, boom) || !strings.HasPrefix(err.Error(), "metrics:") {
 			t.Fatalf("Run = %v, want metrics: boom", err)
 		}
 		if stopped.Load() != 1 {

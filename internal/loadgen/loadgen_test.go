@@ -182,10 +182,10 @@ func TestRunHolds(t *testing.T) {
 		t.Fatalf("verdict: %v\n%+v\n%+v", err, rep, rep.Holds)
 	}
 	h := rep.Holds
-	t.Logf("outcomes %v; holds %+v", rep.Outcomes, *h)
 	if h == nil || !h.Settled || rep.After.Held != 0 || h.Hold != 300*time.Millisecond {
 		t.Fatalf("holds %+v, after %+v; want settled with nothing held", h, rep.After)
 	}
+	t.Logf("outcomes %v; holds %+v", rep.Outcomes, *h)
 	if h.NoShowsHeld == 0 || h.HeldUsers <= h.NoShowsHeld || h.Confirms[string(wire.OutcomeConfirmed)] == 0 {
 		t.Errorf("held %d users (%d no-shows), confirms %v: want both kinds held and confirms", h.HeldUsers, h.NoShowsHeld, h.Confirms)
 	}
@@ -209,7 +209,9 @@ func TestRunHolds(t *testing.T) {
 		t.Errorf("JSON report %s: want holds settled and the confirm weight", data)
 	}
 	var text strings.Builder
-	rep.WriteText(&text) //nolint:errcheck
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatalf("text report: %v\n%s", err, text.String())
+	}
 	if !strings.Contains(text.String(), "confirms after HELD:") || !strings.Contains(text.String(), "PASS") {
 		t.Errorf("text report:\n%s", text.String())
 	}

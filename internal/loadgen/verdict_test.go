@@ -84,22 +84,7 @@ func TestVerdict(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := pass()
 			tt.change(&r)
-			err := r.Verdict()
-			if tt.want == nil {
-				if err != nil {
-					t.Fatalf("Verdict = %v, want pass", err)
-				}
-				return
-			}
-			for _, sentinel := range all {
-				want := false
-				for _, w := range tt.want {
-					want = want || errors.Is(w, sentinel)
-				}
-				if got := errors.Is(err, sentinel); got != want {
-					t.Errorf("errors.Is(Verdict, %v) = %v, want %v (verdict: %v)", sentinel, got, want, err)
-				}
-			}
+			checkVerdict(t, r.Verdict(), tt.want, all)
 		})
 	}
 }
@@ -155,16 +140,29 @@ func TestVerdictHolds(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := pass()
 			tt.change(&r)
-			err := r.Verdict()
-			for _, sentinel := range all {
-				want := false
-				for _, w := range tt.want {
-					want = want || errors.Is(w, sentinel)
-				}
-				if got := errors.Is(err, sentinel); got != want {
-					t.Errorf("errors.Is(Verdict, %v) = %v, want %v (verdict: %v)", sentinel, got, want, err)
-				}
-			}
+			checkVerdict(t, r.Verdict(), tt.want, all)
 		})
+	}
+}
+
+// checkVerdict: a verdict with nothing wanted is a pass; otherwise err
+// matches (errors.Is) exactly those of the sentinels all that one of want
+// matches.
+func checkVerdict(t *testing.T, err error, want, all []error) {
+	t.Helper()
+	if len(want) == 0 {
+		if err != nil {
+			t.Fatalf("Verdict = %v, want pass", err)
+		}
+		return
+	}
+	for _, sentinel := range all {
+		w := false
+		for _, x := range want {
+			w = w || errors.Is(x, sentinel)
+		}
+		if got := errors.Is(err, sentinel); got != w {
+			t.Errorf("errors.Is(Verdict, %v) = %v, want %v (verdict: %v)", sentinel, got, w, err)
+		}
 	}
 }

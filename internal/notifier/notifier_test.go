@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/syncbuf"
 	"github.com/allot-dev/allot/internal/wire"
@@ -454,8 +455,15 @@ func TestHoldEvents(t *testing.T) {
 	e.waitDrained("expiries")
 	both.check(e, []string{promoted, expired})
 	lone.check(e, []string{expired})
-	if body := e.eventJSON(promoted); !bytes.Contains(body, []byte(`"held_until":"2026-12-01T04:00:02.5Z"`)) {
-		t.Errorf("the promoted event carries no held_until: %s", body)
+	// What the webhook received, not what the test published.
+	both.mu.Lock()
+	body := both.accepted[promoted]
+	both.mu.Unlock()
+	if !bytes.Contains(body, []byte(`"held_until":"2026-12-01T04:00:02.5Z"`)) {
+		t.Errorf("the promoted event reached the webhook without its held_until: %s", body)
+	}
+	if ev, err := client.DecodeEvent(body); err != nil || ev.HeldUntil == nil || !ev.HeldUntil.Equal(until) {
+		t.Errorf("the webhook's promoted event decodes to %+v, %v; want held_until %v", ev, err, until)
 	}
 	if info, err := e.consumerInfo("holds"); err != nil || len(info.Config.FilterSubjects) != 2 {
 		t.Errorf("consumer holds: %+v, %v; want two filter subjects", info, err)

@@ -12,6 +12,9 @@ import (
 // TestBrowserReportsProblems: a console error and an uncaught exception
 // of the page are what Problems returns, and Eval decodes values.
 func TestBrowserReportsProblems(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
 	b := launch(t, chromium(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
