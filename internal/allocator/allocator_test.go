@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -33,9 +32,12 @@ type env struct {
 	log *slog.Logger
 }
 
+// discardLog is a logger that writes nowhere.
+func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 	e.nc, e.js = e.ns.Connect(t)
 	if err := bus.EnsureStreams(context.Background(), e.js, bus.StreamConfig{}); err != nil {
 		t.Fatal(err)

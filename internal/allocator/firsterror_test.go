@@ -56,11 +56,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 		r.Body.Close()
 		return r.StatusCode
 	}
-	for deadline := time.Now().Add(30 * time.Second); readyz() != http.StatusOK; time.Sleep(25 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("not ready within 30s")
-		}
-	}
+	testenv.WaitFor(t, 30*time.Second, "ready", func() bool { return readyz() == http.StatusOK })
 	http.DefaultClient.CloseIdleConnections()
 
 	ln.Break()

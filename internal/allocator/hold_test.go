@@ -48,7 +48,7 @@ func TestHoldsExpireThroughTheStream(t *testing.T) {
 	for _, partitions := range []int{1, 3} {
 		t.Run(map[int]string{1: "one partition", 3: "three partitions"}[partitions], func(t *testing.T) {
 			t.Parallel()
-			e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: newEnv(t).log}
+			e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 			e.nc, e.js = e.ns.Connect(t)
 			ctx := context.Background()
 			if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {

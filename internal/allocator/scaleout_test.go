@@ -102,7 +102,7 @@ func (p *process) kill() {
 func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
 	t.Parallel()
 	const partitions = 4
-	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: newEnv(t).log}
+	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 	e.nc, e.js = e.ns.Connect(t)
 	ctx := context.Background()
 	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
@@ -376,7 +376,7 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 func TestPartitionsSpreadOverProcesses(t *testing.T) {
 	t.Parallel()
 	const partitions = 4
-	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: newEnv(t).log}
+	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 	e.nc, e.js = e.ns.Connect(t)
 	ctx := context.Background()
 	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {

@@ -83,22 +83,8 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 	seqs := e.publishAll(before)
 	ckptSeq := seqs[len(seqs)-1]
 	e.waitFence(ckptSeq)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok && cp.Seq == ckptSeq {
-			if cp.Activities != 3 || cp.Signups == 0 {
-				t.Fatalf("checkpoint at seq %d holds %d activities and %d signups, want 3 and some", cp.Seq, cp.Activities, cp.Signups)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint at the fence %d within a minute (newest: %+v, %v)", ckptSeq, cp, ok)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if cp := e.waitCheckpoint(t, 0, ckptSeq); cp.Activities != 3 || cp.Signups == 0 {
+		t.Fatalf("checkpoint at seq %d holds %d activities and %d signups, want 3 and some", cp.Seq, cp.Activities, cp.Signups)
 	}
 	// Retention removes everything the checkpoint covers.
 	for deadline := time.Now().Add(time.Minute); e.streamFirstSeq() <= ckptSeq; time.Sleep(50 * time.Millisecond) {
@@ -387,18 +373,7 @@ func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
 	seqs = e.publishAll([]wire.Request{openReq(acts[0], 2), newReq(wire.OpJoin, acts[0], 1), newReq(wire.OpJoin, acts[0], 2)})
 	last := seqs[len(seqs)-1]
 	for p, fence := range map[int]uint64{0: last, 1: quietFence} {
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-			cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, p)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ok && cp.Seq == fence {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("partition %d: no checkpoint at its fence %d within a minute", p, fence)
-			}
-		}
+		e.waitCheckpoint(t, p, fence)
 	}
 	// As retention would: everything stored so far leaves.
 	st, err := e.js.Stream(ctx, wire.RequestStream)

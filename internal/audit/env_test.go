@@ -3,6 +3,7 @@ package audit_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -17,6 +18,8 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -117,6 +120,23 @@ func (e *env) publishAll(reqs []wire.Request) []uint64 {
 		}
 	}
 	return seqs
+}
+
+// waitCheckpoint waits up to a minute until partition's newest checkpoint
+// is at fence, and returns it.
+func (e *env) waitCheckpoint(t testing.TB, partition int, fence uint64) store.Checkpoint {
+	t.Helper()
+	var cp store.Checkpoint
+	testenv.WaitFor(t, time.Minute, fmt.Sprintf("partition %d checkpointed at its fence %d", partition, fence), func() bool {
+		var ok bool
+		var err error
+		cp, ok, err = store.LatestCheckpoint(context.Background(), e.db.DB, partition)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok && cp.Seq == fence
+	})
+	return cp
 }
 
 // waitFence waits until the allocator's fence reaches seq.

@@ -17,7 +17,6 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
-	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -249,63 +248,63 @@ func TestHoldTamperingIsReported(t *testing.T) {
 	until = until.UTC()
 	later := until.Add(time.Second)
 	seq := itoa(int64(holdSeq))
+	// A statement and its arguments.
+	type stmt struct {
+		q    string
+		args []any
+	}
+	const signup = " WHERE activity_id = 61 AND user_id = 6"
 	tests := []struct {
 		name            string
-		tamper, restore []string
+		tamper, restore []stmt
 		kind            audit.Kind
 		field           string
 		expected        string
+		// requestID is the request the divergence must name: the one that
+		// explains the row (user 6's join, for its signup and its result);
+		// empty for the activity's row, which must name one.
+		requestID string
 	}{
-		{"held_until moved", []string{"UPDATE activity_signup SET held_until = ? WHERE activity_id = 61 AND user_id = 6"},
-			[]string{"UPDATE activity_signup SET held_until = ? WHERE activity_id = 61 AND user_id = 6"},
-			audit.KindSignup, "held_until", until.Format(time.RFC3339Nano)},
-		{"hold_seq changed", []string{"UPDATE activity_signup SET hold_seq = hold_seq - 1 WHERE activity_id = 61 AND user_id = 6"},
-			[]string{"UPDATE activity_signup SET hold_seq = hold_seq + 1 WHERE activity_id = 61 AND user_id = 6"},
-			audit.KindSignup, "hold_seq", seq},
-		{"HELD made CONFIRMED", []string{"UPDATE activity_signup SET status = 'CONFIRMED', held_until = NULL, hold_seq = NULL WHERE activity_id = 61 AND user_id = 6"},
-			[]string{"UPDATE activity_signup SET status = 'HELD', held_until = ?, hold_seq = " + seq + " WHERE activity_id = 61 AND user_id = 6"},
-			audit.KindSignup, "status", "HELD"},
-		{"hold_ns changed", []string{"UPDATE activity SET hold_ns = hold_ns + 1 WHERE id = 61"},
-			[]string{"UPDATE activity SET hold_ns = hold_ns - 1 WHERE id = 61"},
-			audit.KindActivity, "hold_ns", itoa(int64(3 * time.Second))},
-		{"held_count changed", []string{"UPDATE activity SET held_count = held_count - 1 WHERE id = 61"},
-			[]string{"UPDATE activity SET held_count = held_count + 1 WHERE id = 61"},
-			audit.KindActivity, "held_count", "1"},
-		{"result held_until moved", []string{"UPDATE processed_request SET held_until = ? WHERE request_id = '" + joinID + "'"},
-			[]string{"UPDATE processed_request SET held_until = ? WHERE request_id = '" + joinID + "'"},
-			audit.KindResult, "held_until", until.Format(time.RFC3339Nano)},
-		{"held event's held_until moved", []string{"UPDATE processed_request SET events = REPLACE(events, '" + itoa(until.UnixMicro()) + "', '" +
-			itoa(later.UnixMicro()) + "') WHERE request_id = '" + joinID + "'"},
-			[]string{"UPDATE processed_request SET events = ? WHERE request_id = '" + joinID + "'"},
-			audit.KindResult, "events", events.String},
+		{"held_until moved", []stmt{{"UPDATE activity_signup SET held_until = ?" + signup, []any{later}}},
+			[]stmt{{"UPDATE activity_signup SET held_until = ?" + signup, []any{until}}},
+			audit.KindSignup, "held_until", until.Format(time.RFC3339Nano), joinID},
+		{"hold_seq changed", []stmt{{"UPDATE activity_signup SET hold_seq = hold_seq - 1" + signup, nil}},
+			[]stmt{{"UPDATE activity_signup SET hold_seq = hold_seq + 1" + signup, nil}},
+			audit.KindSignup, "hold_seq", seq, joinID},
+		{"HELD made CONFIRMED", []stmt{{"UPDATE activity_signup SET status = 'CONFIRMED', held_until = NULL, hold_seq = NULL" + signup, nil}},
+			[]stmt{{"UPDATE activity_signup SET status = 'HELD', held_until = ?, hold_seq = ?" + signup, []any{until, holdSeq}}},
+			audit.KindSignup, "status", "HELD", joinID},
+		{"hold_ns changed", []stmt{{"UPDATE activity SET hold_ns = hold_ns + 1 WHERE id = 61", nil}},
+			[]stmt{{"UPDATE activity SET hold_ns = hold_ns - 1 WHERE id = 61", nil}},
+			audit.KindActivity, "hold_ns", itoa(int64(3 * time.Second)), ""},
+		{"held_count changed", []stmt{{"UPDATE activity SET held_count = held_count - 1 WHERE id = 61", nil}},
+			[]stmt{{"UPDATE activity SET held_count = held_count + 1 WHERE id = 61", nil}},
+			audit.KindActivity, "held_count", "1", ""},
+		{"result held_until moved", []stmt{{"UPDATE processed_request SET held_until = ? WHERE request_id = ?", []any{later, joinID}}},
+			[]stmt{{"UPDATE processed_request SET held_until = ? WHERE request_id = ?", []any{until, joinID}}},
+			audit.KindResult, "held_until", until.Format(time.RFC3339Nano), joinID},
+		{"held event's held_until moved", []stmt{{"UPDATE processed_request SET events = REPLACE(events, ?, ?) WHERE request_id = ?",
+			[]any{itoa(until.UnixMicro()), itoa(later.UnixMicro()), joinID}}},
+			[]stmt{{"UPDATE processed_request SET events = ? WHERE request_id = ?", []any{events.String, joinID}}},
+			audit.KindResult, "events", events.String, joinID},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for _, q := range tt.tamper {
-				if strings.Count(q, "?") == 1 {
-					e.exec(q, later)
-				} else {
-					e.exec(q)
-				}
+				e.exec(q.q, q.args...)
 			}
 			rep := e.audit(audit.Options{})
 			for _, q := range tt.restore {
-				switch {
-				case strings.Contains(q, "events = ?"):
-					e.exec(q, events.String)
-				case strings.Count(q, "?") == 1:
-					e.exec(q, until)
-				default:
-					e.exec(q)
-				}
+				e.exec(q.q, q.args...)
 			}
 			found := false
 			for _, d := range rep.Divergences {
-				found = found || d.Kind == tt.kind && d.Field == tt.field && d.Expected == tt.expected && d.RequestID != ""
+				named := d.RequestID != "" && (tt.requestID == "" || d.RequestID == tt.requestID)
+				found = found || d.Kind == tt.kind && d.Field == tt.field && d.Expected == tt.expected && named
 			}
 			if rep.OK || !found {
-				t.Fatalf("want a %s divergence of %s expecting %s, got %d:%s", tt.kind, tt.field, tt.expected,
-					len(rep.Divergences), divergences(rep.Divergences))
+				t.Fatalf("want a %s divergence of %s expecting %s naming request %q, got %d:%s", tt.kind, tt.field, tt.expected,
+					tt.requestID, len(rep.Divergences), divergences(rep.Divergences))
 			}
 		})
 	}
@@ -342,18 +341,7 @@ func TestHoldsAuditFromCheckpoint(t *testing.T) {
 		e.apply(reqAt(wire.OpJoin, 70, u, time.Duration(u)*time.Millisecond))
 	}
 	ckptSeq := e.apply(reqAt(wire.OpJoin, 71, 1, 0)) // NO_SUCH_ACTIVITY: the fence moves on
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok && cp.Seq == ckptSeq {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint at the fence %d within a minute", ckptSeq)
-		}
-	}
+	e.waitCheckpoint(t, 0, ckptSeq)
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = ? AND status = 'HELD' AND held_until IS NOT NULL AND hold_seq IS NOT NULL", ckptSeq); n != 2 {
 		t.Fatalf("the checkpoint holds %d HELD rows with their hold, want 2", n)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -40,6 +41,18 @@ func (s *stack) waitExpire(a, u int, holdSeq float64, within time.Duration) map[
 	}
 }
 
+// waitNoneHeld waits until activity a holds no seat (every hold given so
+// far was confirmed or its expire applied) and returns that state.
+func (s *stack) waitNoneHeld(a int, what string, within time.Duration) map[string]any {
+	s.t.Helper()
+	var st map[string]any
+	testenv.WaitFor(s.t, within, what, func() bool {
+		st = s.activity(a)
+		return st["held"] == float64(0)
+	})
+	return st
+}
+
 // TestHoldWaitlistStory: a 2s hold. A holds, B and C wait; A never
 // confirms: at the expiry A is released and B held, in one change; B
 // confirms in time; C stays first in line from then on. The events are
@@ -56,8 +69,7 @@ func TestHoldWaitlistStory(t *testing.T) {
 	want(t, "B joins", s.join(act, B), "outcome", wire.OutcomeWaiting, "position", 1)
 	want(t, "C joins", s.join(act, C), "outcome", wire.OutcomeWaiting, "position", 2)
 	want(t, "A while held", s.signup(act, A), "status", wire.StatusHeld)
-	_, st := s.call("GET", fmt.Sprintf("/v1/activities/%d", act), "")
-	want(t, "state while A holds", st, "confirmed", 1, "held", 1, "waiting", 2, "remaining", 0)
+	want(t, "state while A holds", s.activity(act), "confirmed", 1, "held", 1, "waiting", 2, "remaining", 0)
 
 	// A never confirms.
 	expA := s.waitExpire(act, A, a["seq"].(float64), 10*time.Second)
@@ -102,11 +114,12 @@ func TestHoldWaitlistStory(t *testing.T) {
 	requireCleanAudit(t, s)
 }
 
-// TestConfirmRacingItsExpiry: a confirm received just before held_until
-// (sent 800ms before, a margin for a loaded machine) confirms; one received
-// just after does not (HOLD_EXPIRED, or NOT_HELD if
-// the expire was stored first), whatever the clock says when it is
-// applied; the audit replays both the same way.
+// TestConfirmRacingItsExpiry: a confirm received by held_until (sent 800ms
+// before, a margin for a loaded machine) confirms; one received just after
+// does not (HOLD_EXPIRED, or NOT_HELD if the expire was stored first),
+// whatever the clock says when it is applied; the audit replays both the
+// same way. Which of the two a confirm is, is read from its recorded
+// received_at, not from when it was sent.
 func TestConfirmRacingItsExpiry(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, allocator.Config{})
@@ -117,18 +130,19 @@ func TestConfirmRacingItsExpiry(t *testing.T) {
 	want(t, "claim 2", after, "outcome", wire.OutcomeHeld)
 	s.join(act, 3)
 
+	// Everything that can fail is read here, on the test's goroutine.
+	until := []time.Time{heldUntil(t, "claim 1", before), heldUntil(t, "claim 2", after)}
 	var wg sync.WaitGroup
 	answers := make([]map[string]any, 2)
 	errs := make([]error, 2)
 	for i, c := range []struct {
-		m      map[string]any
 		user   int
 		offset time.Duration
-	}{{before, 1, -800 * time.Millisecond}, {after, 2, 50 * time.Millisecond}} {
+	}{{1, -800 * time.Millisecond}, {2, 50 * time.Millisecond}} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			time.Sleep(time.Until(heldUntil(t, "claim", c.m).Add(c.offset)))
+			time.Sleep(time.Until(until[i].Add(c.offset)))
 			errs[i] = s.tryDone("POST", fmt.Sprintf("/v1/activities/%d/signups/%d/confirm?wait=10s", act, c.user), &answers[i])
 		}()
 	}
@@ -138,7 +152,23 @@ func TestConfirmRacingItsExpiry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want(t, "confirm before held_until", answers[0], "outcome", wire.OutcomeConfirmed, "status", wire.StatusConfirmed)
+	// A confirm received by held_until is CONFIRMED; one received after
+	// it never is, whenever it is applied.
+	late := make([]bool, 2)
+	for i, m := range answers {
+		received := s.receivedAt(m["seq"])
+		late[i] = received.After(until[i])
+		if !late[i] {
+			want(t, fmt.Sprintf("user %d's confirm received at %v, by held_until %v", i+1, received, until[i]), m,
+				"outcome", wire.OutcomeConfirmed, "status", wire.StatusConfirmed)
+		} else if m["outcome"] == string(wire.OutcomeConfirmed) {
+			t.Fatalf("user %d's confirm received at %v, after held_until %v, confirmed: %v", i+1, received, until[i], m)
+		}
+	}
+	// The rest of the story needs one confirm of each kind.
+	if late[0] || !late[1] {
+		t.Fatalf("precondition: user 1's confirm late %v (want false), user 2's late %v (want true): %v", late[0], late[1], answers)
+	}
 	// User 2's expire finds nothing to do after a HOLD_EXPIRED confirm;
 	// stored first, it released the seat itself and the confirm found
 	// NOT_HELD.
@@ -161,8 +191,9 @@ func TestConfirmRacingItsExpiry(t *testing.T) {
 	requireCleanAudit(t, s)
 }
 
-// TestFlashSaleWithHolds: 100 items held for 3s, claims in four waves a
-// hold period apart, 30% of the holders never confirm. Each item a no-show
+// TestFlashSaleWithHolds: 100 items held for 3s, claims in four waves,
+// each once the holds of the one before have lapsed (none is held), 30% of
+// the holders never confirm. Each item a no-show
 // leaves returns to stock when the hold lapses and is held by a claim of a
 // later wave; at the end every item is confirmed or free, nobody owns two,
 // the invariants hold and the audit is clean.
@@ -180,6 +211,7 @@ func TestFlashSaleWithHolds(t *testing.T) {
 		noShow    = map[int]bool{}
 	)
 	user := 0
+	var st map[string]any
 	for w := range waves {
 		var wg sync.WaitGroup
 		errs := make(chan error, perWave)
@@ -225,22 +257,9 @@ func TestFlashSaleWithHolds(t *testing.T) {
 		for err := range errs {
 			t.Fatal(err)
 		}
-		if w < waves-1 {
-			time.Sleep(3500 * time.Millisecond) // the no-shows' holds lapse
-		}
-	}
-	// The last wave's no-shows lapse too.
-	deadline := time.Now().Add(20 * time.Second)
-	var st map[string]any
-	for {
-		_, st = s.call("GET", fmt.Sprintf("/v1/activities/%d", act), "")
-		if st["held"] == float64(0) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("holds still held 20s after the last wave: %v", st)
-		}
-		time.Sleep(50 * time.Millisecond)
+		// The wave's no-shows' holds lapse before the next wave, and the
+		// last wave's before the checks.
+		st = s.waitNoneHeld(act, fmt.Sprintf("wave %d's no-shows' holds lapse", w), 20*time.Second)
 	}
 	if len(held) <= items {
 		t.Fatalf("%d claims held an item: no item a no-show left was held again", len(held))

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -24,8 +26,9 @@ import (
 // are moved aside, so the relay's publishes find no stream); the restarted
 // allocator puts the stream's configuration back at start. The outbox schedules
 // what the dead relay did not; every hold's expire is stored once and
-// applied once, in stream order, after its hold's end, and promotes the
-// next waiter, whose hold lapses in turn.
+// applied once, in stream order, received at or after its hold's end (as
+// the stream and the hold's recorded held_until say), and promotes the next
+// waiter, whose hold lapses in turn.
 func TestScenario12HoldsSurviveKill(t *testing.T) {
 	s := newStack(t, stackConfig{})
 	ctx := context.Background()
@@ -93,7 +96,12 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 	killedAt := time.Now()
 	wg.Wait()
 	held = s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND status = 'HELD'", act)
-	scheduled = int64(streamMsgs(t, s.js, wire.HoldStream))
+	// The stream is there (moved aside, not gone), so that no message in
+	// it is no message scheduled.
+	if _, err := s.js.Stream(ctx, wire.HoldStream); err != nil {
+		t.Fatalf("precondition: stream %s: %v", wire.HoldStream, err)
+	}
+	scheduled = int64(natstest.StreamMsgs(t, s.js, wire.HoldStream))
 	t.Logf("killed the allocator with %d holds committed and %d expiries scheduled", held, scheduled)
 	if scheduled != 0 || held == 0 {
 		t.Fatalf("%d expiries scheduled for %d holds before the kill: the kill did not land between commits and their relay", scheduled, held)
@@ -128,15 +136,60 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 	}
 	// Stored once: the stream holds the open, the joins and one expire
 	// per hold.
-	if n := streamMsgs(t, s.js, wire.RequestStream); n != uint64(1+seats+waiters+holds) {
+	if n := natstest.StreamMsgs(t, s.js, wire.RequestStream); n != uint64(1+seats+waiters+holds) {
 		t.Errorf("request stream holds %d messages, want %d", n, 1+seats+waiters+holds)
 	}
-	// In stream order, after the hold's end: an expire's seq follows the
-	// seq of the request that created the hold, and it was received (fell
-	// due) after the hold's end.
+	// In stream order: an expire's seq follows the seq of the signup it
+	// expires.
 	if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request e JOIN activity_signup s ON s.activity_id = e.activity_id AND s.user_id = e.user_id "+
 		"WHERE e.activity_id = ? AND e.op = 'expire' AND e.seq <= s.queue_seq", act); n != 0 {
 		t.Errorf("%d expires ordered before the signup they expire", n)
+	}
+	// After the hold's end: every expire was received (fell due) at or
+	// after the held_until recorded by the request that gave its hold (the
+	// join, or the expire that promoted the user), and follows it in the
+	// stream.
+	requests, err := s.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var expires []uint64
+	rows, err := s.db.Query("SELECT seq FROM processed_request WHERE activity_id = ? AND op = 'expire' ORDER BY seq", act)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var seq uint64
+		if err := rows.Scan(&seq); err != nil {
+			t.Fatal(err)
+		}
+		expires = append(expires, seq)
+	}
+	if err := rows.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(expires)) != holds {
+		t.Errorf("%d expires recorded, want one per hold (%d)", len(expires), holds)
+	}
+	for _, seq := range expires {
+		m, err := requests.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("expire at seq %d: %v", seq, err)
+		}
+		var req wire.Request
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			t.Fatalf("expire at seq %d: %v", seq, err)
+		}
+		var heldUntil sql.NullTime
+		// One request gives holds of one end only: its result's held_until.
+		if err := s.db.QueryRow("SELECT held_until FROM processed_request WHERE activity_id = ? AND seq = ?",
+			act, req.HoldSeq).Scan(&heldUntil); err != nil {
+			t.Fatalf("the hold at seq %d that the expire at seq %d lapses: %v", req.HoldSeq, seq, err)
+		}
+		if !heldUntil.Valid || req.HoldSeq >= seq || req.ReceivedAt.Before(heldUntil.Time) {
+			t.Errorf("expire at seq %d of user %d received at %v, for the hold from seq %d held until %v",
+				seq, req.UserID, req.ReceivedAt, req.HoldSeq, heldUntil)
+		}
 	}
 	s.db.CheckInvariants(t)
 	// The audit replays the holds, the expiries the restarted relay
@@ -151,18 +204,4 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 	if rep.Pending != 0 || rep.Malformed != 0 {
 		t.Errorf("audit: %d pending, %d malformed", rep.Pending, rep.Malformed)
 	}
-}
-
-// streamMsgs is the number of messages stream holds.
-func streamMsgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
-	t.Helper()
-	st, err := js.Stream(context.Background(), stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.Msgs
 }

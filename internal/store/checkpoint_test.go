@@ -86,6 +86,17 @@ func TestCheckpointTakeAndPrune(t *testing.T) {
 	if plain.Sum() != hex.EncodeToString(old[:]) {
 		t.Errorf("digest of rows without holds changed: %s", plain.Sum())
 	}
+	// The lines of activity 4 and its HELD signup, pinned by a digest
+	// computed outside Go:
+	//   printf 'a 4 3000 2 4000 90000000000 1\ns 4 1 HELD 10 1796094001234567 12\n' | sha256sum
+	// (1796094001234567 is the hold's end, 2026-12-01T03:00:01.234567Z, in
+	// Unix microseconds).
+	holds := store.NewDigester()
+	holds.Activity(4, 3000, 2, 4000, 90*time.Second, 1)
+	holds.Signup(4, 1, "HELD", 10, until, 12)
+	if got, want := holds.Sum(), "38c9b0281e4eb481dc2afbe6a0f265b81c7a7d7335bd58c58d843c9fb7c2c3b1"; got != want {
+		t.Errorf("digest of a hold activity and its HELD signup: %s, want %s", got, want)
+	}
 	if n := db.Count(t, "SELECT COUNT(*) FROM allocator_checkpoint_signup WHERE seq = 5000 AND status = 'CANCELLED'"); n != 250 {
 		t.Errorf("%d CANCELLED rows copied, want 250", n)
 	}
