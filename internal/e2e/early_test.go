@@ -427,8 +427,6 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 		mu      sync.Mutex
 		answers []map[string]any
 		early   int
-		// earlyHeld counts early answers to HELD users.
-		earlyHeld int
 	)
 	for r := range rounds {
 		act := first + r
@@ -441,9 +439,10 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 		f.ingests[0].claimUntilShed(act, 50, string(wire.OutcomeSoldOut))
 		f.ingests[1].claimUntilShed(act, 51, string(wire.OutcomeSoldOut))
 		if hold != "" {
-			// User 1 holds a seat under the hold: answered early too. This
-			// answer is checked against the stream with the others, but not
-			// counted: the counts below are of the concurrent mix's answers.
+			// User 1 holds a seat under the hold: answered early too, in
+			// every round (claimUntilShed fails the test otherwise), and
+			// checked against the stream with the others. Not counted: the
+			// count below is of the concurrent mix's early answers.
 			m := f.ingests[1].claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned))
 			if m["status"] != string(wire.StatusHeld) {
 				t.Fatalf("round %d: a HELD user's early answer %v", r, m)
@@ -465,9 +464,6 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 				answers = append(answers, m)
 				if m["shed"] == true {
 					early++
-					if m["status"] == string(wire.StatusHeld) {
-						earlyHeld++
-					}
 				}
 			}()
 		}
@@ -505,13 +501,10 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 	if early == 0 {
 		t.Fatal("no claim was answered early: the test proved nothing about early answers")
 	}
-	if hold != "" && earlyHeld == 0 {
-		t.Fatal("no claim of a HELD user was answered early: the test proved nothing about early answers of held seats")
-	}
 	for i, m := range answers {
 		f.ingests[0].sameAsRecorded(fmt.Sprintf("answer %d", i), m)
 	}
-	t.Logf("%d answers, %d of them early (%d of a HELD user), all equal to the recorded decisions", len(answers), early, earlyHeld)
+	t.Logf("%d answers, %d of them early in the concurrent mix, all equal to the recorded decisions", len(answers), early)
 	f.db.CheckInvariants(t)
 	requireCleanAudit(t, f.ingests[0])
 }

@@ -327,12 +327,9 @@ func TestEarlyAnswerInAHoldActivity(t *testing.T) {
 // held_until included.
 func TestEarlyAnswersMatchTheStreamWithHolds(t *testing.T) {
 	t.Parallel()
-	// Early answers to HELD users come from a few rounds only (most
-	// rounds' confirms, cancels and resizes leave none held or the
-	// activity not full): enough rounds that some do.
-	rounds := 10
+	rounds := 6
 	if testing.Short() {
-		rounds = 3
+		rounds = 2
 	}
 	earlyAnswersMatchTheStream(t, 1500, rounds, "1h")
 }
