@@ -325,20 +325,3 @@ func TestMillionPromotions(t *testing.T) {
 	}
 	e.db.CheckInvariants(t)
 }
-
-// waitFenceWithin is waitFence with a deadline of the caller's.
-func (e *env) waitFenceWithin(seq uint64, within time.Duration) {
-	e.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		var last uint64
-		err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = 0").Scan(&last)
-		if err == nil && last >= seq {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("fence did not reach %d within %s (at %d, err %v)", seq, within, last, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
