@@ -399,7 +399,10 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	cfg := Config{PinnedTTL: time.Second, AckWait: 2 * time.Second}
+	// The pin outlives a stall of a loaded machine (CI runs every
+	// package at once): with a second, the other process took a partition
+	// over while its own process was merely slow.
+	cfg := Config{PinnedTTL: 5 * time.Second, AckWait: 2 * time.Second}
 	cfgA, cfgB := cfg, cfg
 	cfgA.Prefers, cfgB.Prefers = ma.Prefers, mb.Prefers
 	a := e.startProcess(partitions, cfgA)
