@@ -1,7 +1,7 @@
 // Package binaries holds the configuration of each allot binary: the
 // structs whose envconfig tags name the ALLOT_ variables it reads, and the
 // variables a few tools read with os.Getenv. Each main uses its type here,
-// so the deployment checks (deploy/) and the README's configuration table
+// so the deployment checks (deploy/) and docs/configuration.md's tables
 // (internal/config) list a binary's variables by reflection instead of
 // reading Go source.
 //
