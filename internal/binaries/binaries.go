@@ -118,7 +118,7 @@ type Baseline struct {
 	config.Common
 	RedisAddr string `envconfig:"REDIS_ADDR" default:"127.0.0.1:6379" desc:"Redis of the gated design"`
 	// BaselineMaxConns is separate from ALLOT_MYSQL_MAX_CONNS on purpose:
-	// the baselines reproduce the issue's 64-connection pool.
+	// the baselines keep the seed designs' 64-connection pool.
 	BaselineMaxConns int `envconfig:"BASELINE_MYSQL_MAX_CONNS" default:"64" desc:"MySQL pool size of the baseline"`
 }
 
