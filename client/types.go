@@ -22,7 +22,7 @@ const (
 // Outcome is the result of applying a request.
 type Outcome string
 
-// The outcomes, by op (see CONTRACT.md).
+// The outcomes, by op (see api/openapi.yaml, Outcome).
 const (
 	Opened           Outcome = "OPENED"            // open
 	Resized          Outcome = "RESIZED"           // open, also when the capacity is unchanged

@@ -246,7 +246,7 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	// What the issue promised operators: allocator lag, outbox backlog,
+	// What operators are promised (docs/operations.md): allocator lag, outbox backlog,
 	// dead letters, publish failures and the 5xx rate.
 	for _, m := range []string{"allot_allocator_consumer_pending_messages", "allot_allocator_outbox_backlog_requests",
 		"allot_notifier_deliveries_total", "allot_ingest_publish_failures_total", "allot_ingest_http_requests_total"} {

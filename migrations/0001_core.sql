@@ -1,4 +1,4 @@
--- The two seed tables: every key and CHECK constraint of the contract.
+-- The two seed tables, with the keys and CHECK constraints of the invariants (docs/architecture.md).
 CREATE TABLE IF NOT EXISTS activity (
   id BIGINT NOT NULL PRIMARY KEY,
   capacity INT NOT NULL,

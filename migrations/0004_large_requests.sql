@@ -1,4 +1,4 @@
--- Requests of any size (issue 10): a resize may promote a million waiters,
+-- Requests of any size: a resize may promote a million waiters,
 -- whose promoted list and events run to tens of megabytes, more than a
 -- TEXT column (64 KiB) and more than one packet (max_allowed_packet) can
 -- carry. processed_request keeps the head of each long value; the rest is

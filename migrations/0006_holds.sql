@@ -1,4 +1,4 @@
--- Holds (issue 14): an activity may hold a seat it gives for a while
+-- Holds: an activity may hold a seat it gives for a while
 -- before it is confirmed. hold_ns is the activity's hold (0: none);
 -- held_count counts its HELD signups, which confirmed_count also counts
 -- (seats taken), so the CHECK constraints keep their meaning.

@@ -1,4 +1,4 @@
--- Holds (issue 14) in checkpoints: the activity's hold and held count, a
+-- Holds in checkpoints: the activity's hold and held count, a
 -- HELD signup's held_until and hold seq, as activity and activity_signup
 -- keep them (0006), so that the audit restores holds from a checkpoint.
 -- One column a statement: a re-run skips each one already there.

@@ -39,7 +39,7 @@ import (
 
 const binary = "audit"
 
-// Exit codes of the contract.
+// Exit codes, as the README's "Auditors" documents them.
 const (
 	exitOK       = 0
 	exitDiverged = 1

@@ -25,7 +25,7 @@ import (
 var ErrInvalidRequest = errors.New("allocation: invalid request")
 
 // ErrCorruptState is returned by Restore (and Activity.Check) when the state
-// breaks the invariants of the contract; deciding on such a state would
+// breaks the invariants (docs/architecture.md); deciding on such a state would
 // spread the damage, so the caller must stop instead.
 var ErrCorruptState = errors.New("allocation: corrupt state")
 
@@ -638,7 +638,7 @@ func (w *waitlist) rebuild() {
 
 // Restore rebuilds an activity from stored rows: the activity row's
 // counters and hold and its live (CONFIRMED, HELD and WAITING) signups, in
-// any order. It checks the invariants of the contract (confirmed equals the
+// any order. It checks the invariants of docs/architecture.md (confirmed equals the
 // number of CONFIRMED and HELD rows and is at most capacity, no WAITING row
 // while a seat is free, one row per user, unique queue_seqs) and that every
 // queue_seq and hold seq lies in 1..nextSeq-1, since each is the stream

@@ -396,7 +396,7 @@ func (st step) apply(t testing.TB, a *Activity, seq uint64) *Activity {
 	return a
 }
 
-// TestSeedStory walks the contract's seed story step by step on one activity.
+// TestSeedStory walks the seed waitlist story step by step on one activity.
 func TestSeedStory(t *testing.T) {
 	const A, B, C = 1, 2, 3
 	steps := []step{

@@ -13,7 +13,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// checkInvariants verifies the contract's invariants on a, computed by brute
+// checkInvariants verifies the invariants (docs/architecture.md) on a, computed by brute
 // force from its public accessors only.
 func checkInvariants(a *allocation.Activity) error {
 	if a == nil {

@@ -283,7 +283,7 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 // its number is the next free one, past deliveries this allocator may
 // never have seen (dropped on the way, or made to another allocator) of
 // messages above the fence. Counting it made the next first delivery look
-// contiguous and the fence jump over those messages (issue 10, item 2).
+// contiguous and the fence jump over those messages.
 // So lastDseq is the highest-numbered first delivery of the covered run
 // (the items up to the fence, none read from the stream); without one it
 // is 0 and the next batch is proven by a walk.

@@ -32,7 +32,7 @@ func fetch(t *testing.T, a *Allocator, n int) []jetstream.Msg {
 // already covers carries a delivery sequence past deliveries this
 // allocator never saw. Taking it as the last delivery handled made the
 // next first delivery look contiguous, and the fence jumped over the
-// messages between (issue 10, item 2): fetch and hold, idle walk, drop
+// messages between: fetch and hold, idle walk, drop
 // two, redeliver the first, publish one more.
 func TestRedeliveryDoesNotProveAGap(t *testing.T) {
 	t.Parallel()

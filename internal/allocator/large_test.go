@@ -138,7 +138,7 @@ func checkResize(t *testing.T, e *env, a *Allocator, activity int64, resize wire
 	}
 }
 
-// TestHugeResizeIsAppliedRelayedAndPollable is issue 10's report: capacity
+// TestHugeResizeIsAppliedRelayedAndPollable: capacity
 // 1, 5,001 joins, then a resize to 6,000. The result's promoted list
 // (about 30 KB) and its events (about 80 KB, past a TEXT column) were cut
 // by INSERT IGNORE, and the relay stopped on the cut entry for good.
@@ -240,7 +240,7 @@ func TestRelaySkipsAnEntryItCannotRead(t *testing.T) {
 	}
 }
 
-// TestMillionPromotions is the issue's extreme: one resize promotes
+// TestMillionPromotions is the extreme: one resize promotes
 // 1,000,000 waiters. The waitlist is written to MySQL directly (a million
 // joins through the stream take minutes), the stream starts where it
 // would after them, and the resize goes through the allocator: applied,

@@ -24,7 +24,7 @@ import (
 var ErrNoCheckpoint = errors.New("audit: no usable checkpoint")
 
 // KindCheckpoint: a checkpoint's rows do not match its digest, or break
-// the contract's invariants; the replay from it is then suspect too.
+// the invariants (docs/architecture.md); the replay from it is then suspect too.
 const KindCheckpoint Kind = "checkpoint"
 
 // CheckpointUsed is a checkpoint an audit started from.
@@ -305,7 +305,7 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 			ok = false
 			a.diverge(Divergence{
 				Seq: cp.Seq, Kind: KindCheckpoint, ActivityID: id,
-				Expected: "a state that keeps the contract's invariants", Actual: err.Error(),
+				Expected: "a state that keeps the invariants", Actual: err.Error(),
 				Detail: "in the " + where,
 			})
 			continue

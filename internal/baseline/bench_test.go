@@ -10,8 +10,8 @@ import (
 const benchConc = 256
 
 // benchBurst drives b.N calls of fn from 0.9·b.N users (repeat taps) and
-// reports the throughput and latency. Use -benchtime=20000x for write-up
-// 003's burst of 20,000 taps.
+// reports the throughput and latency. Use -benchtime=20000x for the seed
+// flash sale's burst of 20,000 taps.
 func benchBurst(b *testing.B, fn func(ctx context.Context, user int64) (string, error)) {
 	b.Helper()
 	b.ReportAllocs()
@@ -56,7 +56,7 @@ func BenchmarkGatedClaim(b *testing.B) {
 	benchBurst(b, func(ctx context.Context, user int64) (string, error) { return GatedClaim(ctx, db, g, 1, user) })
 }
 
-// BenchmarkSeedJoin is write-up 000's join under a burst: every request
+// BenchmarkSeedJoin is the seed waitlist's join under a burst: every request
 // queues on the activity row's lock; capacity 100, the rest wait.
 func BenchmarkSeedJoin(b *testing.B) {
 	if testing.Short() {

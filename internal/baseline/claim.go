@@ -22,13 +22,13 @@ const errDuplicateKey = 1062
 // errAlreadyOwned makes WithTx roll the claim back, decrement included.
 var errAlreadyOwned = errors.New("already owned")
 
-// SeedClaim is write-up 003's corrected claim, one transaction: the
+// SeedClaim is the seed flash sale's corrected claim, one transaction: the
 // conditional UPDATE … SET remaining = remaining - 1 WHERE remaining > 0,
 // whose affected rows say whether this request got an item (SOLD_OUT when
 // none), then the INSERT into seed_inventory, whose UNIQUE (player_id,
 // item_id) key turns a second claim into a rollback, the decrement
 // included (ALREADY_OWNED). It answers GRANTED, SOLD_OUT or ALREADY_OWNED;
-// an item that was never set up reads as SOLD_OUT, as in the write-up.
+// an item that was never set up reads as SOLD_OUT, as in the seed design.
 func SeedClaim(ctx context.Context, db *sql.DB, item, player int64) (string, error) {
 	var outcome string
 	err := store.WithTx(ctx, db, store.TxOptions{}, func(tx *sql.Tx) error {
@@ -65,7 +65,7 @@ func SeedClaim(ctx context.Context, db *sql.DB, item, player int64) (string, err
 	return outcome, nil
 }
 
-// Gate is write-up 003's Redis counter in front of the database: one key
+// Gate is the seed flash sale's Redis counter in front of the database: one key
 // per item, namespaced per run so that runs never share a counter.
 type Gate struct {
 	redis *Redis
@@ -89,7 +89,7 @@ func NewGate(r *Redis, namespace string) *Gate {
 	return &Gate{redis: r, ns: namespace, keys: make(map[string]struct{})}
 }
 
-// Key is the counter of item, as in the write-up's limited:{item}:left.
+// Key is the counter of item, as in the seed design's limited:{item}:left.
 func (g *Gate) Key(item int64) string {
 	return "allot:baseline:" + g.ns + ":limited:" + strconv.FormatInt(item, 10) + ":left"
 }

@@ -8,7 +8,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// The burst of write-up 003: 2,000 concurrent claims from 1,800 players
+// The burst of the seed flash sale: 2,000 concurrent claims from 1,800 players
 // (some tap twice) for 100 items.
 const (
 	burstClaims = 2000
@@ -85,9 +85,9 @@ func TestGatedClaimBurst(t *testing.T) {
 		// The design's known defect, reported rather than hidden: a slot
 		// held by a duplicate tap turned others away, and no one came
 		// after it was given back.
-		t.Logf("UNDERSOLD: %d owners of %d items (the gate's give-back race of write-up 003)", owners, burstItems)
+		t.Logf("UNDERSOLD: %d owners of %d items (the gate's give-back race of the seed flash sale)", owners, burstItems)
 	}
-	// The reconciliation the write-up runs after each event: the counter
+	// The reconciliation the seed design runs after each event: the counter
 	// and the database agree once the burst is over.
 	left, err := g.Left(ctx, burstItem)
 	if err != nil {

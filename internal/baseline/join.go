@@ -15,7 +15,7 @@ type seedActivity struct {
 	capacity, confirmed, nextSeq int64
 }
 
-// lockActivity is write-up 000's lockActivity: every write path takes the
+// lockActivity is the seed waitlist's lockActivity: every write path takes the
 // activity row's lock first, which serialises the writes of one activity.
 func lockActivity(ctx context.Context, tx *sql.Tx, activity int64) (seedActivity, bool, error) {
 	var a seedActivity
@@ -28,7 +28,7 @@ func lockActivity(ctx context.Context, tx *sql.Tx, activity int64) (seedActivity
 	return a, err == nil, err
 }
 
-// findSignup is write-up 000's findSignup (a plain read: the activity lock
+// findSignup is the seed waitlist's findSignup (a plain read: the activity lock
 // already serialises every writer of this activity's signups).
 func findSignup(ctx context.Context, tx *sql.Tx, activity, user int64) (id int64, status string, found bool, err error) {
 	err = tx.QueryRowContext(ctx,
@@ -40,13 +40,13 @@ func findSignup(ctx context.Context, tx *sql.Tx, activity, user int64) (id int64
 	return id, status, err == nil, err
 }
 
-// SeedJoin is write-up 000's join, one transaction: lock the activity row
+// SeedJoin is the seed waitlist's join, one transaction: lock the activity row
 // with SELECT … FOR UPDATE, return the live signup unchanged if there is
 // one, else insert (or revive a CANCELLED row) as CONFIRMED when a seat is
 // free or WAITING otherwise, with queue_seq = next_seq, and update the
 // counters. It answers allot's outcome words: CONFIRMED, WAITING,
 // ALREADY_CONFIRMED, ALREADY_WAITING, or NO_SUCH_ACTIVITY where the
-// write-up throws.
+// seed design throws.
 func SeedJoin(ctx context.Context, db *sql.DB, activity, user int64) (string, error) {
 	var outcome string
 	err := store.WithTx(ctx, db, store.TxOptions{}, func(tx *sql.Tx) error {
@@ -106,7 +106,7 @@ func alreadyOutcome(status string) string {
 	return string(wire.OutcomeAlreadyWaiting)
 }
 
-// SeedCancel is write-up 000's cancel, one transaction: lock the activity
+// SeedCancel is the seed waitlist's cancel, one transaction: lock the activity
 // row, mark the signup CANCELLED and, when it held a seat, promote the head
 // of the waitlist (ORDER BY queue_seq LIMIT 1 FOR UPDATE) or free the seat.
 // It answers CANCELLED with the promoted user (0 when none), NOT_SIGNED_UP,

@@ -49,7 +49,7 @@ func TestSeedJoinBurst(t *testing.T) {
 	}
 }
 
-// TestSeedCancel walks write-up 000's capacity-1 scenario: A confirmed, B
+// TestSeedCancel walks the seed waitlist's capacity-1 scenario: A confirmed, B
 // and C waiting; cancel A promotes B; cancel B promotes C; A re-joins at the
 // tail.
 func TestSeedCancel(t *testing.T) {

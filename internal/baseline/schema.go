@@ -9,8 +9,8 @@ import (
 	"github.com/allot-dev/allot/internal/store"
 )
 
-// DefaultMaxConns is the MySQL pool size of the baselines: the issue that
-// motivated allot ran its seed designs with 64 connections.
+// DefaultMaxConns is the MySQL pool size of the baselines: the seed designs
+// are measured with 64 connections.
 const DefaultMaxConns = 64
 
 // ErrNotFound is returned by the state reads when the activity or item was
@@ -18,7 +18,7 @@ const DefaultMaxConns = 64
 var ErrNotFound = errors.New("baseline: no such activity or item")
 
 // schema is the seed tables: seed_activity and seed_activity_signup as in
-// write-up 000, seed_limited_stock and seed_inventory as in write-up 003
+// the seed waitlist, seed_limited_stock and seed_inventory as in the seed flash sale
 // (with its UNIQUE key and CHECK). seed_limited_stock.capacity is the one
 // addition: it remembers the stock an item was set up with, for the state
 // read; no claim touches it.

@@ -1,7 +1,7 @@
 // Package binaries holds the configuration of each allot binary: the
 // structs whose envconfig tags name the ALLOT_ variables it reads, and the
 // variables a few tools read with os.Getenv. Each main uses its type here,
-// so the deployment checks (deploy/) and the README's configuration table
+// so the deployment checks (deploy/) and docs/configuration.md's tables
 // (internal/config) list a binary's variables by reflection instead of
 // reading Go source.
 //
@@ -118,7 +118,7 @@ type Baseline struct {
 	config.Common
 	RedisAddr string `envconfig:"REDIS_ADDR" default:"127.0.0.1:6379" desc:"Redis of the gated design"`
 	// BaselineMaxConns is separate from ALLOT_MYSQL_MAX_CONNS on purpose:
-	// the baselines reproduce the issue's 64-connection pool.
+	// the baselines keep the seed designs' 64-connection pool.
 	BaselineMaxConns int `envconfig:"BASELINE_MYSQL_MAX_CONNS" default:"64" desc:"MySQL pool size of the baseline"`
 }
 

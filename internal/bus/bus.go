@@ -82,7 +82,7 @@ var ErrPartitionsChanged = errors.New("the request stream exists with another nu
 // PartitionTransform maps alloc.req.<activity> to
 // alloc.req.<partition>.<activity> when there are several partitions, with
 // the server's own hash ({{partition(n,1)}}), so publishers keep the
-// contract's subjects.
+// alloc.req.<activity> subjects.
 func PartitionTransform(partitions int) *jetstream.SubjectTransformConfig {
 	if partitions <= 1 {
 		return nil

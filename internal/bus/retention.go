@@ -17,7 +17,7 @@ import (
 // a large default would keep the streams from being created on a small
 // disk. Its age bound alone keeps it at about a week of traffic. The event
 // stream drops its oldest events at 1 GiB, which costs nothing but
-// history. See README, "Retention".
+// history. See docs/operations.md, "Retention".
 const (
 	DefaultRequestsMaxAge   = 7 * 24 * time.Hour
 	DefaultRequestsMaxBytes = -1 // none

@@ -103,10 +103,10 @@ func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
 	return n
 }
 
-// CheckInvariants asserts the contract's invariants over every activity in
+// CheckInvariants asserts the invariants (docs/architecture.md) over every activity in
 // the database. Some are the code's to keep, and only these checks can catch
 // the code breaking them:
-//  1. confirmed_count equals the number of CONFIRMED rows;
+//  1. confirmed_count equals the number of CONFIRMED and HELD rows;
 //  2. no WAITING row exists while a seat is free;
 //  3. waiters are promoted in queue_seq order: no CONFIRMED row has a larger
 //     queue_seq than a WAITING one (it would have jumped the queue, or taken

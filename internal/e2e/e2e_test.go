@@ -218,7 +218,7 @@ func (s *stack) eventsFor(activity int, atLeast int) []wire.Event {
 	}
 }
 
-// TestSeedWaitlistStory is write-up 000's story, through HTTP.
+// TestSeedWaitlistStory is the seed waitlist's story, through HTTP.
 func TestSeedWaitlistStory(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, allocator.Config{})

@@ -12,7 +12,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Holds (CONTRACT.md, "Holds") through HTTP: the hold option of an open, a
+// Holds (docs/architecture.md, "Holds") through HTTP: the hold option of an open, a
 // seat taken under it (HELD until received_at plus the hold), confirm, and
 // what the reads and early answers say of held seats. Tests that need an
 // expire request in the stream are not here: they need the allocator's

@@ -15,7 +15,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// TestHugeResizeThroughHTTP is issue 10's report as a user meets it:
+// TestHugeResizeThroughHTTP is the huge resize as a user meets it:
 // capacity 1, 5,001 joins, then PUT {"capacity": 6000}. The resize's
 // result must poll as done with all 5,000 promoted users (its stored JSON
 // and events were cut before, and the relay stopped for good), and every

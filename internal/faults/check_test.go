@@ -174,7 +174,7 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 		t.Errorf("%d transport errors and %d unexpected answers; first: %s", sum.errs, sum.unexpected, sum.firstUnexpected)
 	}
 
-	// The contract's invariants, in SQL, and doubled effects. A second
+	// The invariants (docs/architecture.md), in SQL, and doubled effects. A second
 	// result row for a request cannot exist (a unique key), so what
 	// "duplicated" counts is what applying a request twice would leave:
 	// a signup history with an effect twice, counters and rows that

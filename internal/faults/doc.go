@@ -1,4 +1,4 @@
-// Package faults is allot's fault-injection suite (issue 4). It holds only
+// Package faults is allot's fault-injection suite. It holds only
 // tests: they build the real binaries (cmd/allocator, cmd/ingest, internal/cmd/natsd)
 // once, then run each scenario against real processes — a natsd JetStream
 // server with its own store directory, one or two allocators, one ingest —
@@ -6,7 +6,7 @@
 // traffic over HTTP, inject a fault mid-burst (kill -9, SIGSTOP, a NATS
 // restart, killed MySQL connections, poison messages, overload), let the
 // system recover, and check that every acknowledged request was applied
-// exactly once, that the contract's invariants hold, that every committed
+// exactly once, that the invariants (docs/architecture.md) hold, that every committed
 // change produced exactly one event, and that the audit replay agrees.
 //
 // Run it with

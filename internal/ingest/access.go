@@ -12,7 +12,7 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 )
 
-// Who may call what (shared/CONTRACT.md, "Identity and access"). Each
+// Who may call what (docs/operations.md, "Authentication"). Each
 // route's handler is wrapped in one policy (guard), so that the policy does
 // not depend on how the routes are matched.
 type policy int
@@ -113,7 +113,7 @@ func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 			if s.log.Enabled(r.Context(), slog.LevelDebug) {
 				s.log.DebugContext(r.Context(), "authentication failed", slog.String("path", r.URL.Path), slog.Any("err", err))
 			}
-			w.Header()["Www-Authenticate"] = []string{"Bearer"} // exactly the contract's value
+			w.Header()["Www-Authenticate"] = []string{"Bearer"} // exactly the value api/openapi.yaml names
 			writeError(w, http.StatusUnauthorized, msg)
 			return
 		}

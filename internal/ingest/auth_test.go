@@ -437,7 +437,7 @@ func TestAuthJWKSRotation(t *testing.T) {
 
 // TestIngestWritesWithoutMySQL: ingest's writes never touch MySQL, so with
 // the database unreachable it keeps answering 202, while /readyz (NATS and
-// MySQL, as the contract says) and the reads that need MySQL answer 503
+// MySQL, as api/openapi.yaml says) and the reads that need MySQL answer 503
 // with a sentence; /healthz stays 200.
 func TestIngestWritesWithoutMySQL(t *testing.T) {
 	t.Parallel()

@@ -9,7 +9,7 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 )
 
-// AuthEnv is the contract's "Identity and access" configuration.
+// AuthEnv is ingest's authentication configuration (docs/operations.md).
 type AuthEnv struct {
 	Mode     string `envconfig:"AUTH" desc:"none switches authentication off explicitly; empty = on when a key is set"`
 	HS256Key string `envconfig:"AUTH_HS256_KEY" desc:"shared secret (at least 32 bytes) of HS256 bearer tokens"`

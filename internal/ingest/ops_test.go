@@ -188,7 +188,7 @@ func TestHealthReadinessMetrics(t *testing.T) {
 	wantStatus(t, "/healthz with NATS down", resp, body, http.StatusOK)
 }
 
-// TestReadinessIsNATSAndMySQL: /readyz is the contract's "NATS+MySQL":
+// TestReadinessIsNATSAndMySQL: /readyz is "NATS+MySQL" (api/openapi.yaml):
 // ready while both answer, 503 naming MySQL once it stops answering (within
 // the second a probe's answer is kept). Writes never touch MySQL, so they
 // are still accepted then, while a read that needs it answers 503.

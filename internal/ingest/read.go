@@ -160,7 +160,7 @@ func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 // handleReady serves /readyz: 200 when NATS is connected and MySQL answers
-// a ping, else 503 naming which (the contract's "readiness (NATS+MySQL)").
+// a ping, else 503 naming which (api/openapi.yaml's /readyz).
 // Writes do not wait on it: they never touch MySQL, so an instance whose
 // database is down still answers them 202, and only the reads that need
 // MySQL answer 503. A load balancer that should keep sending writes

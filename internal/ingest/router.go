@@ -15,11 +15,11 @@ import (
 )
 
 // The routes are an http.ServeMux with method-and-wildcard patterns. The
-// contract wants JSON bodies on 404 and 405 and no redirects, which the
+// API (api/openapi.yaml) wants JSON bodies on 404 and 405 and no redirects, which the
 // ServeMux alone does not give (it answers those in text and redirects
 // unclean paths), so:
 //   - every path pattern is also registered without a method, answering the
-//     contract's 405 with the route's Allow header;
+//     JSON 405 with the route's Allow header;
 //   - "/" catches every path no route matches, answering the JSON 404;
 //   - router.ServeHTTP answers 404 itself for a path with an empty segment
 //     (//), which no route has and the mux would redirect, and hands the mux
@@ -69,7 +69,7 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 	rt.handle("/v1/requests/{request_id}",
 		endpoint{http.MethodGet, s.guard(anyCaller, s.handlePoll)})
 	// The live operator page: / for browsers only, so that an API client
-	// still gets the contract's JSON 404 there. The page and its assets are
+	// still gets the API's JSON 404 there. The page and its assets are
 	// a static shell holding no data (a browser cannot send a bearer token
 	// when it navigates); the feed that fills it needs allot:operator.
 	rt.handle("/",

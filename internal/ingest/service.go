@@ -28,7 +28,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Defaults of Options; the first two are the contract's numbers.
+// Defaults of Options; the first two are api/openapi.yaml's numbers.
 const (
 	DefaultMaxWait           = 30 * time.Second
 	DefaultMaxInFlight       = 2048 // below nats.go's default async-publish bound of 4000
@@ -431,7 +431,7 @@ func (s *Service) Stop() {
 	}
 }
 
-// Handler is the HTTP API: every route of the contract, /healthz, /readyz
+// Handler is the HTTP API: every route of api/openapi.yaml, /healthz, /readyz
 // and /metrics, with JSON errors, panic recovery and request metrics.
 func (s *Service) Handler() http.Handler { return s.handler }
 

@@ -51,7 +51,7 @@ func baselineServer(t testing.TB, design string, conns int) *httptest.Server {
 	return srv
 }
 
-// TestRunAgainstGatedBaseline is write-up 003's burst through HTTP: 2,000
+// TestRunAgainstGatedBaseline is the seed flash sale's burst through HTTP: 2,000
 // claims from 1,800 users for 100 items.
 func TestRunAgainstGatedBaseline(t *testing.T) {
 	srv := baselineServer(t, baseline.DesignGated, 32)
@@ -68,10 +68,10 @@ func TestRunAgainstGatedBaseline(t *testing.T) {
 	if err := rep.Verdict(); err != nil {
 		if errors.Is(err, loadgen.ErrUndersold) && !errors.Is(err, loadgen.ErrOversold) &&
 			!errors.Is(err, loadgen.ErrDoubleGrant) && !errors.Is(err, loadgen.ErrAccounting) && !errors.Is(err, loadgen.ErrIncomplete) {
-			// Write-up 003's gate can leave an item undersold; that is
+			// The seed flash sale's gate can leave an item undersold; that is
 			// the baseline's defect, which the verdict caught. Reported,
 			// not hidden.
-			t.Logf("the gated baseline ended UNDERSOLD, as the issue reports it can: %v", err)
+			t.Logf("the gated baseline ended UNDERSOLD, as its design can: %v", err)
 		} else {
 			t.Fatalf("verdict: %v", err)
 		}
@@ -102,7 +102,7 @@ func TestRunAgainstGatedBaseline(t *testing.T) {
 	}
 }
 
-// TestRunAgainstJoinBaseline drives write-up 000's waitlist with joins and
+// TestRunAgainstJoinBaseline drives the seed waitlist with joins and
 // cancels, which exercises promotions through HTTP.
 func TestRunAgainstJoinBaseline(t *testing.T) {
 	srv := baselineServer(t, baseline.DesignJoin, 16)
@@ -124,7 +124,7 @@ func TestRunAgainstJoinBaseline(t *testing.T) {
 
 // BenchmarkGatedBaselineHTTP runs the flash-sale burst (b.N claims from
 // 0.9·b.N users for 100 items) through HTTP against the gated baseline with
-// the issue's 64 MySQL connections. Try -benchtime=20000x.
+// the seed designs' 64 MySQL connections. Try -benchtime=20000x.
 func BenchmarkGatedBaselineHTTP(b *testing.B) {
 	if testing.Short() {
 		b.Skip("skipping the HTTP burst benchmark in -short mode")

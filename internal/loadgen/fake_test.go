@@ -197,7 +197,7 @@ func (f *fakeServer) serveHold(w http.ResponseWriter, r *http.Request) {
 	mux.ServeHTTP(w, r)
 }
 
-// applyHold applies one write under the hold rules of CONTRACT.md.
+// applyHold applies one write under the hold rules (docs/architecture.md).
 func (f *fakeServer) applyHold(op wire.Op, u int64) wire.Result {
 	seq := f.seq.Add(1)
 	f.mu.Lock()

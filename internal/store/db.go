@@ -36,7 +36,7 @@ func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
 	// Strict mode on every connection, whatever the server's default: a
-	// value that does not fit is an error, never a silent cut (issue 10).
+	// value that does not fit is an error, never a silent cut.
 	// It overrides a sql_mode in the DSN on purpose.
 	if cfg.Params == nil {
 		cfg.Params = make(map[string]string, 1)

@@ -60,7 +60,7 @@ func TestMigrateAfterDyingMidMigration(t *testing.T) {
 	}
 }
 
-// TestSchemaConstraints: the constraints refuse what the contract forbids,
+// TestSchemaConstraints: the constraints refuse what the invariants forbid,
 // whatever the code above them does.
 func TestSchemaConstraints(t *testing.T) {
 	t.Parallel()

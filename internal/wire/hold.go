@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// Holds (CONTRACT.md, "Holds"). An activity with a hold gives a seat first
+// Holds (docs/architecture.md, "Holds"). An activity with a hold gives a seat first
 // as HELD until held_until; the hold's expiry is a request (op expire) in
 // the request stream. It gets there through a JetStream message schedule:
 // the allocator's outbox relay publishes, for each hold it committed, a

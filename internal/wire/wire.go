@@ -1,4 +1,4 @@
-// Package wire is the contract in code: the JSON shapes of requests, results
+// Package wire is the contract between processes, in code: the JSON shapes of requests, results
 // and events, the operation and outcome words, and the NATS subject names.
 // Everything that crosses a process boundary is defined here and nowhere else.
 package wire
@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// Stream and subject names from the contract.
+// Stream and subject names.
 const (
 	RequestStream = "ALLOT_REQUESTS"
 	EventStream   = "ALLOT_EVENTS"

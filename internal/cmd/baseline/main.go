@@ -1,5 +1,5 @@
 // Command baseline serves one of the seed designs allot is measured against
-// (write-ups 000 and 003) over allot's HTTP routes, so that cmd/loadgen can
+// (the seed waitlist and flash sale) over allot's HTTP routes, so that cmd/loadgen can
 // drive it exactly as it drives allot:
 //
 //	baseline -design gated -addr :8090

@@ -59,7 +59,7 @@ const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 
 
 // AcceptsHTML reports whether r's client takes an HTML page, as browsers
 // say they do. ingest serves the page at / to them only; API clients keep
-// the contract's JSON 404 for a path that is not a route.
+// the API's JSON 404 for a path that is not a route.
 func AcceptsHTML(r *http.Request) bool {
 	for _, v := range r.Header.Values("Accept") {
 		if strings.Contains(v, "text/html") {

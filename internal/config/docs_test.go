@@ -54,20 +54,13 @@ func codeSettings(t *testing.T, root string) map[string][]setting {
 
 var backquoted = regexp.MustCompile("`([^`]*)`")
 
-// readmeTable reads the configuration table: variable → its default cell
+// configTable reads the configuration tables (every table row of the file
+// whose first cell names an ALLOT_ variable): variable → its default cell
 // (the n-th backquoted default of a row that lists several variables).
-func readmeTable(t *testing.T, readme string) map[string]string {
+func configTable(t *testing.T, doc string) map[string]string {
 	t.Helper()
-	start := strings.Index(readme, "\n## Configuration\n")
-	if start < 0 {
-		t.Fatal("README.md has no ## Configuration section")
-	}
-	section := readme[start+1:]
-	if end := strings.Index(section[3:], "\n## "); end >= 0 {
-		section = section[:end+3]
-	}
 	out := map[string]string{}
-	for _, line := range strings.Split(section, "\n") {
+	for _, line := range strings.Split(doc, "\n") {
 		cells := strings.Split(line, "|")
 		if len(cells) < 4 || !strings.Contains(cells[1], "`ALLOT_") {
 			continue
@@ -78,6 +71,9 @@ func readmeTable(t *testing.T, readme string) map[string]string {
 		}
 		defs := backquoted.FindAllStringSubmatch(cells[2], -1)
 		for i, v := range vars {
+			if _, dup := out[v]; dup {
+				t.Errorf("%s lists %s twice", configDoc, v)
+			}
 			switch {
 			case len(defs) == len(vars):
 				out[v] = defs[i][1]
@@ -86,19 +82,25 @@ func readmeTable(t *testing.T, readme string) map[string]string {
 			}
 		}
 	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no configuration table", configDoc)
+	}
 	return out
 }
 
-// TestREADMEConfigurationTable: every ALLOT_ variable the code reads is in
-// the README's table with its default, and the table lists nothing the code
-// does not read.
-func TestREADMEConfigurationTable(t *testing.T) {
+// configDoc is the file that documents every variable.
+const configDoc = "docs/configuration.md"
+
+// TestConfigurationTable: every ALLOT_ variable the code reads is in
+// docs/configuration.md's tables with its default, and the tables list
+// nothing the code does not read.
+func TestConfigurationTable(t *testing.T) {
 	root := filepath.Join("..", "..")
-	data, err := os.ReadFile(filepath.Join(root, "README.md"))
+	data, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(configDoc)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := readmeTable(t, string(data))
+	table := configTable(t, string(data))
 	code := codeSettings(t, root)
 	if len(code) < 30 {
 		t.Fatalf("found only %d settings in the code: the scan is broken", len(code))
@@ -106,18 +108,18 @@ func TestREADMEConfigurationTable(t *testing.T) {
 	for name, ss := range code {
 		cell, ok := table[name]
 		if !ok {
-			t.Errorf("%s (%s) is not in README.md's configuration table", name, ss[0].where)
+			t.Errorf("%s (%s) is not in %s's configuration table", name, ss[0].where, configDoc)
 			continue
 		}
 		for _, s := range ss {
 			if s.hasDef && s.def != "" && cell != s.def && !strings.Contains(cell, "`"+s.def+"`") {
-				t.Errorf("%s: README.md says the default is %s, the code (%s) says %q", name, cell, s.where, s.def)
+				t.Errorf("%s: %s says the default is %s, the code (%s) says %q", name, configDoc, cell, s.where, s.def)
 			}
 		}
 	}
 	for name := range table {
 		if _, ok := code[name]; !ok {
-			t.Errorf("README.md lists %s, which no code reads", name)
+			t.Errorf("%s lists %s, which no code reads", configDoc, name)
 		}
 	}
 }
