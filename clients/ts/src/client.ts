@@ -142,6 +142,11 @@ function idString(what: string, id: ID): string {
   return String(id);
 }
 
+function count(what: string, v: number): number {
+  if (!Number.isInteger(v) || v < 0) throw new RangeError(`${what} must be a non-negative whole number, got ${v}`);
+  return v;
+}
+
 function milliseconds(what: string, v: number): number {
   if (!Number.isInteger(v) || v < 0) throw new RangeError(`${what} must be a non-negative whole number of milliseconds, got ${v}`);
   return v;
@@ -199,8 +204,8 @@ export class Client {
     this.baseURL = baseURL.replace(/\/+$/, "");
     this.#token = opts.token;
     this.#wait = milliseconds("wait", opts.wait ?? 10_000);
-    this.#retries = milliseconds("retries", opts.retries ?? 10);
-    this.#netRetries = milliseconds("netRetries", opts.netRetries ?? 3);
+    this.#retries = count("retries", opts.retries ?? 10);
+    this.#netRetries = count("netRetries", opts.netRetries ?? 3);
     this.#minBackoff = milliseconds("minBackoff", opts.minBackoff ?? 50);
     this.#maxBackoff = milliseconds("maxBackoff", opts.maxBackoff ?? 5_000);
     this.#onExchange = opts.onExchange;
@@ -313,8 +318,10 @@ export class Client {
       let text = "";
       let retryAfter = 0;
       let err: unknown;
+      // Asked outside the try: a token that cannot be had is no transport error to retry.
+      const token = typeof this.#token === "function" ? await this.#token() : this.#token;
       try {
-        ({ status, text, retryAfter } = await this.#roundTrip(method, path, key, body, signal));
+        ({ status, text, retryAfter } = await this.#roundTrip(method, path, key, token, body, signal));
       } catch (e) {
         err = e;
       }
@@ -344,11 +351,10 @@ export class Client {
     }
   }
 
-  async #roundTrip(method: string, path: string, key: string, body: string | undefined, signal: AbortSignal | undefined): Promise<{ status: number; text: string; retryAfter: number }> {
+  async #roundTrip(method: string, path: string, key: string, token: string | undefined, body: string | undefined, signal: AbortSignal | undefined): Promise<{ status: number; text: string; retryAfter: number }> {
     const headers: Record<string, string> = { Accept: "application/json" };
     if (body !== undefined) headers["Content-Type"] = "application/json";
     if (key !== "") headers["Idempotency-Key"] = key;
-    const token = typeof this.#token === "function" ? await this.#token() : this.#token;
     if (token) headers["Authorization"] = `Bearer ${token}`;
     const init: RequestInit = { method, headers };
     if (body !== undefined) init.body = body;

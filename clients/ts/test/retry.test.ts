@@ -273,6 +273,13 @@ describe("requests", () => {
     ]);
   });
 
+  test("a token function that fails fails the call at once, sending nothing", async () => {
+    const { c, sleeps } = scripted({ token: () => Promise.reject(new Error("signed out")) });
+    await assert.rejects(c.join(7, 3), /signed out/);
+    assert.equal(seen.length, 0);
+    assert.deepEqual(sleeps, []);
+  });
+
   test("ids are checked before anything is sent; a bigint reaches past 2^53", async () => {
     const { c } = scripted();
     await assert.rejects(c.join(0, 3), RangeError);
