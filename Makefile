@@ -10,7 +10,7 @@ DEVDB := ./$(BIN)/devdb
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build devdb run test test-short test-faults lint bench bench-memory demo clean reset token
+.PHONY: help build devdb run test test-ts test-short test-faults lint bench bench-memory demo clean reset token
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -29,6 +29,19 @@ run: build ## the whole stack on this machine: a MySQL server if none answers, e
 test: devdb ## every test, against real MariaDB/MySQL (started if none answers) and a real embedded JetStream server (race detector on)
 	$(GO) vet $(PKGS)
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	@$(MAKE) --no-print-directory test-ts
+
+# The TypeScript client needs Node 20 or later (global fetch and crypto).
+NODE_OK = command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 && \
+	[ "$$(node -p 'process.versions.node.split(".")[0]')" -ge 20 ]
+
+test-ts: devdb ## the TypeScript client's tests (clients/ts): npm ci, then node --test, unit and against the real stack; skipped without Node 20+ and npm (a failure when CI=true)
+	@if ! { $(NODE_OK); }; then \
+		if [ "$$CI" = true ]; then echo "test-ts: Node 20 or later and npm are required (CI=true); node is $$(node --version 2>/dev/null || echo missing)"; exit 1; fi; \
+		echo "test-ts: skipped: the TypeScript client's tests need Node 20 or later and npm (node: $$(node --version 2>/dev/null || echo missing))"; exit 0; \
+	fi; \
+	cd clients/ts && npm ci --no-audit --no-fund --loglevel=error && \
+		$(CURDIR)/$(BIN)/devdb -var ALLOT_TEST_MYSQL_DSN -- env GO="$(GO)" npm test --silent
 
 test-short: devdb ## the quick tests only
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -short -count=1 $(PKGS)
