@@ -1,0 +1,222 @@
+package allocator
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// proc is one allocator process run by Run, whose MySQL connections go
+// through a proxy of its own.
+type proc struct {
+	name    string
+	proxy   *testenv.Proxy
+	commits atomic.Int64 // batches it committed
+	addr    string       // its metrics server
+	stop    func()
+}
+
+// startProc runs an allocator process (Run, membership included) for the
+// test's database, through a proxy.
+func startProc(t *testing.T, name string, db *dbtest.DB, ns *natstest.Server, cfg Config) *proc {
+	t.Helper()
+	dsn, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{name: name, proxy: testenv.NewProxy(t, dsn.Addr)}
+	dsn.Addr = p.proxy.Addr()
+	pdb, err := store.Open(context.Background(), dsn.FormatDSN(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, _ := ns.Connect(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.addr = ln.Addr().String()
+	rc := RunConfig{Config: cfg, MetricsAddr: p.addr,
+		listen: func(string, string) (net.Listener, error) { return ln, nil },
+		hooks:  Hooks{AfterCommit: func() error { p.commits.Add(1); return nil }}}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- Run(ctx, rc, pdb, nc, discardLog()) }()
+	var stopped bool
+	p.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		p.proxy.Forward() // a stop drains the batch in hand
+		cancel()
+		if err := <-ran; err != nil {
+			t.Errorf("%s: Run returned %v", name, err)
+		}
+		pdb.Close()
+		ln.Close()
+	}
+	t.Cleanup(p.stop)
+	return p
+}
+
+// get answers the status and body of a GET on the process's metrics server.
+func (p *proc) get(path string) (int, string) {
+	r, err := http.Get("http://" + p.addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer r.Body.Close()
+	b, _ := io.ReadAll(r.Body)
+	return r.StatusCode, string(b)
+}
+
+// TestStalledOwnerHandsItsPartitionOver: two allocator processes, the
+// partition's owner cut off from MySQL (its route hangs, or its
+// connections are refused) while its membership beats on. The peer
+// applies the partition's requests; once the route is back, the old owner
+// rejoins and commits nothing twice, and the audit is clean.
+func TestStalledOwnerHandsItsPartitionOver(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []string{"hang", "refuse"} {
+		t.Run(fault, func(t *testing.T) {
+			t.Parallel()
+			stalledOwner(t, fault)
+		})
+	}
+}
+
+func stalledOwner(t *testing.T, fault string) {
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{PinnedTTL: time.Second, AckWait: 5 * time.Second, StallTimeout: 2 * time.Second}
+	procs := []*proc{startProc(t, "a", db, ns, cfg), startProc(t, "b", db, ns, cfg)}
+
+	var sent []wire.Request
+	publish := func(rs ...wire.Request) {
+		for _, r := range rs {
+			natstest.PublishRequest(t, js, r, "")
+			sent = append(sent, r)
+		}
+	}
+	applied := func() int64 { return db.Count(t, "SELECT COUNT(*) FROM processed_request") }
+	waitApplied := func(what string) {
+		t.Helper()
+		testenv.WaitFor(t, 90*time.Second, what, func() bool { return applied() >= int64(len(sent)) })
+	}
+	publish(open(1, 5))
+	// The owner: the process that applied the last request, the same one
+	// twice in a row (membership settles once both see each other).
+	var owner, peer *proc
+	user := int64(1)
+	testenv.WaitFor(t, 60*time.Second, "one process owns the partition", func() bool {
+		before := [2]int64{procs[0].commits.Load(), procs[1].commits.Load()}
+		publish(req(wire.OpJoin, 1, user))
+		user++
+		waitApplied("a probe request applied")
+		var by *proc
+		for i, p := range procs {
+			if p.commits.Load() > before[i] {
+				by = p
+			}
+		}
+		if by != nil && by == owner {
+			return true
+		}
+		owner = by
+		time.Sleep(time.Second)
+		return false
+	})
+	peer = procs[0]
+	if owner == procs[0] {
+		peer = procs[1]
+	}
+	t.Logf("owner %s, peer %s", owner.name, peer.name)
+
+	// The owner loses MySQL; its membership beats on.
+	if fault == "hang" {
+		owner.proxy.Hang()
+	} else {
+		owner.proxy.Refuse()
+	}
+	peerBefore := peer.commits.Load()
+	for range 20 {
+		publish(req(wire.OpJoin, 1, user), req(wire.OpClaim, 1, user+1000))
+		user++
+	}
+	waitApplied("the peer applies the stalled owner's partition")
+	if peer.commits.Load() == peerBefore {
+		t.Fatal("every request applied, none by the peer")
+	}
+	if code, body := owner.get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("the stalled owner's /readyz answers %d %s, want 503", code, body)
+	}
+	if _, body := owner.get("/metrics"); !strings.Contains(body, `allot_allocator_partition_stalled{partition="0"} 1`) ||
+		strings.Contains(body, `allot_allocator_stall_giveups_total{partition="0"} 0`) {
+		t.Errorf("the stalled owner's metrics do not show the stall:\n%s", grepLines(body, "stall"))
+	}
+
+	// The route comes back: nothing is doubled, and the old owner takes
+	// part again.
+	owner.proxy.Forward()
+	testenv.WaitFor(t, 30*time.Second, "the old owner rejoins once it can commit", func() bool {
+		code, _ := owner.get("/readyz")
+		_, body := owner.get("/metrics")
+		return code == http.StatusOK && strings.Contains(body, `allot_allocator_partition_stalled{partition="0"} 0`)
+	})
+	for range 20 {
+		publish(req(wire.OpCancel, 1, user-20), req(wire.OpJoin, 1, user))
+		user++
+	}
+	waitApplied("requests applied after the route came back")
+	for _, p := range procs {
+		p.stop()
+	}
+	if n := applied(); n != int64(len(sent)) {
+		t.Fatalf("%d results for %d requests", n, len(sent))
+	}
+	db.CheckInvariants(t)
+	db.CheckEffects(t)
+	rep, err := audit.Run(ctx, db.DB, js, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK {
+		var lines []string
+		for _, d := range rep.Divergences {
+			lines = append(lines, d.String())
+		}
+		t.Fatalf("audit found %d divergences:\n%s", len(rep.Divergences), strings.Join(lines, "\n"))
+	}
+}
+
+// grepLines is the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
