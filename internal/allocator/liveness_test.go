@@ -32,8 +32,9 @@ type proc struct {
 }
 
 // startProc runs an allocator process (Run, membership included) for the
-// test's database, through a proxy.
-func startProc(t *testing.T, name string, db *dbtest.DB, ns *natstest.Server, cfg Config) *proc {
+// test's database, through a proxy, its sessions ending on the server's
+// side once idle for idle (as Env.SessionDSN makes them; 0: never).
+func startProc(t *testing.T, name string, db *dbtest.DB, ns *natstest.Server, cfg Config, idle time.Duration) *proc {
 	t.Helper()
 	dsn, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
@@ -41,7 +42,11 @@ func startProc(t *testing.T, name string, db *dbtest.DB, ns *natstest.Server, cf
 	}
 	p := &proc{name: name, proxy: testenv.NewProxy(t, dsn.Addr)}
 	dsn.Addr = p.proxy.Addr()
-	pdb, err := store.Open(context.Background(), dsn.FormatDSN(), 8)
+	sdsn, err := sessionDSN(dsn.FormatDSN(), idle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdb, err := store.Open(context.Background(), sdsn, 8)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,22 +91,47 @@ func (p *proc) get(path string) (int, string) {
 	return r.StatusCode, string(b)
 }
 
+// ownerFault is how a test cuts the partition's owner off from MySQL.
+type ownerFault struct {
+	name string
+	cut  func(*testenv.Proxy)
+	// idle is the owner's session idle limit on the server (wait_timeout).
+	idle time.Duration
+	// forwardOnGiveUp makes the route come back as soon as the owner gave
+	// the partition up, so that what it had in flight reaches MySQL late.
+	forwardOnGiveUp bool
+}
+
 // TestStalledOwnerHandsItsPartitionOver: two allocator processes, the
-// partition's owner cut off from MySQL (its route hangs, or its
-// connections are refused) while its membership beats on. The peer
-// applies the partition's requests; once the route is back, the old owner
-// rejoins and commits nothing twice, and the audit is clean.
+// partition's owner cut off from MySQL while its membership beats on: its
+// route hangs (at an idle moment, or in the middle of a transaction that
+// holds the fence lock, or with its COMMIT in flight), or its connections
+// are refused. The peer applies the partition's requests; once the route
+// is back, the old owner takes part again, nothing is applied twice, and
+// the audit is clean.
 func TestStalledOwnerHandsItsPartitionOver(t *testing.T) {
 	t.Parallel()
-	for _, fault := range []string{"hang", "refuse"} {
-		t.Run(fault, func(t *testing.T) {
+	const stall = 2 * time.Second
+	faults := []ownerFault{
+		{name: "route hangs", cut: (*testenv.Proxy).Hang, idle: stall},
+		{name: "connections refused", cut: (*testenv.Proxy).Refuse, idle: stall},
+		{name: "route hangs holding the fence lock", idle: stall, cut: func(p *testenv.Proxy) {
+			p.HangAfter([]byte("FROM allocator_partition WHERE partition_id = 0 FOR UPDATE"))
+		}},
+		// The session outlives the give-up, so the held COMMIT lands.
+		{name: "commit held until the route is back", idle: time.Minute, forwardOnGiveUp: true, cut: func(p *testenv.Proxy) {
+			p.HangAfter([]byte("UPDATE allocator_partition SET last_seq"))
+		}},
+	}
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
-			stalledOwner(t, fault)
+			stalledOwner(t, f, stall)
 		})
 	}
 }
 
-func stalledOwner(t *testing.T, fault string) {
+func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 	db := dbtest.New(t)
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
@@ -109,8 +139,15 @@ func stalledOwner(t *testing.T, fault string) {
 	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{PinnedTTL: time.Second, AckWait: 5 * time.Second, StallTimeout: 2 * time.Second}
-	procs := []*proc{startProc(t, "a", db, ns, cfg), startProc(t, "b", db, ns, cfg)}
+	cfg := Config{PinnedTTL: time.Second, AckWait: 5 * time.Second, StallTimeout: stall}
+	// One after the other: two processes ensuring the same streams at
+	// once trip a data race inside the embedded server.
+	var procs []*proc
+	for _, name := range []string{"a", "b"} {
+		p := startProc(t, name, db, ns, cfg, f.idle)
+		testenv.WaitFor(t, 30*time.Second, name+" ready", func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK })
+		procs = append(procs, p)
+	}
 
 	var sent []wire.Request
 	publish := func(rs ...wire.Request) {
@@ -154,26 +191,35 @@ func stalledOwner(t *testing.T, fault string) {
 	t.Logf("owner %s, peer %s", owner.name, peer.name)
 
 	// The owner loses MySQL; its membership beats on.
-	if fault == "hang" {
-		owner.proxy.Hang()
-	} else {
-		owner.proxy.Refuse()
-	}
+	f.cut(owner.proxy)
 	peerBefore := peer.commits.Load()
 	for range 20 {
 		publish(req(wire.OpJoin, 1, user), req(wire.OpClaim, 1, user+1000))
 		user++
 	}
+	gaveUp := func() bool {
+		_, body := owner.get("/metrics")
+		return strings.Contains(body, `allot_allocator_partition_stalled{partition="0"} 1`)
+	}
+	if f.forwardOnGiveUp {
+		testenv.WaitFor(t, 60*time.Second, "the owner gives the partition up", gaveUp)
+		owner.proxy.Forward()
+	}
 	waitApplied("the peer applies the stalled owner's partition")
-	if peer.commits.Load() == peerBefore {
+	// (With the route back at once, the old owner may take the partition
+	// back before the peer needs to apply anything.)
+	if !f.forwardOnGiveUp && peer.commits.Load() == peerBefore {
 		t.Fatal("every request applied, none by the peer")
 	}
-	if code, body := owner.get("/readyz"); code != http.StatusServiceUnavailable {
-		t.Errorf("the stalled owner's /readyz answers %d %s, want 503", code, body)
-	}
-	if _, body := owner.get("/metrics"); !strings.Contains(body, `allot_allocator_partition_stalled{partition="0"} 1`) ||
-		strings.Contains(body, `allot_allocator_stall_giveups_total{partition="0"} 0`) {
-		t.Errorf("the stalled owner's metrics do not show the stall:\n%s", grepLines(body, "stall"))
+	if !f.forwardOnGiveUp {
+		if code, body := owner.get("/readyz"); code != http.StatusServiceUnavailable {
+			t.Errorf("the stalled owner's /readyz answers %d %s, want 503", code, body)
+		}
+		if _, body := owner.get("/metrics"); !gaveUp() || strings.Contains(body, `allot_allocator_stall_giveups_total{partition="0"} 0`) {
+			t.Errorf("the stalled owner's metrics do not show the stall:\n%s", grepLines(body, "stall"))
+		}
+	} else if owner.proxy.Late() == 0 {
+		t.Error("nothing the owner had in flight reached MySQL after the route came back")
 	}
 
 	// The route comes back: nothing is doubled, and the old owner takes

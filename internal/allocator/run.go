@@ -52,6 +52,11 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	if err := store.Migrate(ctx, db); err != nil {
 		return err
 	}
+	if stall := cfg.withDefaults().StallTimeout; stall > 0 {
+		// The pool drops an idle connection before the server ends it
+		// (Env.SessionDSN's wait_timeout), rather than find it dead.
+		db.SetConnMaxIdleTime(stall / 2)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	// Serve /readyz (503) and /metrics at once, and wait for JetStream

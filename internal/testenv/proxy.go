@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -25,6 +26,8 @@ type Proxy struct {
 	changed chan struct{} // closed and replaced at every change
 	conns   map[net.Conn]struct{}
 	closed  bool
+
+	late atomic.Int64 // chunks that waited and were forwarded after all
 
 	wg sync.WaitGroup
 }
@@ -72,6 +75,10 @@ func (p *Proxy) Refuse() {
 func (p *Proxy) Forward() {
 	p.set(func() { p.up, p.down, p.refuse, p.trigger = false, false, false, nil })
 }
+
+// Late is how many chunks were held by a hang and forwarded once it
+// ended: bytes a cut-off client sent that reached the server after all.
+func (p *Proxy) Late() int64 { return p.late.Load() }
 
 // Close stops the proxy, closes every connection and waits for its
 // goroutines.
@@ -144,7 +151,7 @@ func (p *Proxy) serve(client net.Conn) {
 	defer p.untrack(client)
 	// The dial waits too while hanging: a new connection is accepted and
 	// then hangs, as one would behind a lost route.
-	if !p.wait(true) {
+	if _, ok := p.wait(true); !ok {
 		return
 	}
 	server, err := net.Dial("tcp", p.upstream)
@@ -180,11 +187,15 @@ func (p *Proxy) copy(dst, src net.Conn, up bool) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.wait(up) {
+			waited, ok := p.wait(up)
+			if !ok {
 				return
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
+			}
+			if waited {
+				p.late.Add(1)
 			}
 			if up {
 				p.mu.Lock()
@@ -202,10 +213,10 @@ func (p *Proxy) copy(dst, src net.Conn, up bool) {
 	}
 }
 
-// wait blocks while the direction hangs; false when the connection must
-// go (refusing, or the proxy closed).
-func (p *Proxy) wait(up bool) bool {
-	for {
+// wait blocks while the direction hangs, and says whether it did; ok is
+// false when the connection must go (refusing, or the proxy closed).
+func (p *Proxy) wait(up bool) (waited, ok bool) {
+	for ; ; waited = true {
 		p.mu.Lock()
 		hung := p.down
 		if up {
@@ -214,10 +225,10 @@ func (p *Proxy) wait(up bool) bool {
 		refuse, closed, ch := p.refuse, p.closed, p.changed
 		p.mu.Unlock()
 		if closed || refuse {
-			return false
+			return waited, false
 		}
 		if !hung {
-			return true
+			return waited, true
 		}
 		<-ch
 	}
