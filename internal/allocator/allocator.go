@@ -180,6 +180,8 @@ type Allocator struct {
 	gaveUp     atomic.Bool
 	lastCommit atomic.Int64
 	lastProbe  time.Time
+	// idleChecks counts the times the stall watch found nothing waiting.
+	idleChecks atomic.Int64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

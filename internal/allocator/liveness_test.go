@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
@@ -265,4 +266,83 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestIdlePartitionIsNotStalled: an allocator cut off from MySQL with
+// nothing to apply keeps its partition, however long that lasts; the
+// first request that waits makes it give the partition up, and once MySQL
+// is back it applies again.
+func TestIdlePartitionIsNotStalled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	dsn, err := mysql.ParseDSN(e.db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, dsn.Addr)
+	dsn.Addr = proxy.Addr()
+	pdb, err := store.Open(context.Background(), dsn.FormatDSN(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(pdb, e.nc, e.log, nil, Config{StallTimeout: 300 * time.Millisecond, IdleCheck: 100 * time.Millisecond, AckWait: 2 * time.Second}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Forward(); a.Stop(); pdb.Close() })
+	e.waitFence(e.publish(open(1, 5), ""))
+
+	proxy.Refuse()
+	testenv.WaitFor(t, 30*time.Second, "the stall watch looks at the idle partition several times", func() bool { return a.idleChecks.Load() >= 5 })
+	if a.stalled() {
+		t.Fatal("an idle partition was given up")
+	}
+	last := e.publish(req(wire.OpJoin, 1, 1), "")
+	testenv.WaitFor(t, 30*time.Second, "a waiting request makes the allocator give the partition up", a.stalled)
+
+	proxy.Forward()
+	testenv.WaitFor(t, 30*time.Second, "the allocator takes part again", func() bool { return !a.stalled() })
+	e.waitFence(last)
+	if got := testutil.ToFloat64(a.m.giveUps); got != 1 {
+		t.Fatalf("give-ups counted: %v, want 1", got)
+	}
+}
+
+// TestSessionDSN: the allocator's sessions get ALLOT_STALL_TIMEOUT as
+// their idle limit, whole seconds rounded up, unless the DSN sets one;
+// with the stall watch off the DSN is left alone.
+func TestSessionDSN(t *testing.T) {
+	const base = "u:p@tcp(db:3306)/allot?parseTime=true"
+	for _, c := range []struct {
+		dsn  string
+		env  Env
+		want string
+	}{
+		{base, Env{StallTimeout: 15 * time.Second}, "15"},
+		{base, Env{StallTimeout: 1500 * time.Millisecond}, "2"},
+		{base + "&wait_timeout=99", Env{StallTimeout: 15 * time.Second}, "99"},
+		{base, Env{}, ""},
+	} {
+		got, err := c.env.SessionDSN(c.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := mysql.ParseDSN(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Params["wait_timeout"] != c.want || cfg.User != "u" || cfg.Passwd != "p" || cfg.DBName != "allot" {
+			t.Errorf("SessionDSN(%q) with %s = %q, want wait_timeout %q and the rest kept", c.dsn, c.env.StallTimeout, got, c.want)
+		}
+	}
+	if _, err := (Env{StallTimeout: time.Second}).SessionDSN("not a dsn"); err == nil {
+		t.Error("a bad DSN was accepted")
+	}
+	env := Env{Partitions: 1, PinnedTTL: time.Second, Replicas: 1, BatchSize: 1, Cache: 1, StallTimeout: 100 * time.Millisecond}
+	if err := env.Validate(); err == nil || !strings.Contains(err.Error(), "ALLOT_STALL_TIMEOUT") {
+		t.Errorf("ALLOT_STALL_TIMEOUT=100ms: %v, want it refused", err)
+	}
 }

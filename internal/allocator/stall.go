@@ -79,6 +79,7 @@ func (a *Allocator) watchStall(ctx context.Context, inHand bool, abort func()) (
 				abort()
 				return
 			}
+			a.idleChecks.Add(1)
 			t.Reset(min(a.cfg.StallTimeout, time.Second))
 		}
 	}()
@@ -115,7 +116,7 @@ func (a *Allocator) giveUp(since time.Duration) {
 	}
 }
 
-// recover ends the stall once a transaction commits again.
+// probe ends the stall once a transaction commits again.
 func (a *Allocator) probe(ctx context.Context) {
 	if !a.gaveUp.Load() || time.Since(a.lastProbe) < probeEvery {
 		return
