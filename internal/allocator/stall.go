@@ -48,44 +48,45 @@ func (a *Allocator) noteProgress() { a.lastCommit.Store(time.Now().UnixNano()) }
 // watchStall watches the batch in hand (msgs, when inHand) from now on.
 // When nothing has committed for StallTimeout and requests wait, it gives
 // the partition up and calls abort, which ends the attempt in flight. The
-// returned stop ends the watch.
+// returned stop ends the watch; a batch that commits in time costs one
+// timer, no goroutine.
 func (a *Allocator) watchStall(ctx context.Context, inHand bool, abort func()) (stop func()) {
 	if a.cfg.StallTimeout <= 0 {
 		return func() {}
 	}
 	start := time.Now().UnixNano()
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTimer(a.cfg.StallTimeout)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			since := time.Unix(0, max(start, a.lastCommit.Load()))
-			if left := a.cfg.StallTimeout - time.Since(since); left > 0 {
-				t.Reset(left)
-				continue
-			}
-			if inHand || a.requestsWait(ctx) {
-				a.giveUp(time.Since(since))
-				abort()
-				return
-			}
-			a.idleChecks.Add(1)
-			t.Reset(min(a.cfg.StallTimeout, time.Second))
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+	)
+	check := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || ctx.Err() != nil {
+			return
 		}
-	}()
+		since := time.Unix(0, max(start, a.lastCommit.Load()))
+		if left := a.cfg.StallTimeout - time.Since(since); left > 0 {
+			t.Reset(left)
+			return
+		}
+		if inHand || a.requestsWait(ctx) {
+			a.giveUp(time.Since(since))
+			abort()
+			return
+		}
+		a.idleChecks.Add(1)
+		t.Reset(min(a.cfg.StallTimeout, time.Second))
+	}
+	mu.Lock()
+	t = time.AfterFunc(a.cfg.StallTimeout, check)
+	mu.Unlock()
 	return func() {
-		close(done)
-		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
 	}
 }
 

@@ -208,6 +208,9 @@ func (p *Proxy) copy(dst, src net.Conn, up bool) {
 			}
 		}
 		if err != nil {
+			// A close is held like any byte: behind a lost route the
+			// other side never hears of it.
+			p.wait(up)
 			return
 		}
 	}
