@@ -225,7 +225,7 @@ func serveMetrics(addr string, listen func(network, address string) (net.Listene
 		}
 		if parts := stalls.list(); len(parts) > 0 {
 			body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(
-				"partitions %s could not commit to mysql and are given up to peers until a transaction commits again.", joinInts(parts))})
+				"partitions given up to peers, no commit to mysql while their requests waited: %s.", joinInts(parts))})
 			w.WriteHeader(http.StatusServiceUnavailable)
 			w.Write(body) //nolint:errcheck // the client is gone; nothing to do
 			return
