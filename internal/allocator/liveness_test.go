@@ -286,7 +286,10 @@ func TestIdlePartitionIsNotStalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(pdb, e.nc, e.log, nil, Config{StallTimeout: 300 * time.Millisecond, IdleCheck: 100 * time.Millisecond, AckWait: 2 * time.Second}, Hooks{})
+	// A long pin: an idle allocator whose pin lapsed (a loaded machine)
+	// no longer looks for gaps, so the stall watch would never look.
+	a, err := New(pdb, e.nc, e.log, nil, Config{StallTimeout: 300 * time.Millisecond, IdleCheck: 100 * time.Millisecond,
+		AckWait: 2 * time.Second, PinnedTTL: time.Minute}, Hooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
