@@ -474,7 +474,9 @@ const shutdownGrace = 10 * time.Second
 // handleUntilDone applies msgs, trying again with backoff while the broker
 // or the database is away, holding on to the messages meanwhile. On
 // shutdown it gives up: the messages stay unacknowledged, and this or
-// another allocator applies them later, in order, past the fence.
+// another allocator applies them later, in order, past the fence. After
+// StallTimeout without a commit while requests wait it gives the partition
+// up (stall.go) and returns errGaveUp, the messages unacknowledged.
 func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) error {
 	// The batch in hand may finish after a stop, but not for ever: a
 	// database that stays away ends it ShutdownGrace after the stop.

@@ -194,6 +194,7 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 
 	// The owner loses MySQL; its membership beats on.
 	f.cut(owner.proxy)
+	cut := time.Now()
 	peerBefore := peer.commits.Load()
 	for range 20 {
 		publish(req(wire.OpJoin, 1, user), req(wire.OpClaim, 1, user+1000))
@@ -208,6 +209,8 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 		owner.proxy.Forward()
 	}
 	waitApplied("the peer applies the stalled owner's partition")
+	t.Logf("every request applied %s after the owner was cut off (stall timeout %s, session idle limit %s)",
+		time.Since(cut).Round(100*time.Millisecond), stall, f.idle)
 	// (With the route back at once, the old owner may take the partition
 	// back before the peer needs to apply anything.)
 	if !f.forwardOnGiveUp && peer.commits.Load() == peerBefore {
@@ -227,11 +230,13 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 	// The route comes back: nothing is doubled, and the old owner takes
 	// part again.
 	owner.proxy.Forward()
+	back := time.Now()
 	testenv.WaitFor(t, 30*time.Second, "the old owner rejoins once it can commit", func() bool {
 		code, _ := owner.get("/readyz")
 		_, body := owner.get("/metrics")
 		return code == http.StatusOK && strings.Contains(body, `allot_allocator_partition_stalled{partition="0"} 0`)
 	})
+	t.Logf("the old owner took part again %s after the route came back", time.Since(back).Round(100*time.Millisecond))
 	for range 20 {
 		publish(req(wire.OpCancel, 1, user-20), req(wire.OpJoin, 1, user))
 		user++

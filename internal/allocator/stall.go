@@ -34,7 +34,9 @@ var errGaveUp = errors.New("partition given up: no commit while requests wait")
 // partition's fence row first and applies only what lies past it, so an
 // old owner whose transaction still reaches MySQL later either held the
 // fence lock all along (the peer waited for it) or finds the fence moved
-// and applies nothing.
+// and applies nothing. A session cut off while it holds the fence lock is
+// ended by MySQL itself (Env.SessionDSN's wait_timeout). The whole story
+// is in docs/allocator-liveness.md.
 
 // probeEvery is how often a given-up allocator tries MySQL again.
 const probeEvery = time.Second
