@@ -254,6 +254,10 @@ func TestAlertRules(t *testing.T) {
 			t.Errorf("no alert watches %s", m)
 		}
 	}
+	// And an allocator that is alive but cannot commit.
+	if !covered["allot_allocator_partition_stalled"] {
+		t.Error("no alert watches allot_allocator_partition_stalled")
+	}
 }
 
 // TestGrafanaDashboard: the dashboard is JSON Grafana can import, every

@@ -68,7 +68,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	config.Print(stderr, binary, &c)
 	log := c.Logger(stderr, binary)
-	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
+	dsn, err := c.SessionDSN(c.MySQLDSN)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	db, err := store.Open(ctx, dsn, c.MySQLMaxConns)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
 		return 2

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -66,6 +67,14 @@ type Config struct {
 	// PieceBytes bounds a piece of a long promoted or event list in MySQL
 	// (0: derived from the server's max_allowed_packet; tests set it low).
 	PieceBytes int
+	// StallTimeout is how long the allocator may go without a commit while
+	// requests of its partition wait before it gives the partition up to a
+	// peer (default DefaultStallTimeout; negative: never). See stall.go.
+	StallTimeout time.Duration
+	// OnStall, when set, is told when the allocator gives its partition up
+	// (stalled true) and when it can commit again (false): Run tells the
+	// membership, so that peers take the partition.
+	OnStall func(partition int, stalled bool)
 }
 
 // DefaultCacheActivities is Config.CacheActivities' default.
@@ -93,6 +102,9 @@ func (c Config) withDefaults() Config {
 	c.Partitions = max(c.Partitions, 1)
 	if c.PinnedTTL <= 0 {
 		c.PinnedTTL = 5 * time.Second
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = DefaultStallTimeout
 	}
 	return c
 }
@@ -162,6 +174,14 @@ type Allocator struct {
 	// commit order.
 	post     chan postCommit
 	postDone chan struct{}
+	// gaveUp is set while the partition is given up for want of commits;
+	// lastCommit is when a transaction last committed (UnixNano), and
+	// lastProbe when a given-up allocator last tried MySQL (apply loop).
+	gaveUp     atomic.Bool
+	lastCommit atomic.Int64
+	lastProbe  time.Time
+	// idleChecks counts the times the stall watch found nothing waiting.
+	idleChecks atomic.Int64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -346,6 +366,7 @@ func (a *Allocator) run(ctx context.Context) error {
 			case <-ctx.Done():
 			case <-time.After(250 * time.Millisecond):
 			}
+			a.probe(ctx)
 			continue
 		}
 		mu.Lock()
@@ -399,16 +420,25 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		// Apply what is in hand even when stopping: shutdown drains the
 		// batch, it never leaves it half done.
-		if err := a.handleUntilDone(ctx, msgs); err != nil {
+		if err := a.handleUntilDone(ctx, msgs); errors.Is(err, errGaveUp) {
+			// Hand the partition over at once, and the batch in hand with
+			// it: redelivered now to the next owner, not after AckWait.
+			stopIter()
+			a.handOver(ctx)
+			for _, m := range msgs {
+				m.Nak() //nolint:errcheck // unacknowledged anyway: redelivered after AckWait
+			}
+		} else if err != nil {
 			return err
 		}
 	}
 	return ctx.Err()
 }
 
-// prefers reports whether this allocator should pull on its partition.
+// prefers reports whether this allocator should pull on its partition:
+// never while it is given up for want of commits.
 func (a *Allocator) prefers() bool {
-	return a.cfg.Prefers == nil || a.cfg.Prefers(a.cfg.Partition)
+	return !a.stalled() && (a.cfg.Prefers == nil || a.cfg.Prefers(a.cfg.Partition))
 }
 
 // handOver unpins the partition if it is pinned to this allocator, so that
@@ -444,7 +474,9 @@ const shutdownGrace = 10 * time.Second
 // handleUntilDone applies msgs, trying again with backoff while the broker
 // or the database is away, holding on to the messages meanwhile. On
 // shutdown it gives up: the messages stay unacknowledged, and this or
-// another allocator applies them later, in order, past the fence.
+// another allocator applies them later, in order, past the fence. After
+// StallTimeout without a commit while requests wait it gives the partition
+// up (stall.go) and returns errGaveUp, the messages unacknowledged.
 func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) error {
 	// The batch in hand may finish after a stop, but not for ever: a
 	// database that stays away ends it ShutdownGrace after the stop.
@@ -455,6 +487,10 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 		context.AfterFunc(hctx, func() { t.Stop() })
 	})
 	defer stop()
+	// No commit for StallTimeout while requests wait: the attempt in
+	// flight is aborted (a hung connection included) and the partition
+	// given up.
+	defer a.watchStall(hctx, len(msgs) > 0, cancel)()
 	if a.viewsStale && a.views != nil {
 		if err := a.rebuildViews(hctx); err != nil {
 			a.log.WarnContext(ctx, "rebuild views; claims go through the stream until it succeeds", slog.Any("err", err))
@@ -472,12 +508,17 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 			a.log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))
 			return nil
 		}
+		if a.stalled() {
+			a.log.WarnContext(ctx, "batch not applied; handing it over with the partition", slog.Any("err", err))
+			return errGaveUp
+		}
 		a.log.ErrorContext(ctx, "batch not applied; trying again", slog.Any("err", err), slog.Duration("backoff", backoff))
 		for _, m := range msgs {
 			m.InProgress() //nolint:errcheck // best effort: keep the lease
 		}
 		select {
 		case <-ctx.Done():
+		case <-hctx.Done(): // given up meanwhile
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 5*time.Second)

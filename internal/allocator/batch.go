@@ -168,6 +168,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 		return out, err
 	}
 	a.m.txSeconds.Observe(time.Since(start).Seconds())
+	a.noteProgress()
 	return out, nil
 }
 

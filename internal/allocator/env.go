@@ -2,7 +2,11 @@ package allocator
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/allot-dev/allot/internal/bus"
 )
@@ -19,6 +23,7 @@ type Env struct {
 	Replicas           int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets (never lowered on an existing one)"`
 	CheckpointInterval time.Duration `envconfig:"CHECKPOINT_INTERVAL" default:"6h" desc:"how often each partition's state is checkpointed for audit -from-checkpoint; 0 = never"`
 	Cache              int           `envconfig:"ALLOCATOR_CACHE_ACTIVITIES" default:"10000" desc:"activities whose live state each partition's allocator keeps between batches (LRU); the rest is reloaded from MySQL"`
+	StallTimeout       time.Duration `envconfig:"STALL_TIMEOUT" default:"15s" desc:"an allocator that cannot commit for this long while requests of its partition wait gives the partition up to a peer; 0 = never"`
 	bus.RetentionEnv
 }
 
@@ -42,6 +47,9 @@ func (e Env) Validate() error {
 	if e.BatchWait < 0 || e.BatchWait > time.Second {
 		return fmt.Errorf("ALLOT_BATCH_WAIT must be between 0 and 1s, got %s", e.BatchWait)
 	}
+	if e.StallTimeout != 0 && (e.StallTimeout < time.Second || e.StallTimeout > time.Hour) {
+		return fmt.Errorf("ALLOT_STALL_TIMEOUT must be 0 (never) or between 1s and 1h, got %s", e.StallTimeout)
+	}
 	if e.CheckpointInterval < 0 {
 		return fmt.Errorf("ALLOT_CHECKPOINT_INTERVAL must not be negative, got %s", e.CheckpointInterval)
 	}
@@ -53,7 +61,7 @@ func (e Env) RunConfig() RunConfig {
 	return RunConfig{
 		Config: Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait,
 			Replicas: e.Replicas, CacheActivities: e.Cache, Retention: e.RetentionEnv.Apply(bus.StreamConfig{}),
-			CheckpointInterval: checkpointInterval(e.CheckpointInterval)},
+			CheckpointInterval: checkpointInterval(e.CheckpointInterval), StallTimeout: stallTimeout(e.StallTimeout)},
 		MetricsAddr: e.MetricsAddr,
 	}
 }
@@ -65,4 +73,41 @@ func checkpointInterval(d time.Duration) time.Duration {
 		return -1
 	}
 	return d
+}
+
+// stallTimeout maps ALLOT_STALL_TIMEOUT (0 = never) to
+// Config.StallTimeout (0 = the default, negative = never).
+func stallTimeout(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// SessionDSN is dsn for the allocator's pool: its sessions end on the
+// server's side once idle for ALLOT_STALL_TIMEOUT (wait_timeout, unless dsn
+// sets one). An allocator's session is never idle inside a transaction
+// but for a lost route, and such a session keeps the partition's fence row
+// locked: without the limit the server keeps it, and the lock, until TCP
+// gives up (hours), and no peer can take the partition over.
+func (e Env) SessionDSN(dsn string) (string, error) {
+	return sessionDSN(dsn, e.StallTimeout)
+}
+
+func sessionDSN(dsn string, idle time.Duration) (string, error) {
+	if idle <= 0 {
+		return dsn, nil
+	}
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return "", fmt.Errorf("parse mysql dsn: %w", err)
+	}
+	if _, set := cfg.Params["wait_timeout"]; set {
+		return dsn, nil
+	}
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["wait_timeout"] = strconv.Itoa(int(math.Ceil(idle.Seconds())))
+	return cfg.FormatDSN(), nil
 }

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,11 @@ const MembersBucket = "ALLOT_ALLOCATORS"
 // split as evenly as they can. The server's pin still decides who applies;
 // preference only decides who pulls, and MySQL's fence covers any overlap
 // while membership changes.
+//
+// A member that gave a partition up because it could not commit (stall.go)
+// names it in its key's value; the partition's preferred owner is then
+// picked the same way among the members that did not give it up (all of
+// them, when every one did). Every process still computes the same answer.
 type Members struct {
 	kv   jetstream.KeyValue
 	id   string
@@ -36,9 +42,21 @@ type Members struct {
 	mu   sync.RWMutex
 	view memberView
 	live []string
+	// gaveUp holds, for each live member, the partitions it gave up, as
+	// its key last said; mine is this process's own.
+	gaveUp map[string][]int
+	mine   map[int]bool
 
+	kick chan struct{} // a beat now: mine changed
 	stop chan struct{}
 	done chan struct{}
+}
+
+// memberValue is what a member's key holds.
+type memberValue struct {
+	At time.Time `json:"at"`
+	// GaveUp lists the partitions the member gave up for want of commits.
+	GaveUp []int `json:"gave_up,omitempty"`
 }
 
 // JoinMembers announces this process and keeps its view of the live ones.
@@ -58,7 +76,8 @@ func JoinMembers(ctx context.Context, js jetstream.JetStream, log *slog.Logger, 
 	if err != nil {
 		return nil, err
 	}
-	m := &Members{kv: kv, id: uuid.NewString(), log: log, beat: beat, ttl: ttl, view: memberView{}, stop: make(chan struct{}), done: make(chan struct{})}
+	m := &Members{kv: kv, id: uuid.NewString(), log: log, beat: beat, ttl: ttl, view: memberView{}, mine: map[int]bool{},
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := m.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -81,6 +100,7 @@ func (m *Members) run() {
 			cancel()
 			return
 		case <-t.C:
+		case <-m.kick:
 		}
 		// A refresh may take longer than a beat under load; it only has
 		// to finish before this process's key would expire.
@@ -104,40 +124,67 @@ func (m *Members) run() {
 // key. Without these rules a slow listing under load made a process see
 // only the others, stop pulling and hand its partitions over.
 func (m *Members) refresh(ctx context.Context) error {
-	if _, err := m.kv.Put(ctx, m.id, []byte(time.Now().UTC().Format(time.RFC3339))); err != nil {
+	m.mu.RLock()
+	v := memberValue{At: time.Now().UTC().Truncate(time.Second)}
+	for p := range m.mine {
+		v.GaveUp = append(v.GaveUp, p)
+	}
+	m.mu.RUnlock()
+	slices.Sort(v.GaveUp)
+	b, err := json.Marshal(v)
+	if err != nil {
 		return err
 	}
-	listing, err := m.list(ctx)
+	if _, err := m.kv.Put(ctx, m.id, b); err != nil {
+		return err
+	}
+	listing, gaveUp, err := m.list(ctx)
 	if err != nil {
 		return err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.live = m.view.merge(m.id, listing)
+	// A member missing from this listing but still in the view keeps
+	// what its key said last.
+	for id := range m.gaveUp {
+		if _, ok := listing[id]; !ok && slices.Contains(m.live, id) {
+			gaveUp[id] = m.gaveUp[id]
+		}
+	}
+	m.gaveUp = gaveUp
 	return nil
 }
 
 // list reads every member key's latest state: true for a live key, false
-// for a deleted one. It fails unless it read the bucket to the end.
-func (m *Members) list(ctx context.Context) (map[string]bool, error) {
-	w, err := m.kv.WatchAll(ctx, jetstream.MetaOnly())
+// for a deleted one, and the partitions each live one gave up. It fails
+// unless it read the bucket to the end.
+func (m *Members) list(ctx context.Context) (map[string]bool, map[string][]int, error) {
+	w, err := m.kv.WatchAll(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer w.Stop() //nolint:errcheck // nothing to do about it
 	listing := map[string]bool{}
+	gaveUp := map[string][]int{}
 	for {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil, errors.New("allocator membership: listing closed before its end")
+				return nil, nil, errors.New("allocator membership: listing closed before its end")
 			}
 			if e == nil { // the marker after the last existing key
-				return listing, nil
+				return listing, gaveUp, nil
 			}
-			listing[e.Key()] = e.Operation() == jetstream.KeyValuePut
+			put := e.Operation() == jetstream.KeyValuePut
+			listing[e.Key()] = put
+			var v memberValue
+			// An older value (a bare time) gave nothing up.
+			if put && json.Unmarshal(e.Value(), &v) == nil && len(v.GaveUp) > 0 {
+				gaveUp[e.Key()] = v.GaveUp
+			}
 		case <-ctx.Done():
-			return nil, fmt.Errorf("allocator membership: listing cut short: %w", ctx.Err())
+			return nil, nil, fmt.Errorf("allocator membership: listing cut short: %w", ctx.Err())
 		}
 	}
 }
@@ -187,7 +234,44 @@ func (m *Members) Prefers(p int) bool {
 	if len(m.live) == 0 {
 		return true
 	}
-	return m.live[p%len(m.live)] == m.id
+	return preferred(m.live, p, func(id string) bool {
+		if id == m.id {
+			return m.mine[p]
+		}
+		return slices.Contains(m.gaveUp[id], p)
+	}) == m.id
+}
+
+// preferred is partition p's preferred owner among live (sorted): picked
+// among the members that did not give p up, or among all when every one
+// did.
+func preferred(live []string, p int, gaveUp func(id string) bool) string {
+	cands := make([]string, 0, len(live))
+	for _, id := range live {
+		if !gaveUp(id) {
+			cands = append(cands, id)
+		}
+	}
+	if len(cands) == 0 {
+		cands = live
+	}
+	return cands[p%len(cands)]
+}
+
+// GiveUp records that this process gave partition p up (stalled true) or
+// takes part in it again (false), and tells the others at once.
+func (m *Members) GiveUp(p int, stalled bool) {
+	m.mu.Lock()
+	if stalled {
+		m.mine[p] = true
+	} else {
+		delete(m.mine, p)
+	}
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Leave removes this process's key, so that the others take its

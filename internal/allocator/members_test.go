@@ -96,3 +96,80 @@ func (m *Members) snapshot() []string {
 	defer m.mu.RUnlock()
 	return slices.Clone(m.live)
 }
+
+// TestGivenUpPartitionsGoToTheOthers: a member that gave a partition up
+// is no longer its preferred owner in any member's view, every other
+// partition stays where it was, and taking part again brings it back.
+// When every member gave a partition up, it is assigned as if none had.
+func TestGivenUpPartitionsGoToTheOthers(t *testing.T) {
+	t.Parallel()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	var ms []*Members
+	for range 3 {
+		m, err := JoinMembers(ctx, js, log, 1, time.Hour, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Leave)
+		ms = append(ms, m)
+	}
+	const partitions = 6
+	refresh := func() {
+		t.Helper()
+		for _, m := range ms {
+			if err := m.refresh(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// owners is each partition's preferred owner, the same in every view.
+	owners := func() []*Members {
+		t.Helper()
+		out := make([]*Members, partitions)
+		for p := range partitions {
+			for _, m := range ms {
+				if m.Prefers(p) {
+					if out[p] != nil {
+						t.Fatalf("partition %d preferred by two members", p)
+					}
+					out[p] = m
+				}
+			}
+			if out[p] == nil {
+				t.Fatalf("partition %d preferred by no member", p)
+			}
+		}
+		return out
+	}
+	refresh()
+	before := owners()
+	owner := before[2]
+	owner.GiveUp(2, true)
+	refresh()
+	after := owners()
+	if after[2] == owner {
+		t.Fatal("the member that gave partition 2 up still prefers it")
+	}
+	for p := range partitions {
+		if p != 2 && after[p] != before[p] {
+			t.Errorf("partition %d moved though nobody gave it up", p)
+		}
+	}
+	for _, m := range ms {
+		m.GiveUp(2, true)
+	}
+	refresh()
+	if all := owners(); all[2] != before[2] {
+		t.Error("a partition every member gave up is not assigned as if none had")
+	}
+	for _, m := range ms {
+		m.GiveUp(2, false)
+	}
+	refresh()
+	if back := owners(); !slices.Equal(back, before) {
+		t.Error("taking part again did not bring the assignment back")
+	}
+}

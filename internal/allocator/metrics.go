@@ -26,6 +26,8 @@ type metrics struct {
 	acceptToApply   prometheus.Histogram
 	pending         prometheus.Gauge
 	backlog         prometheus.Gauge
+	stalled         prometheus.Gauge
+	giveUps         prometheus.Counter
 }
 
 // newMetrics builds the metrics, each registered with reg where it is
@@ -79,6 +81,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		pending: f.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_allocator_consumer_pending_messages", Help: "Requests stored on this partition and not yet acknowledged (the allocator's lag).",
+		}),
+		stalled: f.NewGauge(prometheus.GaugeOpts{
+			Name: "allot_allocator_partition_stalled",
+			Help: "1 while this allocator has given its partition up because it could not commit while requests waited (ALLOT_STALL_TIMEOUT), until a transaction commits again.",
+		}),
+		giveUps: f.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_stall_giveups_total",
+			Help: "Times this allocator gave its partition up to a peer because it could not commit for ALLOT_STALL_TIMEOUT while requests waited.",
 		}),
 		backlog: f.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_allocator_outbox_backlog_requests", Help: "Applied requests whose events are not yet relayed to ALLOT_EVENTS.",

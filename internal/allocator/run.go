@@ -3,11 +3,13 @@ package allocator
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,13 +52,19 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	if err := store.Migrate(ctx, db); err != nil {
 		return err
 	}
+	if stall := cfg.withDefaults().StallTimeout; stall > 0 {
+		// The pool drops an idle connection before the server ends it
+		// (Env.SessionDSN's wait_timeout), rather than find it dead.
+		db.SetConnMaxIdleTime(stall / 2)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
 	// Serve /readyz (503) and /metrics at once, and wait for JetStream
 	// rather than exit: a cluster that has just formed may take a while to
 	// create R3 streams.
 	var ready atomic.Bool
-	metrics, err := serveMetrics(cfg.MetricsAddr, cfg.listen, reg, db, nc, &ready)
+	stalls := &stallSet{}
+	metrics, err := serveMetrics(cfg.MetricsAddr, cfg.listen, reg, db, nc, &ready, stalls)
 	if err != nil {
 		return err
 	}
@@ -64,7 +72,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	// No name: the allocator's errors are returned as they always were.
 	parts := []lifecycle.Part{{Run: func(ctx context.Context) error {
 		defer close(ran)
-		return runPartitions(ctx, cfg, db, nc, log, reg, &ready)
+		return runPartitions(ctx, cfg, db, nc, log, reg, &ready, stalls)
 	}}}
 	if metrics != nil {
 		parts = append(parts, lifecycle.StopAfter(ran, *metrics))
@@ -75,7 +83,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 // runPartitions waits for the streams, joins the membership, and runs an
 // allocator for every partition until ctx ends or one of them fails; then
 // stops them all at once. It returns nil when ctx ended.
-func runPartitions(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger, reg *prometheus.Registry, ready *atomic.Bool) error {
+func runPartitions(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger, reg *prometheus.Registry, ready *atomic.Bool, stalls *stallSet) error {
 	if js, err := jetstream.New(nc); err == nil {
 		err := bus.Retry(ctx, log, "allocator: ensure streams", bus.StartAttempt, func(ctx context.Context) error {
 			return bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: cfg.Partitions, Replicas: cfg.Replicas,
@@ -101,6 +109,15 @@ func runPartitions(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn
 	}
 	if members != nil {
 		cfg.Prefers = members.Prefers
+	}
+	// A partition given up for want of commits goes to a peer: the
+	// membership tells them, /readyz tells the operator.
+	joined := members
+	cfg.OnStall = func(p int, stalled bool) {
+		stalls.set(p, stalled)
+		if joined != nil {
+			joined.GiveUp(p, stalled)
+		}
 	}
 	var all []*Allocator
 	stopAll := func() {
@@ -180,9 +197,10 @@ func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
 }
 
 // serveMetrics listens on addr and returns the part that serves /metrics,
-// /healthz and /readyz there (nothing when addr is empty). /readyz answers 503 until ready is set, and while NATS or
-// MySQL is unreachable.
-func serveMetrics(addr string, listen func(network, address string) (net.Listener, error), reg *prometheus.Registry, db *sql.DB, nc *nats.Conn, ready *atomic.Bool) (*lifecycle.Part, error) {
+// /healthz and /readyz there (nothing when addr is empty). /readyz answers
+// 503 until ready is set, while NATS or MySQL is unreachable, and while a
+// partition is given up because it could not commit (stalls).
+func serveMetrics(addr string, listen func(network, address string) (net.Listener, error), reg *prometheus.Registry, db *sql.DB, nc *nats.Conn, ready *atomic.Bool, stalls *stallSet) (*lifecycle.Part, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -197,9 +215,19 @@ func serveMetrics(addr string, listen func(network, address string) (net.Listene
 			w.Write([]byte(`{"error":"the allocator is starting: waiting for NATS JetStream."}`)) //nolint:errcheck // the client is gone; nothing to do
 			return
 		}
-		if !nc.IsConnected() || db.PingContext(r.Context()) != nil {
+		// A hung route to MySQL must not hang the probe.
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if !nc.IsConnected() || db.PingContext(ctx) != nil {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
+			return
+		}
+		if parts := stalls.list(); len(parts) > 0 {
+			body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(
+				"partitions given up to peers, no commit to mysql while their requests waited: %s.", joinInts(parts))})
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write(body) //nolint:errcheck // the client is gone; nothing to do
 			return
 		}
 		w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
@@ -213,4 +241,16 @@ func serveMetrics(addr string, listen func(network, address string) (net.Listene
 	}
 	p := lifecycle.HTTPServer("allocator metrics", newMetricsServer(mux, metricsTimeouts), ln, 5*time.Second, nil)
 	return &p, nil
+}
+
+// joinInts is "1, 2, 3".
+func joinInts(xs []int) string {
+	var b []byte
+	for i, x := range xs {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	return string(b)
 }

@@ -107,7 +107,15 @@ func run(ctx context.Context, args []string) int {
 	// Each part gets its own pool and connection, as separate processes would.
 	var parts []lifecycle.Part
 	for _, name := range []string{"allocator", "ingest"} {
-		db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
+		dsn := c.MySQLDSN
+		if name == "allocator" {
+			var err error
+			if dsn, err = c.AllocatorEnv.SessionDSN(dsn); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+				return 2
+			}
+		}
+		db, err := store.Open(ctx, dsn, c.MySQLMaxConns)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 			return 2

@@ -33,7 +33,7 @@ func TestPageNamesTheNumbersTestsRead(t *testing.T) {
 		t.Errorf("page CSP %q, want %q", got, contentSecurityPolicy)
 	}
 	body := w.Body.String()
-	for _, id := range []string{"capacity", "confirmed", "held", "held-hint", "waiting", "remaining", "rate", "lag", "chart", "feed", "status", "activity-input", "watch"} {
+	for _, id := range []string{"capacity", "confirmed", "held", "held-hint", "waiting", "remaining", "rate", "lag", "allocator", "chart", "feed", "status", "activity-input", "watch"} {
 		if !strings.Contains(body, `id="`+id+`"`) {
 			t.Errorf("the page has no element with id %q", id)
 		}

@@ -42,12 +42,38 @@ type State struct {
 	// to get through before it has applied everything stored for this
 	// activity. Null when unknown (stream unreadable, activity not opened).
 	Lag *uint64 `json:"lag"`
+	// Partition is the state of the allocator that applies the activity's
+	// partition; null when the broker could not tell.
+	Partition *Partition `json:"partition"`
 	// At is when the reads behind this snapshot began.
 	At time.Time `json:"at"`
 	// Skipped counts the events this stream dropped because its client read
 	// slower than they came; the counters above stay exact regardless.
 	Skipped uint64 `json:"skipped"`
 }
+
+// Partition is what the page shows of the allocator applying a partition,
+// as the partition's consumer tells it: whether it makes progress.
+type Partition struct {
+	ID int `json:"id"`
+	// Waiting counts the partition's requests stored and not acknowledged
+	// yet (every activity of the partition).
+	Waiting uint64 `json:"waiting"`
+	// LastApplied is when the allocator last acknowledged a request of the
+	// partition; null if never.
+	LastApplied *time.Time `json:"last_applied"`
+	// PinnedSince is when the partition was pinned to the allocator that
+	// holds it now (a takeover resets it); null while pinned to none.
+	PinnedSince *time.Time `json:"pinned_since"`
+	// Stalled is set while requests wait and none was acknowledged for
+	// StalledAfter: the allocator holding the partition makes no progress
+	// (it gives the partition up to a peer after ALLOT_STALL_TIMEOUT).
+	Stalled bool `json:"stalled"`
+}
+
+// StalledAfter is how long a partition may go without an acknowledged
+// request while requests wait before the page calls it stalled.
+const StalledAfter = 10 * time.Second
 
 // snapshots shares state reads between the streams of one activity: a
 // hundred pages watching a launch cost a few reads per second, not hundreds.
@@ -117,6 +143,12 @@ func (s *Server) readState(ctx context.Context, activity int64, start time.Time)
 		s.cfg.Log.DebugContext(ctx, "live: read the last stored request",
 			slog.Int64("activity_id", activity), slog.Any("err", storedErr))
 	}
+	if p, err := s.partition(ctx, activity, start); err == nil {
+		st.Partition = p
+	} else if ctx.Err() == nil {
+		s.cfg.Log.DebugContext(ctx, "live: read the partition's consumer",
+			slog.Int64("activity_id", activity), slog.Any("err", err))
+	}
 	as, found, err := store.GetActivity(ctx, s.cfg.DB, activity)
 	if err != nil {
 		return st, err
@@ -160,6 +192,35 @@ func (s *Server) lastStored(ctx context.Context, activity int64) (uint64, error)
 		return 0, fmt.Errorf("last request of activity %d: %w", activity, err)
 	}
 	return msg.Sequence, nil
+}
+
+// partition reads the consumer of activity's partition.
+func (s *Server) partition(ctx context.Context, activity int64, now time.Time) (*Partition, error) {
+	stream, parts, err := s.requestStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p := bus.PartitionOf(activity, parts)
+	cons, err := stream.Consumer(ctx, bus.AllocatorConsumer(p))
+	if err != nil {
+		return nil, fmt.Errorf("consumer of partition %d: %w", p, err)
+	}
+	info := cons.CachedInfo()
+	out := &Partition{ID: p, Waiting: info.NumPending + uint64(info.NumAckPending), LastApplied: info.AckFloor.Last}
+	for _, g := range info.PriorityGroups {
+		if g.Group == bus.PriorityGroup && g.PinnedClientID != "" && !g.PinnedTS.IsZero() {
+			ts := g.PinnedTS
+			out.PinnedSince = &ts
+		}
+	}
+	// Progress is judged from the last ack, or from the pin when that is
+	// later: a new holder had no chance to apply before it.
+	since := out.LastApplied
+	if out.PinnedSince != nil && (since == nil || out.PinnedSince.After(*since)) {
+		since = out.PinnedSince
+	}
+	out.Stalled = out.Waiting > 0 && (since == nil || now.Sub(*since) >= StalledAfter)
+	return out, nil
 }
 
 // requestStream looks ALLOT_REQUESTS up once: its partitions never change

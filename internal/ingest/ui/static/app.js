@@ -150,6 +150,7 @@
     const sk = $('skipped');
     sk.hidden = !st.skipped;
     sk.textContent = st.skipped ? fmt.format(st.skipped) + ' events not shown (this page read too slowly); the numbers stay exact' : '';
+    showPartition(st.partition);
 
     if (!st.opened) {
       showBanner('Activity ' + activity + ' is not open yet. This page fills in by itself as soon as it opens.', 'info');
@@ -193,6 +194,26 @@
       if (points.length > CHART_MAX_POINTS) points.splice(0, points.length - CHART_MAX_POINTS);
       drawChart();
     }
+  }
+
+  // showPartition shows whether the allocator applying the activity's
+  // partition makes progress, and since when it holds the partition.
+  function showPartition(p) {
+    const el = $('allocator');
+    el.classList.toggle('ok', !!p && !p.stalled);
+    el.classList.toggle('warn', !!p && p.stalled);
+    if (!p) {
+      el.textContent = '–';
+      el.dataset.value = '';
+      $('allocator-hint').textContent = 'unknown: broker not readable';
+      return;
+    }
+    el.textContent = p.stalled ? 'stalled' : p.waiting > 0 ? 'applying' : 'idle';
+    el.dataset.value = el.textContent;
+    const parts = ['partition ' + p.id, fmt.format(p.waiting) + ' waiting'];
+    if (p.last_applied) parts.push('last applied ' + clock(parseTime(p.last_applied)));
+    if (p.pinned_since) parts.push('held since ' + clock(parseTime(p.pinned_since)));
+    $('allocator-hint').textContent = parts.join(' · ');
   }
 
   // showHolds shows or hides the Held card; hold is the activity's hold.
