@@ -315,7 +315,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	for _, it := range work {
 		req, err := wire.DecodeRequest(it.subject, it.data)
 		if err == nil {
-			err = bus.CheckSubject(it.subject, req.ActivityID, a.cfg.Partitions)
+			err = bus.CheckRequestSubject(it.subject, req, a.cfg.Partitions)
 		}
 		if err != nil {
 			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error(), Request: req})
@@ -341,7 +341,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	}
 	actIDs := make([]int64, 0, 4)
 	for _, r := range reqs {
-		actIDs = append(actIDs, r.req.ActivityID)
+		if r.req.Op != wire.OpVoid { // a void names no activity
+			actIDs = append(actIDs, r.req.ActivityID)
+		}
 	}
 	slices.Sort(actIDs)
 	actIDs = slices.Compact(actIDs)
@@ -367,6 +369,18 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	out.results = slices.Grow(out.results, len(reqs))
 	for _, r := range reqs {
 		if done[r.req.RequestID] {
+			continue
+		}
+		if r.req.Op == wire.OpVoid {
+			// The id has no result before this void in the partition's
+			// order (a repeat was skipped above): it was never stored, and
+			// a copy stored later is a repeat of this result.
+			done[r.req.RequestID] = true
+			res := allocation.VoidResult(r.req, r.seq)
+			res.AppliedAt = now
+			out.results = append(out.results, res)
+			a.m.decisions.WithLabelValues(string(r.req.Op), string(res.Outcome)).Inc()
+			rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition})
 			continue
 		}
 		act := acts[r.req.ActivityID]

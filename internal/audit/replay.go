@@ -118,7 +118,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 
 	req, err := wire.DecodeRequest(subject, data)
 	if err == nil {
-		err = bus.CheckSubject(subject, req.ActivityID, a.partitions)
+		err = bus.CheckRequestSubject(subject, req, a.partitions)
 	}
 	if err != nil {
 		a.malformed(seq, "", subject, err, got, rejected, check)
@@ -142,6 +142,10 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		if check && rejected {
 			a.unexpectedRejected(seq, req.RequestID, rej, "a repeat of an applied request must be skipped, not rejected")
 		}
+		return nil
+	}
+	if req.Op == wire.OpVoid {
+		a.void(seq, req, got, rej, rejected, check)
 		return nil
 	}
 	dreq := allocation.RequestOf(req)
@@ -213,6 +217,36 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		})
 	}
 	return nil
+}
+
+// void checks the void of an id that has no result before it: the
+// allocator records REJECTED "never stored" and changes nothing.
+func (a *auditor) void(seq uint64, req wire.Request, got *resultRow, rej rejectedRow, rejected, check bool) {
+	a.seen[req.RequestID] = seq
+	if !check || a.subjects != nil {
+		// An audit of some activities reads their results only, and a
+		// void's (activity_id 0) is none of them.
+		return
+	}
+	if rejected {
+		a.unexpectedRejected(seq, req.RequestID, rej, "a void is recorded as a result, not rejected")
+	}
+	a.rep.Compared++
+	want := allocation.VoidResult(req, seq)
+	if got == nil {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing, UserID: req.UserID,
+			Expected: "a processed_request row with outcome " + string(want.Outcome) + " (" + wire.ReasonNeverStored + ")", Actual: "none",
+		})
+		return
+	}
+	a.compareResult(want, got)
+	if got.Events.String != "" {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: req.RequestID, Kind: KindResult, UserID: req.UserID,
+			Field: "events", Expected: "", Actual: got.Events.String,
+		})
+	}
 }
 
 // malformed checks a message the allocator must have refused.

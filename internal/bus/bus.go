@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -120,6 +121,39 @@ func StoredSubject(activity int64, partitions int) string {
 func CheckSubject(subject string, activity int64, partitions int) error {
 	if want := StoredSubject(activity, partitions); subject != want {
 		return fmt.Errorf("activity %d belongs on %s, not on %s", activity, want, subject)
+	}
+	return nil
+}
+
+// VoidCarrier is the activity whose subject carries the voids of
+// partition p (wire.OpVoid): the smallest activity id the stream's
+// transform sends to p. A void names no activity; its carrier only puts it
+// in its partition's order.
+func VoidCarrier(p, partitions int) int64 {
+	if partitions <= 1 {
+		return 1
+	}
+	for a := int64(1); ; a++ {
+		if PartitionOf(a, partitions) == p {
+			return a
+		}
+	}
+}
+
+// CheckRequestSubject is CheckSubject for any decoded request: a void
+// (activity_id 0) must be stored on the carrier subject of the partition
+// its request id names, any other request on its activity's subject.
+func CheckRequestSubject(subject string, req wire.Request, partitions int) error {
+	if req.Op != wire.OpVoid {
+		return CheckSubject(subject, req.ActivityID, partitions)
+	}
+	id, err := uuid.Parse(req.RequestID)
+	if err != nil {
+		return fmt.Errorf("void: request_id: %w", err)
+	}
+	p := wire.PartitionOfID(id, partitions)
+	if want := StoredSubject(VoidCarrier(p, partitions), partitions); subject != want {
+		return fmt.Errorf("the void of %s (partition %d) belongs on %s, not on %s", req.RequestID, p, want, subject)
 	}
 	return nil
 }
