@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,7 +74,14 @@ type StreamConfig struct {
 	// existing stream has (the defaults for a new one), so a binary that
 	// does not own the setting never changes it.
 	Requests, Events Retention
+	// Duplicates is the request stream's duplicate window; 0 keeps what
+	// an existing stream has (2m for a new one), so an operator's setting
+	// survives a restart. Ingest settles a lost PubAck within it.
+	Duplicates time.Duration
 }
+
+// DefaultRequestDuplicates is the request stream's duplicate window.
+const DefaultRequestDuplicates = 2 * time.Minute
 
 // ErrPartitionsChanged means ALLOT_REQUESTS exists with another number of
 // partitions than configured: the mapping of activities to partitions (and
@@ -188,7 +196,7 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(c.Replicas, 1),
-		Duplicates:  duplicatesWithin(2*time.Minute, r.MaxAge),
+		Duplicates:  duplicatesWithin(cmp.Or(c.Duplicates, DefaultRequestDuplicates), r.MaxAge),
 		Discard:     jetstream.DiscardNew,
 		MaxAge:      r.MaxAge,
 		MaxBytes:    r.MaxBytes,
@@ -289,6 +297,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 		// Never fewer replicas than the stream has (KeepReplicas).
 		rc.Replicas = max(rc.Replicas, have.Replicas)
 		rc.Requests = rc.Requests.orHave(have)
+		rc.Duplicates = cmp.Or(rc.Duplicates, have.Duplicates)
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}
