@@ -300,14 +300,17 @@ func (a *Allocator) noteCommitted(items []item, out outcome) {
 	}
 }
 
+// valid is a decoded request at its place in the stream.
+type valid struct {
+	item
+	req wire.Request
+}
+
 // decide applies work (sorted, all above the fence) through the domain and
 // writes everything in the open transaction.
 func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out outcome) (outcome, error) {
 	now := time.Now().UTC()
-	type valid struct {
-		item
-		req wire.Request
-	}
+
 	var (
 		reqs     = make([]valid, 0, len(work))
 		rejected []store.RejectedRow
@@ -338,6 +341,13 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		if done, err = store.Processed(ctx, tx, ids); err != nil {
 			return out, err
 		}
+	}
+	// A void of a request stored and refused before it is a repeat too:
+	// the id has its answer (rejected_message). Voids are rare, so they
+	// are looked up whenever a batch holds one.
+	refusedAt, err := a.refusedBefore(ctx, tx, voidIDs(reqs), rejected)
+	if err != nil {
+		return out, err
 	}
 	actIDs := make([]int64, 0, 4)
 	for _, r := range reqs {
@@ -372,6 +382,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			continue
 		}
 		if r.req.Op == wire.OpVoid {
+			if at, ok := refusedAt[r.req.RequestID]; ok && at < r.seq {
+				continue
+			}
 			// The id has no result before this void in the partition's
 			// order (a repeat was skipped above): it was never stored, and
 			// a copy stored later is a repeat of this result.
@@ -386,6 +399,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		act := acts[r.req.ActivityID]
 		after, d, err := allocation.Apply(act, allocation.RequestOf(r.req), r.seq)
 		if err != nil {
+			if _, ok := refusedAt[r.req.RequestID]; !ok && refusedAt != nil {
+				refusedAt[r.req.RequestID] = r.seq
+			}
 			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
 			out.reject(r.seq, r.req, err.Error(), now)
 			continue
@@ -453,6 +469,36 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		return out, err
 	}
 	return out, nil
+}
+
+// voidIDs returns the request ids of the voids among reqs.
+func voidIDs(reqs []valid) []string {
+	var ids []string
+	for _, r := range reqs {
+		if r.req.Op == wire.OpVoid {
+			ids = append(ids, r.req.RequestID)
+		}
+	}
+	return ids
+}
+
+// refusedBefore maps those of ids that were stored and refused (a
+// rejected_message row, or a refusal earlier in this batch) to the first
+// sequence they were refused at; nil when ids is empty.
+func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string, batch []store.RejectedRow) (map[string]uint64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	at, err := store.RefusedRequests(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range batch {
+		if seq, ok := at[r.Request.RequestID]; store.ValidRequestID(r.Request.RequestID) && (!ok || r.Seq < seq) {
+			at[r.Request.RequestID] = r.Seq
+		}
+	}
+	return at, nil
 }
 
 // activity returns the live state of activity id under its row lock: the

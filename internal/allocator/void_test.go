@@ -126,3 +126,36 @@ func TestVoidOnTheWrongSubjectIsRefused(t *testing.T) {
 	}
 	e.auditClean()
 }
+
+// TestVoidOfARefusedRequestIsARepeat: a request that was stored and
+// refused (here: published on another activity's subject) has its answer,
+// the rejection; a void behind it changes nothing, in the same batch or a
+// later one.
+func TestVoidOfARefusedRequestIsARepeat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	misplaced := func() (wire.Request, uint64) {
+		r := req(wire.OpJoin, 2, 5)
+		data, _ := json.Marshal(r)
+		return r, e.publishRaw(wire.RequestSubject(1), data)
+	}
+	same, _ := misplaced()
+	e.publishVoid(voidOf(same.RequestID, 5), "void-same-batch")
+	a := e.start(Config{}, Hooks{})
+	earlier, seq := misplaced()
+	e.waitFence(seq)
+	a.Stop()
+	last := e.publishVoid(voidOf(earlier.RequestID, 5), "void-later-batch")
+	e.start(Config{}, Hooks{})
+	e.waitFence(last)
+	for _, id := range []string{same.RequestID, earlier.RequestID} {
+		r := e.result(id)
+		if r.Op != wire.OpJoin || r.Outcome != wire.OutcomeRejected || r.Reason == wire.ReasonNeverStored {
+			t.Errorf("refused request %s after its void: %+v, want its rejection", id, r)
+		}
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 0 {
+		t.Errorf("%d results recorded for voids of refused requests, want none", n)
+	}
+	e.auditClean()
+}

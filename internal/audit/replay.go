@@ -42,6 +42,9 @@ type auditor struct {
 	signups map[signupKey]*signupTrack
 	// seen maps each applied request_id to the sequence it was applied at.
 	seen map[string]uint64
+	// refusedAt maps the request ids of rejected_message rows to the first
+	// sequence they were refused at: a void behind it is a repeat.
+	refusedAt map[string]uint64
 	// ref is the reference model's state per activity: the second opinion
 	// on allocation.Apply (second.go).
 	ref map[int64]*refmodel.Activity
@@ -222,6 +225,18 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 // void checks the void of an id that has no result before it: the
 // allocator records REJECTED "never stored" and changes nothing.
 func (a *auditor) void(seq uint64, req wire.Request, got *resultRow, rej rejectedRow, rejected, check bool) {
+	if at, ok := a.refusedAt[req.RequestID]; ok && at < seq {
+		// The request was stored and refused before: it has its answer,
+		// and the void is a repeat, as of an applied request.
+		a.rep.Skipped++
+		if check && got != nil {
+			a.unexpectedResult(got, "a result recorded for the void of request "+req.RequestID+" refused at seq "+strconv.FormatUint(at, 10))
+		}
+		if check && rejected {
+			a.unexpectedRejected(seq, req.RequestID, rej, "a void of a refused request must be skipped, not rejected")
+		}
+		return
+	}
 	a.seen[req.RequestID] = seq
 	if !check || a.subjects != nil {
 		// An audit of some activities reads their results only, and a
