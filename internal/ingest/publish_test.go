@@ -5,15 +5,18 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -146,28 +149,37 @@ func (l *lostAcks) wait(t *testing.T, id string, op wire.Op, within time.Duratio
 	}
 }
 
-func (l *lostAcks) back(t *testing.T) {
+func (l *lostAcks) back(t *testing.T) { l.backWith(t, 1) }
+
+// backWith is back with a stream of partitions partitions.
+func (l *lostAcks) backWith(t *testing.T, partitions int) {
 	t.Helper()
 	if err := l.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(context.Background(), l.h.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), l.h.js, bus.StreamConfig{Partitions: partitions}); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // startAllocator applies the request stream into h's database until the
 // test ends.
-func startAllocator(t *testing.T, h *harness) {
+func startAllocator(t *testing.T, h *harness) { startAllocators(t, h, 1) }
+
+// startAllocators starts one allocator per partition.
+func startAllocators(t *testing.T, h *harness, partitions int) {
 	t.Helper()
-	a, err := allocator.New(h.db.DB, h.nc, slog.New(slog.DiscardHandler), nil, allocator.Config{}, allocator.Hooks{})
-	if err != nil {
-		t.Fatal(err)
+	for p := range partitions {
+		a, err := allocator.New(h.db.DB, h.nc, slog.New(slog.DiscardHandler), nil,
+			allocator.Config{Partition: p, Partitions: partitions}, allocator.Hooks{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(a.Stop)
 	}
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Stop)
 }
 
 type maybeStored struct {
@@ -311,6 +323,73 @@ func TestPollSettlesTheIDOfADeadIngest(t *testing.T) {
 	wantNeverStored(t, pollDone(t, h, id, 5*time.Second), id, 0)
 	if n := testutil.ToFloat64(other.svc.metrics.voids.WithLabelValues("poll")); n != 1 {
 		t.Errorf("allot_ingest_voids_total{by=poll} = %v, want 1", n)
+	}
+}
+
+// TestVoidLandsInTheRequestsPartition: with several partitions the id
+// names its request's partition, and the void is stored in that
+// partition's order (on its carrier's subject), applied by its allocator,
+// and audited clean.
+func TestVoidLandsInTheRequestsPartition(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	h := newHarness(t, Options{PublishTimeout: 500 * time.Millisecond, Partitions: partitions})
+	h.svc.settle.configure(3*time.Second, partitions)
+	activity := int64(2)
+	for bus.PartitionOf(activity, partitions) == 0 {
+		activity++
+	}
+	p := bus.PartitionOf(activity, partitions)
+	lost := loseAcks(t, h)
+	resp, body := h.do(req{method: "POST", path: "/v1/activities/" + strconv.FormatInt(activity, 10) + "/signups/3"})
+	id := wantMaybeStored(t, "lost PubAck", resp, body)
+	if got := wire.PartitionOfID(uuid.MustParse(id), partitions); got != p {
+		t.Fatalf("id %s names partition %d, its activity %d is in %d", id, got, activity, p)
+	}
+	lost.wait(t, id, wire.OpVoid, 30*time.Second)
+	lost.backWith(t, partitions)
+	startAllocators(t, h, partitions)
+	wantNeverStored(t, pollDone(t, h, id, 30*time.Second), id, 3)
+	carrier := bus.StoredSubject(bus.VoidCarrier(p, partitions), partitions)
+	if n := h.subjectMsgs(carrier); n != 1 {
+		t.Errorf("%d messages on %s, want the void", n, carrier)
+	}
+	if n := h.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE request_id = ? AND partition_id = ?", id, p); n != 1 {
+		t.Errorf("the void is not recorded in partition %d", p)
+	}
+	rep, err := audit.Run(context.Background(), h.db.DB, h.js, audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rep.Divergences {
+		t.Errorf("audit divergence: %+v", d)
+	}
+}
+
+// TestSettlingIsBounded: beyond SettleMax ids followed at once, a lost
+// PubAck's void is published at once, unfollowed; the id still settles.
+func TestSettlingIsBounded(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, Options{PublishTimeout: 500 * time.Millisecond, SettleMax: 1})
+	lost := loseAcks(t, h)
+	resp, body := h.do(req{method: "POST", path: "/v1/activities/1/signups/1"})
+	followed := wantMaybeStored(t, "first lost PubAck", resp, body)
+	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/2"})
+	id := wantMaybeStored(t, "second lost PubAck", resp, body)
+	if n := testutil.ToFloat64(h.svc.metrics.voids.WithLabelValues("overflow")); n != 1 {
+		t.Fatalf("allot_ingest_voids_total{by=overflow} = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(h.svc.metrics.settleActive); n != 1 {
+		t.Fatalf("allot_ingest_settle_active = %v, want 1 (the bound)", n)
+	}
+	lost.back(t)
+	startAllocator(t, h)
+	// The overflowed void was swallowed with the broker's lost answers;
+	// a poll after the bound settles the id.
+	h.svc.settle.configure(time.Second, 1)
+	wantNeverStored(t, pollDone(t, h, id, 30*time.Second), id, 0)
+	if r := pollDone(t, h, followed, 30*time.Second); r.Op != wire.OpJoin {
+		t.Errorf("followed id: %+v, want the join stored and applied", r)
 	}
 }
 
