@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -67,8 +68,8 @@ func VoidAfter(window time.Duration) time.Duration { return window + settleMargi
 type settler struct {
 	s      *Service
 	max    int
-	window time.Duration // the request stream's duplicate window
-	parts  int           // the request stream's partitions
+	window atomic.Int64 // the request stream's duplicate window, in nanoseconds
+	parts  atomic.Int64 // the request stream's partitions
 
 	mu     sync.Mutex
 	busy   map[string]bool // ids being republished or voided here
@@ -82,24 +83,23 @@ type settler struct {
 func newSettler(s *Service, max int) *settler {
 	voided, _ := lru.New[string, struct{}](settleVoided)
 	ctx, cancel := context.WithCancel(context.Background())
-	return &settler{s: s, max: max, busy: make(map[string]bool), voided: voided, ctx: ctx, cancel: cancel,
-		window: 2 * time.Minute, parts: 1}
+	t := &settler{s: s, max: max, busy: make(map[string]bool), voided: voided, ctx: ctx, cancel: cancel}
+	t.configure(bus.DefaultRequestDuplicates, 1)
+	return t
 }
 
 // configure takes the request stream's duplicate window and partitions.
 func (t *settler) configure(window time.Duration, partitions int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if window > 0 {
-		t.window = window
+		t.window.Store(int64(window))
 	}
-	t.parts = max(partitions, 1)
+	t.parts.Store(int64(max(partitions, 1)))
 }
 
+// settings are the duplicate window and the partitions (every write reads
+// them: no lock).
 func (t *settler) settings() (time.Duration, int) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.window, t.parts
+	return time.Duration(t.window.Load()), int(t.parts.Load())
 }
 
 // stop ends every republishing and voiding and waits for them. What is left
@@ -186,7 +186,11 @@ func (t *settler) overflow(id string, user int64, p int) {
 	if err != nil {
 		return
 	}
-	if _, err := t.s.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream)); err != nil {
+	// Without a reply subject: the broker stores it and answers nothing, so
+	// no PubAck is waited for or kept.
+	msg.Header.Set(jetstream.MsgIDHeader, id)
+	msg.Header.Set(jetstream.ExpectedStreamHeader, wire.RequestStream)
+	if err := t.s.nc.PublishMsg(msg); err != nil {
 		t.s.log.Warn("void not published", slog.String("request_id", id), slog.Any("err", err))
 	}
 }
