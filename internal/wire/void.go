@@ -21,9 +21,6 @@ import (
 // id the stream's partition transform sends to that partition. The
 // allocator and the audit accept a void only on that subject.
 
-// OpVoid settles a request id that may never have been stored.
-const OpVoid Op = "void"
-
 // ReasonNeverStored is the reason of the result a void records.
 const ReasonNeverStored = "never stored"
 
