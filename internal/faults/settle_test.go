@@ -28,14 +28,24 @@ const settleWindow = 4 * time.Second
 // the applied result, had the broker stored it), on both ingests, within
 // the bound ingest.VoidAfter(window) after the broker is back, and the
 // invariants hold and the audit is clean. In the second variant the ingest
-// that issued the id is killed too, and the other ingest's poll settles it.
+// that issued the id is killed too, and the other ingest's poll settles it;
+// in the third the broker stays down past the window, so the issuer's
+// republishing gives up and a void settles the id (the issuer's or a
+// poller's, whichever the broker stores first: they are one message).
 func TestScenario13LostPubAckSettles(t *testing.T) {
-	for _, killIssuer := range []bool{false, true} {
-		name := "issuer-alive"
-		if killIssuer {
-			name = "issuer-killed"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, v := range []struct {
+		name       string
+		killIssuer bool
+		// downFor keeps the broker down after the kill: past the window,
+		// the issuer's republishing gives up and voids the id.
+		downFor time.Duration
+	}{
+		{"issuer-alive", false, 0},
+		{"issuer-killed", true, 0},
+		{"broker-down-past-the-window", false, settleWindow},
+	} {
+		killIssuer := v.killIssuer
+		t.Run(v.name, func(t *testing.T) {
 			s := newStack(t, stackConfig{ingestEnv: []string{"ALLOT_INGEST_PUBLISH_TIMEOUT=1s"}})
 			ctx := context.Background()
 			s.openActivities([]activity{{id: 1, capacity: 10}})
@@ -63,6 +73,7 @@ func TestScenario13LostPubAckSettles(t *testing.T) {
 				s.killedForGood[s.ingest] = true
 			}
 			s.must(s.natsd.kill()) // SIGKILL ends a stopped process too
+			time.Sleep(v.downFor)
 			s.must(s.startNATS())
 			back := time.Now()
 
@@ -83,6 +94,9 @@ func TestScenario13LostPubAckSettles(t *testing.T) {
 				}
 			}
 			t.Logf("id %s done %s after the broker came back: %v", id, time.Since(back).Round(10*time.Millisecond), final)
+			if v.downFor > 0 && final["op"] != string(wire.OpVoid) {
+				t.Errorf("broker down past the window: %v, want the id voided", final)
+			}
 			if final["outcome"] == string(wire.OutcomeRejected) {
 				if final["reason"] != wire.ReasonNeverStored || final["op"] != string(wire.OpVoid) {
 					t.Errorf("REJECTED without the void's reason: %v", final)
