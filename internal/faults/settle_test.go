@@ -30,8 +30,11 @@ const settleWindow = 4 * time.Second
 // invariants hold and the audit is clean. In the second variant the ingest
 // that issued the id is killed too, and the other ingest's poll settles it;
 // in the third the broker stays down past the window, so the issuer's
-// republishing gives up and a void settles the id (the issuer's or a
+// republishing gives up and a void is published (the issuer's or a
 // poller's, whichever the broker stores first: they are one message).
+// A copy the client library buffered before it saw the connection drop
+// may still be stored after the restart, ahead of the void: either final
+// answer is right, as long as there is one.
 func TestScenario13LostPubAckSettles(t *testing.T) {
 	for _, v := range []struct {
 		name       string
@@ -94,9 +97,6 @@ func TestScenario13LostPubAckSettles(t *testing.T) {
 				}
 			}
 			t.Logf("id %s done %s after the broker came back: %v", id, time.Since(back).Round(10*time.Millisecond), final)
-			if v.downFor > 0 && final["op"] != string(wire.OpVoid) {
-				t.Errorf("broker down past the window: %v, want the id voided", final)
-			}
 			if final["outcome"] == string(wire.OutcomeRejected) {
 				if final["reason"] != wire.ReasonNeverStored || final["op"] != string(wire.OpVoid) {
 					t.Errorf("REJECTED without the void's reason: %v", final)

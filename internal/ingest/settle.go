@@ -216,6 +216,11 @@ func (t *settler) republish(msg *nats.Msg, id string, uid uuid.UUID) bool {
 			return false
 		case <-time.After(wait):
 		}
+		if !t.s.nc.IsConnected() {
+			// A copy published now would wait in the client's reconnect
+			// buffer; the next attempt after the reconnection does better.
+			continue
+		}
 		t.s.metrics.settleCopies.Inc()
 		ack, err := t.publish(msg, id)
 		if err == nil {
@@ -249,6 +254,9 @@ func (t *settler) void(id string, user int64, p int) {
 				return
 			case <-time.After(backoff(attempt)):
 			}
+		}
+		if !t.s.nc.IsConnected() {
+			continue // as in republish: wait for the connection
 		}
 		ack, err := t.publish(msg, id)
 		if err == nil {
