@@ -17,7 +17,14 @@ const (
 	// OpExpire lapses a hold. Clients never send it: the allocator puts it
 	// in the request stream when the hold ends; its results are readable.
 	OpExpire Op = "expire"
+	// OpVoid settles a request id whose write answered 503 with the id
+	// (no PubAck in time) and that was never stored: its result is
+	// REJECTED with Reason ReasonNeverStored. Clients never send it.
+	OpVoid Op = "void"
 )
+
+// ReasonNeverStored is the Reason of a voided request id (OpVoid).
+const ReasonNeverStored = "never stored"
 
 // Outcome is the result of applying a request.
 type Outcome string
@@ -98,7 +105,8 @@ type Result struct {
 	ActivityID int64   `json:"activity_id"`
 	UserID     int64   `json:"user_id"` // 0 for open
 	Outcome    Outcome `json:"outcome"`
-	// Reason says why a stored request was REJECTED when applied.
+	// Reason says why a request was REJECTED: the data MySQL refused, or
+	// ReasonNeverStored for a void.
 	Reason string `json:"reason,omitempty"`
 	// Status is the user's signup status after the request; nil for open
 	// and when the user has no signup.

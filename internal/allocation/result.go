@@ -113,3 +113,15 @@ func DecodeEvents(s string) ([]Event, error) {
 	}
 	return out, nil
 }
+
+// VoidResult is the result a void (wire.OpVoid) records for a request id
+// that had none before it in its partition's order: REJECTED, reason
+// wire.ReasonNeverStored, changing nothing. A void of an id that has a
+// result is a repeat and records nothing.
+func VoidResult(req wire.Request, seq uint64) wire.Result {
+	return wire.Result{
+		RequestID: req.RequestID, State: wire.StateDone, Op: wire.OpVoid,
+		ActivityID: 0, UserID: req.UserID, Outcome: wire.OutcomeRejected, Seq: seq,
+		Reason: wire.ReasonNeverStored,
+	}
+}

@@ -301,14 +301,17 @@ func (a *Allocator) noteCommitted(items []item, out outcome) {
 	}
 }
 
+// valid is a decoded request at its place in the stream.
+type valid struct {
+	item
+	req wire.Request
+}
+
 // decide applies work (sorted, all above the fence) through the domain and
 // writes everything in the open transaction.
 func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out outcome) (outcome, error) {
 	now := time.Now().UTC()
-	type valid struct {
-		item
-		req wire.Request
-	}
+
 	var (
 		reqs     = make([]valid, 0, len(work))
 		rejected []store.RejectedRow
@@ -316,7 +319,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	for _, it := range work {
 		req, err := wire.DecodeRequest(it.subject, it.data)
 		if err == nil {
-			err = bus.CheckSubject(it.subject, req.ActivityID, a.cfg.Partitions)
+			err = bus.CheckRequestSubject(it.subject, req, a.cfg.Partitions)
 		}
 		if err != nil {
 			rejected = append(rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error(), Request: req})
@@ -340,9 +343,18 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			return out, err
 		}
 	}
+	// A void of a request stored and refused before it is a repeat too:
+	// the id has its answer (rejected_message). Voids are rare, so they
+	// are looked up whenever a batch holds one.
+	refusedAt, err := a.refusedBefore(ctx, tx, voidIDs(reqs), rejected)
+	if err != nil {
+		return out, err
+	}
 	actIDs := make([]int64, 0, 4)
 	for _, r := range reqs {
-		actIDs = append(actIDs, r.req.ActivityID)
+		if r.req.Op != wire.OpVoid { // a void names no activity
+			actIDs = append(actIDs, r.req.ActivityID)
+		}
 	}
 	slices.Sort(actIDs)
 	actIDs = slices.Compact(actIDs)
@@ -370,9 +382,27 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		if done[r.req.RequestID] {
 			continue
 		}
+		if r.req.Op == wire.OpVoid {
+			if at, ok := refusedAt[r.req.RequestID]; ok && at < r.seq {
+				continue
+			}
+			// The id has no result before this void in the partition's
+			// order (a repeat was skipped above): it was never stored, and
+			// a copy stored later is a repeat of this result.
+			done[r.req.RequestID] = true
+			res := allocation.VoidResult(r.req, r.seq)
+			res.AppliedAt = now
+			out.results = append(out.results, res)
+			a.m.decisions.WithLabelValues(string(r.req.Op), string(res.Outcome)).Inc()
+			rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition})
+			continue
+		}
 		act := acts[r.req.ActivityID]
 		after, d, err := allocation.Apply(act, allocation.RequestOf(r.req), r.seq)
 		if err != nil {
+			if _, ok := refusedAt[r.req.RequestID]; !ok && refusedAt != nil {
+				refusedAt[r.req.RequestID] = r.seq
+			}
 			rejected = append(rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
 			out.reject(r.seq, r.req, err.Error(), now)
 			continue
@@ -440,6 +470,36 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		return out, err
 	}
 	return out, nil
+}
+
+// voidIDs returns the request ids of the voids among reqs.
+func voidIDs(reqs []valid) []string {
+	var ids []string
+	for _, r := range reqs {
+		if r.req.Op == wire.OpVoid {
+			ids = append(ids, r.req.RequestID)
+		}
+	}
+	return ids
+}
+
+// refusedBefore maps those of ids that were stored and refused (a
+// rejected_message row, or a refusal earlier in this batch) to the first
+// sequence they were refused at; nil when ids is empty.
+func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string, batch []store.RejectedRow) (map[string]uint64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	at, err := store.RefusedRequests(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range batch {
+		if seq, ok := at[r.Request.RequestID]; store.ValidRequestID(r.Request.RequestID) && (!ok || r.Seq < seq) {
+			at[r.Request.RequestID] = r.Seq
+		}
+	}
+	return at, nil
 }
 
 // activity returns the live state of activity id under its row lock: the

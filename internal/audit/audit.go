@@ -252,6 +252,12 @@ func Run(ctx context.Context, db *sql.DB, js jetstream.JetStream, opts Options) 
 	if a.rejected, err = readRejected(ctx, tx); err != nil {
 		return Report{}, err
 	}
+	a.refusedAt = make(map[string]uint64)
+	for seq, r := range a.rejected {
+		if at, ok := a.refusedAt[r.requestID]; r.requestID != "" && (!ok || seq < at) {
+			a.refusedAt[r.requestID] = seq
+		}
+	}
 	if a.cp != nil {
 		a.dropCoveredRejections()
 		from = a.cp.min

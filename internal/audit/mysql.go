@@ -25,14 +25,15 @@ func readFence(ctx context.Context, tx *sql.Tx) (uint64, error) {
 
 // rejectedRow is a rejected_message row.
 type rejectedRow struct {
-	subject string
-	reason  string
+	subject   string
+	reason    string
+	requestID string // "" when the message named no valid request id
 }
 
 // readRejected reads every rejected_message row: they are few, since ingest
 // never publishes anything malformed.
 func readRejected(ctx context.Context, tx *sql.Tx) (map[uint64]rejectedRow, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT seq, subject, reason FROM rejected_message")
+	rows, err := tx.QueryContext(ctx, "SELECT seq, subject, reason, COALESCE(request_id, '') FROM rejected_message")
 	if err != nil {
 		return nil, fmt.Errorf("audit: read rejected_message: %w", err)
 	}
@@ -43,7 +44,7 @@ func readRejected(ctx context.Context, tx *sql.Tx) (map[uint64]rejectedRow, erro
 			seq uint64
 			r   rejectedRow
 		)
-		if err := rows.Scan(&seq, &r.subject, &r.reason); err != nil {
+		if err := rows.Scan(&seq, &r.subject, &r.reason, &r.requestID); err != nil {
 			return nil, fmt.Errorf("audit: read rejected_message: %w", err)
 		}
 		out[seq] = r

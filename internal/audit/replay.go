@@ -42,6 +42,9 @@ type auditor struct {
 	signups map[signupKey]*signupTrack
 	// seen maps each applied request_id to the sequence it was applied at.
 	seen map[string]uint64
+	// refusedAt maps the request ids of rejected_message rows to the first
+	// sequence they were refused at: a void behind it is a repeat.
+	refusedAt map[string]uint64
 	// ref is the reference model's state per activity: the second opinion
 	// on allocation.Apply (second.go).
 	ref map[int64]*refmodel.Activity
@@ -118,7 +121,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 
 	req, err := wire.DecodeRequest(subject, data)
 	if err == nil {
-		err = bus.CheckSubject(subject, req.ActivityID, a.partitions)
+		err = bus.CheckRequestSubject(subject, req, a.partitions)
 	}
 	if err != nil {
 		a.malformed(seq, "", subject, err, got, rejected, check)
@@ -142,6 +145,10 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		if check && rejected {
 			a.unexpectedRejected(seq, req.RequestID, rej, "a repeat of an applied request must be skipped, not rejected")
 		}
+		return nil
+	}
+	if req.Op == wire.OpVoid {
+		a.void(seq, req, got, rej, rejected, check)
 		return nil
 	}
 	dreq := allocation.RequestOf(req)
@@ -213,6 +220,48 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		})
 	}
 	return nil
+}
+
+// void checks the void of an id that has no result before it: the
+// allocator records REJECTED "never stored" and changes nothing.
+func (a *auditor) void(seq uint64, req wire.Request, got *resultRow, rej rejectedRow, rejected, check bool) {
+	if at, ok := a.refusedAt[req.RequestID]; ok && at < seq {
+		// The request was stored and refused before: it has its answer,
+		// and the void is a repeat, as of an applied request.
+		a.rep.Skipped++
+		if check && got != nil {
+			a.unexpectedResult(got, "a result recorded for the void of request "+req.RequestID+" refused at seq "+strconv.FormatUint(at, 10))
+		}
+		if check && rejected {
+			a.unexpectedRejected(seq, req.RequestID, rej, "a void of a refused request must be skipped, not rejected")
+		}
+		return
+	}
+	a.seen[req.RequestID] = seq
+	if !check || a.subjects != nil {
+		// An audit of some activities reads their results only, and a
+		// void's (activity_id 0) is none of them.
+		return
+	}
+	if rejected {
+		a.unexpectedRejected(seq, req.RequestID, rej, "a void is recorded as a result, not rejected")
+	}
+	a.rep.Compared++
+	want := allocation.VoidResult(req, seq)
+	if got == nil {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing, UserID: req.UserID,
+			Expected: "a processed_request row with outcome " + string(want.Outcome) + " (" + wire.ReasonNeverStored + ")", Actual: "none",
+		})
+		return
+	}
+	a.compareResult(want, got)
+	if got.Events.String != "" {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: req.RequestID, Kind: KindResult, UserID: req.UserID,
+			Field: "events", Expected: "", Actual: got.Events.String,
+		})
+	}
 }
 
 // malformed checks a message the allocator must have refused.

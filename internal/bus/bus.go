@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -72,7 +74,14 @@ type StreamConfig struct {
 	// existing stream has (the defaults for a new one), so a binary that
 	// does not own the setting never changes it.
 	Requests, Events Retention
+	// Duplicates is the request stream's duplicate window; 0 keeps what
+	// an existing stream has (2m for a new one), so an operator's setting
+	// survives a restart. Ingest settles a lost PubAck within it.
+	Duplicates time.Duration
 }
+
+// DefaultRequestDuplicates is the request stream's duplicate window.
+const DefaultRequestDuplicates = 2 * time.Minute
 
 // ErrPartitionsChanged means ALLOT_REQUESTS exists with another number of
 // partitions than configured: the mapping of activities to partitions (and
@@ -124,6 +133,39 @@ func CheckSubject(subject string, activity int64, partitions int) error {
 	return nil
 }
 
+// VoidCarrier is the activity whose subject carries the voids of
+// partition p (wire.OpVoid): the smallest activity id the stream's
+// transform sends to p. A void names no activity; its carrier only puts it
+// in its partition's order.
+func VoidCarrier(p, partitions int) int64 {
+	if partitions <= 1 {
+		return 1
+	}
+	for a := int64(1); ; a++ {
+		if PartitionOf(a, partitions) == p {
+			return a
+		}
+	}
+}
+
+// CheckRequestSubject is CheckSubject for any decoded request: a void
+// (activity_id 0) must be stored on the carrier subject of the partition
+// its request id names, any other request on its activity's subject.
+func CheckRequestSubject(subject string, req wire.Request, partitions int) error {
+	if req.Op != wire.OpVoid {
+		return CheckSubject(subject, req.ActivityID, partitions)
+	}
+	id, err := uuid.Parse(req.RequestID)
+	if err != nil {
+		return fmt.Errorf("void: request_id: %w", err)
+	}
+	p := wire.PartitionOfID(id, partitions)
+	if want := StoredSubject(VoidCarrier(p, partitions), partitions); subject != want {
+		return fmt.Errorf("the void of %s (partition %d) belongs on %s, not on %s", req.RequestID, p, want, subject)
+	}
+	return nil
+}
+
 // PartitionsOf reads the number of partitions from the request stream's
 // configuration (0 when its transform is not allot's).
 func PartitionsOf(cfg jetstream.StreamConfig) int { return partitionsOf(cfg) }
@@ -154,7 +196,7 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(c.Replicas, 1),
-		Duplicates:  duplicatesWithin(2*time.Minute, r.MaxAge),
+		Duplicates:  duplicatesWithin(cmp.Or(c.Duplicates, DefaultRequestDuplicates), r.MaxAge),
 		Discard:     jetstream.DiscardNew,
 		MaxAge:      r.MaxAge,
 		MaxBytes:    r.MaxBytes,
@@ -255,6 +297,7 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) 
 		// Never fewer replicas than the stream has (KeepReplicas).
 		rc.Replicas = max(rc.Replicas, have.Replicas)
 		rc.Requests = rc.Requests.orHave(have)
+		rc.Duplicates = cmp.Or(rc.Duplicates, have.Duplicates)
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}

@@ -135,6 +135,8 @@ func (d *DB) CheckInvariants(t testing.TB) {
 		{"promotion in queue_seq order", `SELECT COUNT(*) FROM activity_signup c WHERE c.status IN ('CONFIRMED', 'HELD') AND c.queue_seq >
 			(SELECT MIN(w.queue_seq) FROM activity_signup w WHERE w.activity_id = c.activity_id AND w.status = 'WAITING')`},
 		{"one result per stream sequence", `SELECT COUNT(*) - COUNT(DISTINCT seq) FROM processed_request`},
+		{"a void changes nothing: REJECTED, no activity, no events", `SELECT COUNT(*) FROM processed_request WHERE op = 'void' AND
+			(outcome <> 'REJECTED' OR activity_id <> 0 OR COALESCE(events, '') <> '' OR status IS NOT NULL)`},
 		// The database's: schema constraints, checked as present.
 		{"confirmed_count <= capacity (chk_activity_confirmed)", `SELECT COUNT(*) FROM activity WHERE confirmed_count > capacity OR confirmed_count < 0`},
 		{"one result per request (uk_processed_request)", `SELECT COUNT(*) - COUNT(DISTINCT request_id) FROM processed_request`},

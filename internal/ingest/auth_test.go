@@ -242,7 +242,7 @@ func TestAuthPollOwner(t *testing.T) {
 	user5, user6, admin := tokenFor(t, "5"), tokenFor(t, "6"), tokenFor(t, "1", auth.ScopeAdmin)
 	resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/4/signups/5", header: bearer(user5)})
 	id := accepted(t, "join", resp, body)
-	unknownID, err := newIDIssuer("").New(5)
+	unknownID, err := newIDIssuer("").New(5, 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,26 @@ func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, opts Options) *h
 	return h
 }
 
+// another is a second ingest instance on h's database and NATS server.
+func (h *harness) another(t *testing.T, opts Options) *harness {
+	t.Helper()
+	o := &harness{t: t, db: h.db, ns: h.ns, nc: h.nc, js: h.js, reg: prometheus.NewRegistry()}
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	svc, err := New(h.db.DB, h.nc, h.js, log, o.reg, opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if err := svc.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(svc.Stop)
+	o.svc = svc
+	o.srv = httptest.NewServer(svc.Handler())
+	t.Cleanup(o.srv.Close)
+	o.cl = &http.Client{Timeout: 60 * time.Second}
+	return o
+}
+
 // req is one HTTP request of a test.
 type req struct {
 	method string

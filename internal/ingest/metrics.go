@@ -22,11 +22,37 @@ type metrics struct {
 	tailWait        prometheus.Histogram
 	waitersRefused  prometheus.Counter
 	authFailures    *prometheus.CounterVec // reason: missing, invalid, flood
+	// Settling requests whose PubAck was lost (settle.go).
+	settleActive    prometheus.Gauge
+	settleCopies    prometheus.Counter
+	settleConfirmed *prometheus.CounterVec // how: stored, duplicate
+	voids           *prometheus.CounterVec // by: issuer, poll, overflow
+	voidsStored     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	r := registrar{reg: reg}
 	m := &metrics{
+		settleActive: register(&r, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "allot_ingest_settle_active",
+			Help: "Request ids whose PubAck was lost that this instance is republishing or voiding.",
+		})),
+		settleCopies: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_settle_republished_total",
+			Help: "Copies of requests whose PubAck was lost published again in the background (same Nats-Msg-Id).",
+		})),
+		settleConfirmed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_settle_confirmed_total",
+			Help: "Requests whose PubAck was lost that a background copy confirmed stored, by how (stored, duplicate).",
+		}, []string{"how"})),
+		voids: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_ingest_voids_total",
+			Help: "Voids published for request ids that may never have been stored, by who asked (issuer, poll, overflow).",
+		}, []string{"by"})),
+		voidsStored: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_voids_confirmed_total",
+			Help: "Voids the broker confirmed (stored, or dropped as a duplicate of the original or an earlier void).",
+		})),
 		requests: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_ingest_http_requests_total",
 			Help: "HTTP requests answered, by route pattern and status code.",

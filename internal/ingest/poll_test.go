@@ -173,9 +173,15 @@ func TestRequestIDChecksum(t *testing.T) {
 	foreign, stranger := 0, 0
 	for i := range n {
 		owner := int64(i + 1)
-		id, err := g.New(owner)
+		id, err := g.New(owner, i%7, 7)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if p, ok := g.Partition(id, 7); !ok || p != i%7 {
+			t.Fatalf("%s names partition %d (%v), want %d", id, p, ok, i%7)
+		}
+		if p := wire.PartitionOfID(id, 7); p != i%7 {
+			t.Fatalf("%s: wire reads partition %d, want %d", id, p, i%7)
 		}
 		if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 			t.Fatalf("%s: version %d variant %s, want 7 RFC4122", id, id.Version(), id.Variant())
@@ -210,5 +216,29 @@ func TestRequestIDChecksum(t *testing.T) {
 	}
 	if g.Issued(uuid.New()) {
 		t.Fatal("a random v4 verifies")
+	}
+}
+
+// TestRequestIDsMintedBeforePartitions: ids minted before ids named their
+// partition still verify (issued, owned), and name partition 0 when the
+// stream has one partition; with several, their partition is unknown.
+func TestRequestIDsMintedBeforePartitions(t *testing.T) {
+	t.Parallel()
+	g := newIDIssuer("")
+	for owner := int64(1); owner <= 20; owner++ {
+		id, err := uuid.NewV7()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.sum(&id, owner, false, id[12:16]) // as ingest minted ids before
+		if !g.Issued(id) || !g.Owned(id, owner) {
+			t.Fatalf("%s: an id of the earlier kind does not verify", id)
+		}
+		if p, ok := g.Partition(id, 1); !ok || p != 0 {
+			t.Fatalf("%s: partition %d (%v) with one partition, want 0", id, p, ok)
+		}
+		if _, ok := g.Partition(id, 4); ok {
+			t.Fatalf("%s: an id of the earlier kind claims a partition of 4", id)
+		}
 	}
 }

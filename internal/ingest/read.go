@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // handlePoll serves GET /v1/requests/{request_id}: the recorded result
@@ -48,13 +49,18 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "Request "+id+" is unknown: ingest never issued it.")
 	}
 	mine := func(user int64) bool { return !authed || who.ActsFor(user) }
+	// A void records the user only when the one who asked for it knew
+	// it; the owner tag of the id tells the owner in any case.
+	visible := func(r wire.Result) bool {
+		return mine(r.UserID) || r.Op == wire.OpVoid && who.User != 0 && s.ids.Owned(uid, who.User)
+	}
 	res, found, err := s.reader.get(ctx, id)
 	if err != nil {
 		s.dbError(ctx, w, "read result", err, slog.String("request_id", id))
 		return
 	}
 	if found {
-		if !mine(res.UserID) {
+		if !visible(res) {
 			unknown()
 			return
 		}
@@ -75,9 +81,21 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 		unknown()
 		return
 	}
+	if window, parts := s.settle.settings(); time.Since(idTime(uid)) > VoidAfter(window) {
+		// Pending past the bound: whatever the issuing ingest did (it may
+		// have died), no copy can come inside the duplicate window any
+		// more; a void settles the id in its partition's order.
+		if p, ok := s.ids.Partition(uid, parts); ok {
+			var user int64
+			if authed && !who.Admin {
+				user = who.User
+			}
+			s.settle.pollVoid(id, user, p)
+		}
+	}
 	if wait > 0 {
 		if res, ok := s.await(ctx, id, wt, wait, false); ok {
-			if !mine(res.UserID) {
+			if !visible(res) {
 				unknown()
 				return
 			}

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/google/uuid"
+
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // DefaultIDSecret keys the request-id checksum when Options.IDSecret is
@@ -27,14 +29,19 @@ const DefaultIDSecret = "allot-ingest-request-id-checksum-v1"
 // is for (Owned; 0 for an open), so that a pending id another user asks
 // about reads 404 like an id never issued, with no table of ids. The
 // version nibble (byte 6) and the variant bits (byte 8) lie in the first 12
-// bytes, so the result is still a valid, time-ordered UUIDv7; it keeps 30
-// random bits besides the 48-bit millisecond time and the 12-bit
-// sub-millisecond sequence. Sixteen bits each are enough for what they
-// guard: a guessed id reads "pending" instead of 404 once in 65,536
-// guesses, and a user reads "pending" for another user's pending id (whose
-// id they must already know) once in 65,536; a done result is checked
-// against its recorded user_id exactly. Ids minted before the owner tag
-// existed pass Issued (their bytes 12-13 are the same), not Owned.
+// bytes, so the result is still a valid, time-ordered UUIDv7. The id names
+// the partition of its request (wire.SetIDPartition, in bytes 10-11), so
+// that any ingest can settle it in its partition's order (settle.go); it
+// keeps 30 - log2(partitions) random bits besides the 48-bit millisecond
+// time and the 12-bit sub-millisecond sequence (30 with one partition).
+// Sixteen bits each are enough for what they guard: a guessed id reads
+// "pending" instead of 404 once in 32,768 guesses (either kind of checksum
+// below may match), and a user reads "pending" for another user's pending
+// id (whose id they must already know) once in 65,536; a done result is
+// checked against its recorded user_id exactly. Ids minted before ids named
+// their partition carry checksums over bytes 0-11 alone; those minted since
+// hash a 'p' after them, which is how the two kinds tell themselves apart
+// (kind). Ids minted before the owner tag existed pass Issued, not Owned.
 type idIssuer struct {
 	macs sync.Pool // hash.Hash, keyed HMAC-SHA256, Reset before use
 }
@@ -48,15 +55,23 @@ func newIDIssuer(secret string) *idIssuer {
 }
 
 // sum writes the issuer checksum of id[:12] into out[0:2] and the owner
-// tag of id[:12] and owner into out[2:4].
-func (g *idIssuer) sum(id *uuid.UUID, owner int64, out []byte) {
+// tag of id[:12] and owner into out[2:4]. named selects the checksum of ids
+// that name their partition (wire.SetIDPartition): its input ends in a
+// 'p', so the two kinds of ids tell themselves apart.
+func (g *idIssuer) sum(id *uuid.UUID, owner int64, named bool, out []byte) {
 	mac := g.macs.Get().(hash.Hash)
 	var buf [sha256.Size]byte
 	mac.Reset()
 	mac.Write(id[:12])
+	if named {
+		mac.Write([]byte{'p'})
+	}
 	copy(out[0:2], mac.Sum(buf[:0])[:2])
 	mac.Reset()
 	mac.Write(id[:12])
+	if named {
+		mac.Write([]byte{'p'})
+	}
 	var o [9]byte
 	o[0] = 'o' // keeps the owner tag's input apart from the issuer checksum's
 	binary.BigEndian.PutUint64(o[1:], uint64(owner))
@@ -66,34 +81,63 @@ func (g *idIssuer) sum(id *uuid.UUID, owner int64, out []byte) {
 }
 
 // New returns a fresh request id for a request of owner (the request's
-// user_id).
-func (g *idIssuer) New(owner int64) (uuid.UUID, error) {
+// user_id) whose activity is in partition p of partitions.
+func (g *idIssuer) New(owner int64, p, partitions int) (uuid.UUID, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("new request id: %w", err)
 	}
-	g.sum(&id, owner, id[12:16])
+	// The field's bits are random so far: they pick the value.
+	wire.SetIDPartition(&id, p, partitions, wire.IDPartitionField(id))
+	g.sum(&id, owner, true, id[12:16])
 	return id, nil
+}
+
+// kind says which checksum id carries: 0 none (ingest never issued it),
+// 1 that of an id minted before ids named their partition, 2 that of an id
+// that names its partition.
+func (g *idIssuer) kind(id uuid.UUID) int {
+	if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
+		return 0
+	}
+	var want [4]byte
+	g.sum(&id, 0, true, want[:])
+	if hmac.Equal(want[:2], id[12:14]) {
+		return 2
+	}
+	g.sum(&id, 0, false, want[:])
+	if hmac.Equal(want[:2], id[12:14]) {
+		return 1
+	}
+	return 0
 }
 
 // Issued reports whether id carries a valid issuer checksum: ingest minted
 // it (with the same secret), so it exists in JetStream or its publish
-// failed.
-func (g *idIssuer) Issued(id uuid.UUID) bool {
-	if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
-		return false
-	}
-	var want [4]byte
-	g.sum(&id, 0, want[:])
-	return hmac.Equal(want[:2], id[12:14])
-}
+// failed. Either kind of id passes, so a guess passes once in 32,768.
+func (g *idIssuer) Issued(id uuid.UUID) bool { return g.kind(id) != 0 }
 
 // Owned reports whether id was issued for a request of owner.
 func (g *idIssuer) Owned(id uuid.UUID, owner int64) bool {
-	if !g.Issued(id) {
+	k := g.kind(id)
+	if k == 0 {
 		return false
 	}
 	var want [4]byte
-	g.sum(&id, owner, want[:])
+	g.sum(&id, owner, k == 2, want[:])
 	return hmac.Equal(want[2:], id[14:16])
+}
+
+// Partition returns the partition of partitions that issued id names, and
+// false when it cannot tell: id was never issued, or it was minted before
+// ids named their partition and the stream has several (with one, such an
+// id is partition 0).
+func (g *idIssuer) Partition(id uuid.UUID, partitions int) (int, bool) {
+	switch g.kind(id) {
+	case 2:
+		return wire.PartitionOfID(id, partitions), true
+	case 1:
+		return 0, partitions <= 1
+	}
+	return 0, false
 }

@@ -129,6 +129,10 @@ type Options struct {
 	// authentication; beyond, 429 before any token is verified. Negative:
 	// no limit. Default DefaultBadAuthRate.
 	BadAuthRate float64
+	// SettleMax bounds the request ids whose PubAck was lost that this
+	// instance republishes or voids at once (settle.go). Default
+	// DefaultSettleMax.
+	SettleMax int
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -201,6 +205,10 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = DefaultMaxInFlight
 	}
+	if o.SettleMax < 0 {
+		return o, fmt.Errorf("ingest: SettleMax must not be negative, got %d", o.SettleMax)
+	}
+	o.SettleMax = cmp.Or(o.SettleMax, DefaultSettleMax)
 	return o, nil
 }
 
@@ -218,6 +226,7 @@ type Service struct {
 	tail   *tail
 	commit *committer // nil when CommitMinBatch < 0
 	reader *resultReader
+	settle *settler
 	dbUp   *dbProbe
 	opens  *rate.Limiter // nil when OpenRate < 0
 	// early holds the early answers given by this instance, for polls that
@@ -288,6 +297,7 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		metrics: m,
 		quit:    make(chan struct{}),
 	}
+	s.settle = newSettler(s, opts.SettleMax)
 	if opts.CommitMinBatch > 0 {
 		s.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, opts.MaxInFlight),
 			minBatch: opts.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: opts.PublishTimeout / 2,
@@ -333,6 +343,14 @@ func (s *Service) Start(ctx context.Context) error {
 		Requests: s.opts.Retention.Requests, Events: s.opts.Retention.Events}); err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
+	// Ids name their partition, and lost PubAcks are settled within the
+	// duplicate window: both come from the stream as it is.
+	st, err := s.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		return fmt.Errorf("ingest start: %w: look up stream %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
+	}
+	cfg := st.CachedInfo().Config
+	s.settle.configure(cfg.Duplicates, bus.PartitionsOf(cfg))
 	replicas, err := bus.KeepReplicas(ctx, s.js, bus.KeyValueStream(s.opts.IdempotencyBucket), s.opts.StreamReplicas)
 	if err != nil {
 		return fmt.Errorf("ingest start: %w", err)
@@ -423,6 +441,7 @@ func (s *Service) Stop() {
 	if s.stopCommit != nil {
 		s.stopCommit()
 	}
+	s.settle.stop()
 	if s.sub != nil {
 		if err := s.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			s.log.Warn("unsubscribe results", slog.Any("err", err))

@@ -125,7 +125,9 @@ type opOnly struct {
 // message that cannot be read counts as a change (it might be one).
 func (t *tail) see(seq uint64, subject string, data []byte) {
 	var r opOnly
-	claim := json.Unmarshal(data, &r) == nil && r.Op == wire.OpClaim
+	// A void changes no activity (it only settles a request id), so it is
+	// as harmless to an early answer as a claim on a full activity.
+	claim := json.Unmarshal(data, &r) == nil && (r.Op == wire.OpClaim || r.Op == wire.OpVoid)
 	activity, err := strconv.ParseInt(wire.ActivityOfSubject(subject), 10, 64)
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -96,7 +97,9 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	}
 
 	ctx := r.Context()
-	uid, err := s.ids.New(user)
+	_, partitions := s.settle.settings()
+	part := bus.PartitionOf(activity, partitions)
+	uid, err := s.ids.New(user, part, partitions)
 	if err != nil {
 		s.log.ErrorContext(ctx, "mint request id", slog.Any("err", err))
 		writeError(w, http.StatusInternalServerError, msgInternal)
@@ -165,6 +168,12 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 			return
 		}
 		if errors.Is(err, errMaybeStored) {
+			// Settled in the background: republished, else voided
+			// (settle.go), so the id the client is given reaches a final
+			// state.
+			if u, perr := uuid.Parse(id); perr == nil {
+				s.settle.adopt(&nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}, id, u, user, part)
+			}
 			writeMaybeStored(w, id)
 			return
 		}
@@ -273,6 +282,9 @@ var errMaybeStored = errors.New("the request may have been stored")
 // answer, so it is given at once instead of holding an in-flight slot
 // until the deadline.
 func refused(err error) bool {
+	if inProcess(err) {
+		return false // another copy with this id is being stored
+	}
 	_, api := errors.AsType[*jetstream.APIError](err)
 	return api || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }

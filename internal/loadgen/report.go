@@ -263,6 +263,9 @@ func (r Report) Verdict() error {
 	}
 	if r.Mix.PureClaim() && base == 0 && complete && r.Holds == nil {
 		distinct := int64(min(r.Requests, r.Users))
+		// A REJECTED claim (e.g. a request id voided because it was never
+		// stored) took nothing: its user may be left without a seat.
+		distinct = max(distinct-int64(r.Outcomes[string(wire.OutcomeRejected)]), 0)
 		if want := min(capacity, distinct); granted < want {
 			fail(ErrUndersold, "GRANTED %d, want exactly %d (capacity %d, %d distinct users)", granted, want, capacity, distinct)
 		}

@@ -41,6 +41,10 @@ func TestVerdict(t *testing.T) {
 			r.Users, r.Outcomes["GRANTED"] = 60, 59
 			r.After = &State{Capacity: 100, Confirmed: 59, Remaining: 41}
 		}, []error{ErrUndersold}},
+		{"fewer users than seats: one claim never stored", func(r *Report) {
+			r.Users, r.Outcomes["GRANTED"], r.Outcomes["REJECTED"] = 60, 59, 1
+			r.After = &State{Capacity: 100, Confirmed: 59, Remaining: 41}
+		}, nil},
 		{"double grant", func(r *Report) { r.DoubleGrantUsers, r.DoubleGrants = 1, []int64{7} }, []error{ErrDoubleGrant}},
 		{"incomplete", func(r *Report) { r.Results, r.Errors = 1990, 10 }, []error{ErrIncomplete}},
 		{"counters drift", func(r *Report) { r.After.Remaining = 3 }, []error{ErrAccounting}},

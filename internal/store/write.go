@@ -121,6 +121,39 @@ func SetPartition(ctx context.Context, tx *sql.Tx, p int, last uint64) error {
 	return nil
 }
 
+// RefusedRequests maps those of ids that rejected_message records (stored
+// and refused) to the first sequence they were refused at.
+func RefusedRequests(ctx context.Context, tx *sql.Tx, ids []string) (map[string]uint64, error) {
+	at := make(map[string]uint64)
+	for chunk := range chunks(len(ids)) {
+		part := ids[chunk.lo:chunk.hi]
+		args := make([]any, len(part))
+		for i, id := range part {
+			args[i] = id
+		}
+		rows, err := tx.QueryContext(ctx, "SELECT request_id, MIN(seq) FROM rejected_message WHERE request_id IN ("+placeholders(len(part), 1)+") GROUP BY request_id", args...)
+		if err != nil {
+			return nil, fmt.Errorf("refused requests: %w", err)
+		}
+		for rows.Next() {
+			var (
+				id  string
+				seq uint64
+			)
+			if err := rows.Scan(&id, &seq); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("refused requests: %w", err)
+			}
+			at[id] = seq
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("refused requests: %w", err)
+		}
+	}
+	return at, nil
+}
+
 // Processed returns which of ids already have a recorded result.
 func Processed(ctx context.Context, tx *sql.Tx, ids []string) (map[string]bool, error) {
 	done := make(map[string]bool)

@@ -25,6 +25,17 @@ func DecodeRequest(subject string, data []byte) (Request, error) {
 		return req, fmt.Errorf("request_id %q is not a canonical uuid", req.RequestID)
 	}
 	req.RequestID = id.String()
+	if req.Op == OpVoid {
+		// A void names no activity; its subject is its partition's carrier,
+		// which bus.CheckRequestSubject checks against the partition count.
+		if req.ActivityID != 0 || req.UserID < 0 || req.Capacity != nil || req.Hold != 0 || req.HoldSeq != 0 || req.IdempotencyKey != "" {
+			return req, errors.New("a void carries only request_id, user_id and received_at")
+		}
+		if _, err := strconv.ParseInt(ActivityOfSubject(subject), 10, 64); err != nil {
+			return req, fmt.Errorf("void published on %s, not on a request subject", subject)
+		}
+		return req, nil
+	}
 	if req.ActivityID <= 0 {
 		return req, fmt.Errorf("activity_id %d is not positive", req.ActivityID)
 	}

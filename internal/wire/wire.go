@@ -49,6 +49,10 @@ const (
 	// relay schedules it in ALLOT_HOLDS when the hold is committed (see
 	// hold.go).
 	OpExpire Op = "expire"
+	// OpVoid settles a request id whose write got no PubAck and that may
+	// never have been stored; never sent by clients: ingest publishes it
+	// (void.go).
+	OpVoid Op = "void"
 )
 
 // Outcome is what applying a request decided.
