@@ -140,3 +140,29 @@ func KeepReplicas(ctx context.Context, js jetstream.JetStream, stream string, wa
 
 // KeyValueStream is the name of the stream behind KV bucket.
 func KeyValueStream(bucket string) string { return "KV_" + bucket }
+
+// SetupEnv is the configuration of the setup step (`allotctl setup`, and
+// `make run`'s stack, which runs it first): the partitions, replicas and
+// retention of the streams and buckets. No runtime binary reads it: they
+// never create or change a stream.
+type SetupEnv struct {
+	Partitions int `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
+	Replicas   int `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and buckets (3 on a cluster); never lowered on an existing one"`
+	RetentionEnv
+}
+
+// Validate reports the first invalid value as one sentence.
+func (e SetupEnv) Validate() error {
+	if e.Partitions < 1 || e.Partitions > 1024 {
+		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", e.Partitions)
+	}
+	if e.Replicas < 1 || e.Replicas > 5 {
+		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", e.Replicas)
+	}
+	return e.RetentionEnv.Validate()
+}
+
+// StreamConfig is what Setup takes.
+func (e SetupEnv) StreamConfig() StreamConfig {
+	return e.RetentionEnv.Apply(StreamConfig{Partitions: e.Partitions, Replicas: e.Replicas})
+}

@@ -118,6 +118,14 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 		"ALLOT_MYSQL_DSN=" + s.db.DSN,
 		"ALLOT_LOG_LEVEL=info",
 	}
+	// The setup step first, as a deploy runs it: the binaries only check
+	// the streams and buckets. It takes the settings the scenario gives
+	// the binaries (ALLOT_PARTITIONS, ALLOT_STREAM_REPLICAS).
+	adminURL := s.natsURL
+	if cfg.natsPermissions {
+		adminURL = s.roleURL("admin")
+	}
+	s.must(s.runSetup(append(append(append(slices.Clone(common), "ALLOT_NATS_URL="+adminURL), cfg.allocEnv...), cfg.ingestEnv...)))
 	for i := range cfg.allocators {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := newProc(t, fmt.Sprintf("allocator-%d", i+1), "allocator", append(append(slices.Clone(common),
@@ -154,6 +162,23 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	}
 	t.Cleanup(s.http.CloseIdleConnections)
 	return s
+}
+
+// runSetup runs `allotctl setup` with env until it exits, and fails unless it
+// exits 0.
+func (s *stack) runSetup(env []string) error {
+	p := newProc(s.t, "allotctl", "allotctl", env, "setup")
+	inc, err := p.start()
+	if err != nil {
+		return err
+	}
+	if err := poll(2*time.Minute, "allotctl setup", func() (bool, error) { return !inc.alive(), nil }); err != nil {
+		return err
+	}
+	if code := inc.exitText(); code != "exit status 0" {
+		return fmt.Errorf("allotctl setup: %s\n%s", code, inc.output.String())
+	}
+	return nil
 }
 
 func (s *stack) must(err error) {
