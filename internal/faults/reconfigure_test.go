@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -311,4 +314,81 @@ func TestScenario11InboxesPerRole(t *testing.T) {
 			sub.Unsubscribe() //nolint:errcheck
 		}
 	}
+}
+
+// TestScenario11BinariesNeedSetup: a runtime binary that finds a stream it
+// needs missing, or not configured as allot sets it up, or with another
+// number of partitions, exits 2 with one line saying so (it never creates
+// or repairs it, and never waits for it), each connected as its own user.
+func TestScenario11BinariesNeedSetup(t *testing.T) {
+	s, admin := permStack(t)
+	ctx := context.Background()
+	db := dbtest.New(t)
+	common := []string{"ALLOT_MYSQL_DSN=" + db.DSN, "ALLOT_LOG_LEVEL=info"}
+	// exits2 runs binary as its role until it exits and requires exit 2
+	// and exactly one line with want in it.
+	exits2 := func(binary string, want string, env ...string) {
+		t.Helper()
+		env = append(append(slices.Clone(common), "ALLOT_NATS_URL="+s.roleURL(binary),
+			"ALLOT_HTTP_ADDR=127.0.0.1:"+strconv.Itoa(freePort(t)), "ALLOT_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(freePort(t))), env...)
+		p := newProc(t, binary, binary, env)
+		inc, err := p.start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := poll(time.Minute, binary+" exits", func() (bool, error) { return !inc.alive(), nil }); err != nil {
+			p.kill() //nolint:errcheck
+			t.Errorf("%s facing %q: still running after a minute; want exit 2", binary, want)
+			return
+		}
+		var lines []string
+		for line := range strings.Lines(inc.output.String()) {
+			if strings.Contains(line, want) {
+				lines = append(lines, strings.TrimSpace(line))
+			}
+		}
+		if inc.exitText() != "exit status 2" || len(lines) != 1 || !strings.HasPrefix(lines[0], binary+": ") {
+			t.Errorf("%s: %s with %d lines saying %q; want exit status 2 and one line", binary, inc.exitText(), len(lines), want)
+			return
+		}
+		t.Logf("%s: %s", inc.exitText(), lines[0])
+	}
+
+	exits2("ingest", "stream ALLOT_REQUESTS does not exist: run `allotctl setup`")
+	exits2("allocator", "stream ALLOT_REQUESTS does not exist: run `allotctl setup`")
+	exits2("notifier", "stream ALLOT_EVENTS does not exist: run `allotctl setup`")
+	for _, name := range []string{wire.RequestStream, wire.EventStream} {
+		if _, err := admin.Stream(ctx, name); !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("%s exists after the binaries ran before the setup step (%v)", name, err)
+		}
+	}
+
+	if _, err := bus.Setup(ctx, admin, bus.StreamConfig{Partitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	exits2("ingest", "another number of partitions", "ALLOT_PARTITIONS=1")
+
+	st, err := admin.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Discard = jetstream.DiscardOld
+	if _, err := admin.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	exits2("allocator", "stream ALLOT_REQUESTS is not as allot sets it up (Discard DiscardOld, want DiscardNew): run `allotctl setup`", "ALLOT_PARTITIONS=2")
+	exits2("ingest", "stream ALLOT_REQUESTS is not as allot sets it up", "ALLOT_PARTITIONS=2")
+
+	if err := admin.DeleteStream(ctx, bus.DLQStream); err != nil {
+		t.Fatal(err)
+	}
+	exits2("notifier", "stream ALLOT_DLQ does not exist: run `allotctl setup`")
+	if _, err := bus.Setup(ctx, admin, bus.StreamConfig{}); err != nil { // repairs ALLOT_REQUESTS, recreates the rest
+		t.Fatal(err)
+	}
+	if err := admin.DeleteKeyValue(ctx, bus.MembersBucket); err != nil {
+		t.Fatal(err)
+	}
+	exits2("allocator", "bucket ALLOT_ALLOCATORS does not exist: run `allotctl setup`", "ALLOT_PARTITIONS=2")
 }

@@ -54,6 +54,8 @@ type stack struct {
 	killedForGood map[*proc]bool
 	// setup holds the answers of the requests that opened the activities.
 	setup []answer
+	// setupEnv is the environment of `allotctl setup` (runSetup).
+	setupEnv []string
 }
 
 // stackConfig shapes a stack.
@@ -125,7 +127,8 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	if cfg.natsPermissions {
 		adminURL = s.roleURL("admin")
 	}
-	s.must(s.runSetup(append(append(append(slices.Clone(common), "ALLOT_NATS_URL="+adminURL), cfg.allocEnv...), cfg.ingestEnv...)))
+	s.setupEnv = append(append(append(slices.Clone(common), "ALLOT_NATS_URL="+adminURL), cfg.allocEnv...), cfg.ingestEnv...)
+	s.must(s.runSetup())
 	for i := range cfg.allocators {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := newProc(t, fmt.Sprintf("allocator-%d", i+1), "allocator", append(append(slices.Clone(common),
@@ -164,10 +167,10 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	return s
 }
 
-// runSetup runs `allotctl setup` with env until it exits, and fails unless it
+// runSetup runs `allotctl setup` until it exits, and fails unless it
 // exits 0.
-func (s *stack) runSetup(env []string) error {
-	p := newProc(s.t, "allotctl", "allotctl", env, "setup")
+func (s *stack) runSetup() error {
+	p := newProc(s.t, "allotctl", "allotctl", s.setupEnv, "setup")
 	inc, err := p.start()
 	if err != nil {
 		return err
