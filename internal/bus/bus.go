@@ -73,11 +73,12 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 	return nc, nil
 }
 
-// StreamConfig tunes the streams allot creates.
+// StreamConfig tunes the streams and buckets the setup step (Setup)
+// creates.
 type StreamConfig struct {
 	// Replicas is the stream replication factor (ALLOT_STREAM_REPLICAS, 3 on
-	// a cluster); 0 keeps what an existing stream has (1 for a new one), so
-	// a binary that does not own the setting never scales a stream down.
+	// a cluster); 0 keeps what an existing stream has (1 for a new one), and
+	// an existing stream is never scaled down (KeepReplicas).
 	Replicas int
 	// Partitions splits the request stream into this many partitions
 	// (ALLOT_PARTITIONS). It is fixed when the stream is created: 0 takes
@@ -86,8 +87,7 @@ type StreamConfig struct {
 	Partitions int
 	// Requests and Events bound the two streams (ALLOT_REQUESTS_MAX_AGE and
 	// the others; see RetentionEnv). A zero Retention keeps what an
-	// existing stream has (the defaults for a new one), so a binary that
-	// does not own the setting never changes it.
+	// existing stream has (the defaults for a new one).
 	Requests, Events Retention
 }
 

@@ -62,9 +62,8 @@ func (r Retention) orDefault(age time.Duration, bytes int64) Retention {
 	return r
 }
 
-// RetentionEnv is the retention part of a binary's configuration
-// (ALLOT_REQUESTS_MAX_AGE and the others); embed it in the envconfig
-// struct of every binary that ensures the streams.
+// RetentionEnv is the retention part of the setup step's configuration
+// (ALLOT_REQUESTS_MAX_AGE and the others; see SetupEnv).
 type RetentionEnv struct {
 	RequestsMaxAge   time.Duration `envconfig:"REQUESTS_MAX_AGE" default:"168h" desc:"requests older than this leave ALLOT_REQUESTS; 0 = no age limit"`
 	RequestsMaxBytes int64         `envconfig:"REQUESTS_MAX_BYTES" default:"0" desc:"size bound of ALLOT_REQUESTS; when reached new requests are refused (503); 0 = no size limit"`
@@ -122,11 +121,11 @@ func duplicatesWithin(window, maxAge time.Duration) time.Duration {
 	return window
 }
 
-// KeepReplicas returns the replicas stream should be ensured with: want,
-// but never fewer than the stream already has. A binary started without
+// KeepReplicas returns the replicas stream should be set up with: want,
+// but never fewer than the stream already has. A setup run without
 // ALLOT_STREAM_REPLICAS (or with a smaller number) must not scale down what
 // an operator made durable; lowering replicas is an operator's act (nats
-// stream edit), never a side effect of a restart.
+// stream edit), never a side effect of a rerun.
 func KeepReplicas(ctx context.Context, js jetstream.JetStream, stream string, want int) (int, error) {
 	st, err := js.Stream(ctx, stream)
 	switch {
