@@ -1,6 +1,6 @@
 // Command allotctl is allot's operator tool. Its subcommands act on the
-// broker with an identity that may manage streams (the admin NATS user, or
-// an allotctl user of its own), which no runtime binary has.
+// broker with an identity that may manage streams (the allotctl NATS user of
+// deploy/nats/accounts.conf, or admin), which no runtime binary has.
 //
 // Usage:
 //
@@ -96,7 +96,7 @@ func (c *setupCfg) Validate() error {
 		return err
 	}
 	if c.NATSURL == "" {
-		return errors.New("ALLOT_NATS_URL is empty: set it to your NATS server (with an identity that may manage streams, e.g. nats://admin:<password>@host:4222)")
+		return errors.New("ALLOT_NATS_URL is empty: set it to your NATS server (with an identity that may manage streams, e.g. nats://allotctl:<password>@host:4222)")
 	}
 	return c.SetupEnv.Validate()
 }

@@ -29,7 +29,7 @@ import (
 
 // natsRoles are the users of deploy/nats/accounts.conf; each gets a
 // password of its own per scenario.
-var natsRoles = []string{"ingest", "allocator", "notifier", "audit", "admin"}
+var natsRoles = []string{"ingest", "allocator", "notifier", "audit", "allotctl", "admin"}
 
 func rolePassword(role string) string { return "faults-" + role + "-pw" }
 

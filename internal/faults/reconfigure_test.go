@@ -153,9 +153,17 @@ func TestScenario11RolesCannotReconfigure(t *testing.T) {
 		}
 	})
 
-	// The setup step, as admin, then messages in every stream.
-	if _, err := bus.Setup(ctx, admin, bus.StreamConfig{Partitions: 2}); err != nil {
-		t.Fatalf("setup as admin: %v", err)
+	// The setup step, as its own user, then messages in every stream.
+	_, setupJS, setupV := connectAs(t, s, "allotctl")
+	if _, err := bus.Setup(ctx, setupJS, bus.StreamConfig{Partitions: 2}); err != nil {
+		t.Fatalf("setup as allotctl: %v", err)
+	}
+	// That user may set streams up, and no more: not delete one.
+	dctx, dcancel := context.WithTimeout(ctx, time.Second)
+	derr := setupJS.DeleteStream(dctx, wire.RequestStream)
+	dcancel()
+	if _, err := admin.Stream(ctx, wire.RequestStream); err != nil || !waitViolation(setupV, "$JS.API.STREAM.DELETE."+wire.RequestStream) {
+		t.Errorf("as allotctl: delete %s was not refused (attempt answered %v; lookup %v)", wire.RequestStream, derr, err)
 	}
 	names := []string{}
 	for _, sc := range streams {
@@ -271,8 +279,9 @@ func mustStream(ctx context.Context, js jetstream.JetStream, name string) (*jets
 // publishes after it to the role's own inbox does arrive.
 func TestScenario11InboxesPerRole(t *testing.T) {
 	s, _ := permStack(t)
-	for i, role := range runtimeRoles {
-		other := runtimeRoles[(i+1)%len(runtimeRoles)]
+	roles := append(slices.Clone(runtimeRoles), "allotctl")
+	for i, role := range roles {
+		other := roles[(i+1)%len(roles)]
 		nc, js, v := connectAs(t, s, role)
 		// The role's own replies work: a JetStream API request answers.
 		if _, err := js.AccountInfo(context.Background()); err != nil {
@@ -363,7 +372,8 @@ func TestScenario11BinariesNeedSetup(t *testing.T) {
 		}
 	}
 
-	if _, err := bus.Setup(ctx, admin, bus.StreamConfig{Partitions: 2}); err != nil {
+	_, setupJS, _ := connectAs(t, s, "allotctl")
+	if _, err := bus.Setup(ctx, setupJS, bus.StreamConfig{Partitions: 2}); err != nil {
 		t.Fatal(err)
 	}
 	exits2("ingest", "another number of partitions", "ALLOT_PARTITIONS=1")
@@ -384,7 +394,7 @@ func TestScenario11BinariesNeedSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	exits2("notifier", "stream ALLOT_DLQ does not exist: run `allotctl setup`")
-	if _, err := bus.Setup(ctx, admin, bus.StreamConfig{}); err != nil { // repairs ALLOT_REQUESTS, recreates the rest
+	if _, err := bus.Setup(ctx, setupJS, bus.StreamConfig{}); err != nil { // repairs ALLOT_REQUESTS, recreates ALLOT_DLQ
 		t.Fatal(err)
 	}
 	if err := admin.DeleteKeyValue(ctx, bus.MembersBucket); err != nil {

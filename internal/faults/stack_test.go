@@ -123,11 +123,7 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	// The setup step first, as a deploy runs it: the binaries only check
 	// the streams and buckets. It takes the settings the scenario gives
 	// the binaries (ALLOT_PARTITIONS, ALLOT_STREAM_REPLICAS).
-	adminURL := s.natsURL
-	if cfg.natsPermissions {
-		adminURL = s.roleURL("admin")
-	}
-	s.setupEnv = append(append(append(slices.Clone(common), "ALLOT_NATS_URL="+adminURL), cfg.allocEnv...), cfg.ingestEnv...)
+	s.setupEnv = append(append(append(slices.Clone(common), "ALLOT_NATS_URL="+roleURL("allotctl")), cfg.allocEnv...), cfg.ingestEnv...)
 	s.must(s.runSetup())
 	for i := range cfg.allocators {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
