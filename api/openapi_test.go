@@ -28,6 +28,7 @@ import (
 	"github.com/allot-dev/allot/api"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -408,6 +409,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	// pending; then that server stops (503 on writes and /readyz) and its
 	// database handle closes (503 on reads).
 	lonelyNS := natstest.New(t)
+	lonelyNS.Setup(t, bus.StreamConfig{})
 	lonely, closeDB := startIngest(t, st.DB.DSN, lonelyNS, ingest.Options{PublishTimeout: 500 * time.Millisecond, DisableShed: true})
 	pending := d.do(lonely, exchange{routeActivity, "PUT", "/v1/activities/8001", nil, cap1, 202, mustConform})
 	pid := requestID(t, pending)

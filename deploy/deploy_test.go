@@ -11,6 +11,9 @@ package deploy
 //     under cmd/ that deploy/Dockerfile builds, with flags the binary defines;
 //   - health checks and readiness probes hit /readyz (/healthz for the
 //     notifier) on the port of the address the binary listens on;
+//   - the setup step (allotctl setup) runs once, one-shot: the compose
+//     services that use NATS wait for it to complete, and k8s runs it as a
+//     Job with ALLOT_STREAM_REPLICAS matching the NATS cluster;
 //   - ingest and allocator run ≥ 2 replicas, ALLOT_PARTITIONS agrees,
 //     graceful-termination budgets exceed the binaries' shutdown times, and
 //     NATS runs JetStream with sync_interval always.
@@ -324,6 +327,7 @@ func (w *world) checkCompose(doc any) []string {
 	running := map[string]int{} // long-running allot binaries → services
 	partitions := map[string]string{}
 	var migrations, allocators []string // services that run the migration step, and allocators
+	var setups, natsUsers []string      // services that run the setup step, and the others that use NATS
 	for _, name := range sortedKeys(services) {
 		svc := services[name]
 		where := "compose service " + name
@@ -369,6 +373,18 @@ func (w *world) checkCompose(doc any) []string {
 		w.checkEnv(p, b, &problems)
 		migration := b.name == "allocator" && slices.Contains(p.cmd, "-migrate-only")
 		w.checkEndpoints(p, b, services, !migration, &problems)
+		if isSetup(b, p) {
+			// The setup step: one shot, as the migration step.
+			setups = append(setups, name)
+			partitions[name], _ = effective(p, b, "ALLOT_PARTITIONS")
+			if r := digStr(svc, "restart"); r != "" && r != "no" && r != "on-failure" {
+				bad("%s: the setup step exits when done; restart %q would run it forever", where, r)
+			}
+			continue
+		}
+		if !migration && slices.Contains([]string{"ingest", "allocator", "notifier", "audit"}, b.name) {
+			natsUsers = append(natsUsers, name)
+		}
 		if migration {
 			// The migration step: one shot, MySQL only, never restarted
 			// once it has succeeded.
@@ -421,6 +437,16 @@ func (w *world) checkCompose(doc any) []string {
 			}
 		}
 	}
+	if len(setups) != 1 {
+		bad("compose: want one setup step (allotctl setup), got %v", setups)
+	} else {
+		// No runtime binary creates a stream: each waits for the setup.
+		for _, n := range natsUsers {
+			if digStr(services[n], "depends_on", setups[0], "condition") != "service_completed_successfully" {
+				bad("compose service %s: must wait for %s with condition service_completed_successfully", n, setups[0])
+			}
+		}
+	}
 	for bin, want := range map[string]int{"ingest": 1, "allocator": 2, "notifier": 1} {
 		if running[bin] < want {
 			bad("compose: %d %s service(s), want at least %d", running[bin], bin, want)
@@ -428,6 +454,11 @@ func (w *world) checkCompose(doc any) []string {
 	}
 	checkSame("compose", "ALLOT_PARTITIONS", partitions, &problems)
 	return problems
+}
+
+// isSetup says whether p runs the setup step, `allotctl setup`.
+func isSetup(b *binary, p process) bool {
+	return b.name == "allotctl" && len(p.cmd) > 1 && p.cmd[1] == "setup"
 }
 
 // composeDefaults matches compose's ${NAME:-default} interpolation; the
@@ -576,15 +607,23 @@ func (w *world) checkK8s(docs []any, natsValues any) []string {
 	partitions := map[string]string{}
 	deployments := o.byKind["Deployment"]
 	seen := map[string]bool{}
-	for _, dname := range sortedKeys(deployments) {
-		d := deployments[dname]
+	setupJob := false
+	type workload struct{ kind, name string }
+	var workloads []workload
+	for _, kind := range []string{"Deployment", "Job"} {
+		for _, name := range sortedKeys(o.byKind[kind]) {
+			workloads = append(workloads, workload{kind, name})
+		}
+	}
+	for _, wl := range workloads {
+		dname, d := wl.name, o.byKind[wl.kind][wl.name]
 		containers := digList(d, "spec", "template", "spec", "containers")
 		if len(containers) != 1 {
-			bad("Deployment %s: want one container, got %d", dname, len(containers))
+			bad("%s %s: want one container, got %d", wl.kind, dname, len(containers))
 			continue
 		}
 		c := containers[0]
-		p := process{where: "Deployment " + dname, cmd: strList(dig(c, "command")), env: map[string]string{}}
+		p := process{where: wl.kind + " " + dname, cmd: strList(dig(c, "command")), env: map[string]string{}}
 		for _, ef := range digList(c, "envFrom") {
 			kind, ref := "ConfigMap", digStr(ef, "configMapRef", "name")
 			if ref == "" {
@@ -630,6 +669,20 @@ func (w *world) checkK8s(docs []any, natsValues any) []string {
 			continue
 		}
 		w.checkEnv(p, b, &problems)
+		if wl.kind == "Job" {
+			if isSetup(b, p) {
+				setupJob = true
+				partitions[dname], _ = effective(p, b, "ALLOT_PARTITIONS")
+				replicas, _ := effective(p, b, "ALLOT_STREAM_REPLICAS")
+				if nodes := digStr(natsValues, "config", "cluster", "replicas"); replicas != nodes {
+					bad("%s: ALLOT_STREAM_REPLICAS=%s, but the NATS cluster of nats-values.yaml has %s nodes", p.where, replicas, nodes)
+				}
+				if r := digStr(d, "spec", "template", "spec", "restartPolicy"); r != "OnFailure" && r != "Never" {
+					bad("%s: restartPolicy %q: a Job's pod must be OnFailure or Never", p.where, r)
+				}
+			}
+			continue
+		}
 		seen[b.name] = true
 		if b.name != "ingest" && b.name != "allocator" {
 			continue
@@ -663,10 +716,6 @@ func (w *world) checkK8s(docs []any, natsValues any) []string {
 			}
 			sleep, _ := strconv.Atoi(digStr(c, "lifecycle", "preStop", "sleep", "seconds"))
 			need = shutdown + 5*time.Second /* NATS drain */ + time.Duration(sleep)*time.Second
-			replicas, _ := effective(p, b, "ALLOT_STREAM_REPLICAS")
-			if nodes := digStr(natsValues, "config", "cluster", "replicas"); replicas != nodes {
-				bad("%s: ALLOT_STREAM_REPLICAS=%s, but the NATS cluster of nats-values.yaml has %s nodes", p.where, replicas, nodes)
-			}
 		}
 		if time.Duration(grace)*time.Second <= need {
 			bad("%s: terminationGracePeriodSeconds %d, want more than %s", p.where, grace, need)
@@ -677,10 +726,13 @@ func (w *world) checkK8s(docs []any, natsValues any) []string {
 			bad("k8s: no Deployment runs %s", bin)
 		}
 	}
+	if !setupJob {
+		bad("k8s: no Job runs allotctl setup (the runtime binaries never create the streams)")
+	}
 	checkSame("k8s", "ALLOT_PARTITIONS", partitions, &problems)
 	for _, name := range sortedKeys(o.byKind["ConfigMap"]) {
 		if !usedConfigMaps[name] {
-			bad("ConfigMap %s: no Deployment loads it", name)
+			bad("ConfigMap %s: no Deployment or Job loads it", name)
 		}
 	}
 	// The ingest Service reaches the pods' HTTP port.
@@ -971,8 +1023,23 @@ func TestChecksCatchBreakage(t *testing.T) {
 		{"waits on a service without healthcheck", "compose",
 			"    healthcheck:\n      test: [\"CMD\", \"wget\"", "    x-healthcheck:\n      test: [\"CMD\", \"wget\"", "nats has no healthcheck"},
 		{"allocator does not wait for the migration step", "compose",
-			"      migrate:\n        condition: service_completed_successfully\n      allocator-1:", "      allocator-1:",
+			"      migrate:\n        condition: service_completed_successfully\n      setup:\n        condition: service_completed_successfully\n      allocator-1:",
+			"      setup:\n        condition: service_completed_successfully\n      allocator-1:",
 			"allocator-2: must wait for migrate"},
+		{"ingest does not wait for the setup step", "compose",
+			"      nats:\n        condition: service_healthy\n      setup:\n        condition: service_completed_successfully\n",
+			"      nats:\n        condition: service_healthy\n", "compose service ingest: must wait for setup"},
+		{"no setup step", "compose",
+			"[\"/usr/local/bin/allotctl\", \"setup\"]", "[\"/usr/local/bin/allocator\", \"-migrate-only\"]", "want one setup step"},
+		{"setup step restarted forever", "compose",
+			"      ALLOT_STREAM_REPLICAS: \"1\"\n      ALLOT_LOG_LEVEL: info\n    depends_on:\n      nats:\n        condition: service_healthy\n    restart: \"no\"",
+			"      ALLOT_STREAM_REPLICAS: \"1\"\n      ALLOT_LOG_LEVEL: info\n    depends_on:\n      nats:\n        condition: service_healthy\n    restart: always",
+			"the setup step exits when done"},
+		{"stream settings on a runtime binary", "compose",
+			"      ALLOT_HTTP_ADDR: \":8080\"", "      ALLOT_HTTP_ADDR: \":8080\"\n      ALLOT_STREAM_REPLICAS: \"1\"", "ALLOT_STREAM_REPLICAS is not read by ingest"},
+		{"no setup Job", "k8s", "command: [\"/usr/local/bin/allotctl\", \"setup\"]", "command: [\"/usr/local/bin/allotctl\", \"help\"]", "no Job runs allotctl setup"},
+		{"setup Job with other partitions", "k8s", "command: [\"/usr/local/bin/allotctl\", \"setup\"]\n",
+			"command: [\"/usr/local/bin/allotctl\", \"setup\"]\n          env:\n            - name: ALLOT_PARTITIONS\n              value: \"2\"\n", "ALLOT_PARTITIONS differs"},
 		{"migration step restarted forever", "compose",
 			"    restart: \"no\"", "    restart: unless-stopped", "restart \"unless-stopped\" would run it forever"},
 		{"no migration step", "compose",

@@ -17,6 +17,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/buildinfo"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -82,6 +83,7 @@ func registeredMetrics(t *testing.T) *recorder {
 	rec := &recorder{Registry: prometheus.NewRegistry(), labels: map[string][]string{}}
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, js := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if _, err := ingest.New(db.DB, nc, js, log, rec, ingest.Options{Gatherer: rec.Registry}); err != nil {

@@ -101,6 +101,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	err = allocator.Run(ctx, c.RunConfig(), db, nc, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		if bus.IsSetupError(err) { // a stream missing or not as set up
+			return 2
+		}
 		return 1
 	}
 	return 0

@@ -81,7 +81,7 @@ func run(ctx context.Context) int {
 	err = ingest.Run(ctx, c.RunConfig(), db, nc, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
-		if errors.Is(err, bus.ErrUnavailable) {
+		if errors.Is(err, bus.ErrUnavailable) || bus.IsSetupError(err) {
 			return 2
 		}
 		return 1

@@ -173,7 +173,10 @@ func run(ctx context.Context, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 2
 	}
-	if err := n.Start(ctx); err != nil {
+	if err := n.Start(ctx); bus.IsSetupError(err) {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	} else if err != nil {
 		fmt.Fprintf(stderr, "%s: %v — is JetStream enabled on the server at ALLOT_NATS_URL?\n", binary, err)
 		return 2
 	}

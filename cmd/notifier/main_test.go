@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/syncbuf"
@@ -168,6 +169,7 @@ func TestRunFailsFastWithOneLine(t *testing.T) {
 
 func TestRunDeliversUntilSignalled(t *testing.T) {
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	_, js := ns.Connect(t)
 
 	var mu sync.Mutex

@@ -25,7 +25,6 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
-	"github.com/allot-dev/allot/internal/wire"
 )
 
 // Config tunes an Allocator. Zero values take the defaults.
@@ -33,12 +32,6 @@ type Config struct {
 	// Partition is the request-stream partition this allocator applies,
 	// one of Partitions (default 1).
 	Partition, Partitions int
-	// Replicas is ALLOT_STREAM_REPLICAS for the streams and buckets the
-	// allocator ensures; 0 keeps what they have.
-	Replicas int
-	// Retention bounds the streams (its Requests and Events; ALLOT_REQUESTS_MAX_AGE
-	// and the others); zero keeps what they have.
-	Retention bus.StreamConfig
 	// Prefers, when set, says whether this process should pull on a
 	// partition (Members.Prefers); nil pulls on every partition.
 	Prefers func(partition int) bool
@@ -222,7 +215,7 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	return a, nil
 }
 
-// Start ensures the streams, the durable consumer and the fence row, then
+// Start checks the streams, ensures the durable consumer and the fence row, then
 // runs the apply loop and the outbox relay until Stop.
 func (a *Allocator) Start(ctx context.Context) error {
 	if err := a.prepare(ctx); err != nil {
@@ -231,15 +224,28 @@ func (a *Allocator) Start(ctx context.Context) error {
 	return a.launch(ctx)
 }
 
-// prepare ensures everything the apply loop needs.
-func (a *Allocator) prepare(ctx context.Context) error {
-	if err := bus.EnsureStreams(ctx, a.js, bus.StreamConfig{Partitions: a.cfg.Partitions, Replicas: a.cfg.Replicas,
-		Requests: a.cfg.Retention.Requests, Events: a.cfg.Retention.Events}); err != nil {
-		return err
-	}
-	st, err := a.js.Stream(ctx, wire.RequestStream)
+// checkStreams checks the streams an allocator uses (only `allotctl setup`
+// creates or changes them) and returns the request stream.
+func checkStreams(ctx context.Context, js jetstream.JetStream, partitions int) (jetstream.Stream, error) {
+	st, _, err := bus.CheckRequestStream(ctx, js, partitions)
 	if err != nil {
-		return fmt.Errorf("%w: %w", bus.ErrUnavailable, err)
+		return nil, err
+	}
+	if err := bus.CheckHoldStream(ctx, js); err != nil {
+		return nil, err
+	}
+	if err := bus.CheckEventStream(ctx, js); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// prepare checks the streams and ensures the consumer and the fence row:
+// everything the apply loop needs.
+func (a *Allocator) prepare(ctx context.Context) error {
+	st, err := checkStreams(ctx, a.js, a.cfg.Partitions)
+	if err != nil {
+		return err
 	}
 	a.stream = st
 	a.cons, err = bus.EnsureAllocatorConsumer(ctx, a.js, bus.ConsumerConfig{
@@ -259,7 +265,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if err := store.BindPartition(ctx, a.db, a.cfg.Partition, info.Created.UTC().Format(time.RFC3339Nano), info.State.LastSeq); err != nil {
 		return err
 	}
-	if a.views, err = bus.EnsureViewBucket(ctx, a.js, bus.StreamConfig{Replicas: a.cfg.Replicas}); err != nil {
+	if a.views, err = bus.CheckBucket(ctx, a.js, bus.ViewBucketConfig(1)); err != nil {
 		return err
 	}
 	// The views are rebuilt before the first batch, as at every takeover;

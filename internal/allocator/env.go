@@ -8,7 +8,6 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
-	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is the allocator's part of a binary's configuration, read from
@@ -20,11 +19,9 @@ type Env struct {
 	BatchSize          int           `envconfig:"BATCH_SIZE" default:"2000" desc:"most requests per allocator transaction"`
 	BatchWait          time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 	MetricsAddr        string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
-	Replicas           int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets (never lowered on an existing one)"`
 	CheckpointInterval time.Duration `envconfig:"CHECKPOINT_INTERVAL" default:"6h" desc:"how often each partition's state is checkpointed for audit -from-checkpoint; 0 = never"`
 	Cache              int           `envconfig:"ALLOCATOR_CACHE_ACTIVITIES" default:"10000" desc:"activities whose live state each partition's allocator keeps between batches (LRU); the rest is reloaded from MySQL"`
 	StallTimeout       time.Duration `envconfig:"STALL_TIMEOUT" default:"15s" desc:"an allocator that cannot commit for this long while requests of its partition wait gives the partition up to a peer; 0 = never"`
-	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -34,9 +31,6 @@ func (e Env) Validate() error {
 	}
 	if e.PinnedTTL < time.Second {
 		return fmt.Errorf("ALLOT_PINNED_TTL must be at least 1s, got %s", e.PinnedTTL)
-	}
-	if e.Replicas < 1 || e.Replicas > 5 {
-		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", e.Replicas)
 	}
 	if e.BatchSize < 1 || e.BatchSize > 10_000 {
 		return fmt.Errorf("ALLOT_BATCH_SIZE must be between 1 and 10000, got %d", e.BatchSize)
@@ -53,14 +47,14 @@ func (e Env) Validate() error {
 	if e.CheckpointInterval < 0 {
 		return fmt.Errorf("ALLOT_CHECKPOINT_INTERVAL must not be negative, got %s", e.CheckpointInterval)
 	}
-	return e.RetentionEnv.Validate()
+	return nil
 }
 
 // RunConfig turns the settings into what Run takes.
 func (e Env) RunConfig() RunConfig {
 	return RunConfig{
 		Config: Config{Partitions: e.Partitions, PinnedTTL: e.PinnedTTL, BatchSize: e.BatchSize, BatchWait: e.BatchWait,
-			Replicas: e.Replicas, CacheActivities: e.Cache, Retention: e.RetentionEnv.Apply(bus.StreamConfig{}),
+			CacheActivities:    e.Cache,
 			CheckpointInterval: checkpointInterval(e.CheckpointInterval), StallTimeout: stallTimeout(e.StallTimeout)},
 		MetricsAddr: e.MetricsAddr,
 	}

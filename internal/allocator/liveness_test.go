@@ -350,7 +350,7 @@ func TestSessionDSN(t *testing.T) {
 	if _, err := (Env{StallTimeout: time.Second}).SessionDSN("not a dsn"); err == nil {
 		t.Error("a bad DSN was accepted")
 	}
-	env := Env{Partitions: 1, PinnedTTL: time.Second, Replicas: 1, BatchSize: 1, Cache: 1, StallTimeout: 100 * time.Millisecond}
+	env := Env{Partitions: 1, PinnedTTL: time.Second, BatchSize: 1, Cache: 1, StallTimeout: 100 * time.Millisecond}
 	if err := env.Validate(); err == nil || !strings.Contains(err.Error(), "ALLOT_STALL_TIMEOUT") {
 		t.Errorf("ALLOT_STALL_TIMEOUT=100ms: %v, want it refused", err)
 	}

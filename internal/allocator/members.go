@@ -18,7 +18,7 @@ import (
 
 // MembersBucket is the KV bucket where allocator processes announce
 // themselves, so that partitions spread over the live ones.
-const MembersBucket = "ALLOT_ALLOCATORS"
+const MembersBucket = bus.MembersBucket
 
 // Members spreads partitions over the allocator processes that are alive.
 // Each process puts a key in MembersBucket every beat; keys expire after
@@ -60,19 +60,10 @@ type memberValue struct {
 }
 
 // JoinMembers announces this process and keeps its view of the live ones.
-func JoinMembers(ctx context.Context, js jetstream.JetStream, log *slog.Logger, replicas int, beat, ttl time.Duration) (*Members, error) {
-	replicas, err := bus.KeepReplicas(ctx, js, bus.KeyValueStream(MembersBucket), replicas)
-	if err != nil {
-		return nil, err
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      MembersBucket,
-		Description: "allot: live allocator processes, for spreading partitions",
-		History:     1,
-		TTL:         ttl,
-		Storage:     jetstream.MemoryStorage,
-		Replicas:    replicas,
-	})
+// The bucket must exist with keys that expire after ttl
+// (bus.MembersBucketConfig; `allotctl setup` creates it with bus.MembersTTL).
+func JoinMembers(ctx context.Context, js jetstream.JetStream, log *slog.Logger, beat, ttl time.Duration) (*Members, error) {
+	kv, err := bus.CheckBucket(ctx, js, bus.MembersBucketConfig(1, ttl))
 	if err != nil {
 		return nil, err
 	}

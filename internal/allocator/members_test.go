@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
 )
 
@@ -49,9 +50,13 @@ func TestMembersViewSurvivesSlowListings(t *testing.T) {
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
 	var ms []*Members
+	// The setup step's bucket, with keys that outlive the test.
+	if _, err := js.CreateOrUpdateKeyValue(ctx, bus.MembersBucketConfig(1, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
 	for range 3 {
 		// A beat far longer than the test: only the refreshes below run.
-		m, err := JoinMembers(ctx, js, log, 1, time.Hour, time.Minute)
+		m, err := JoinMembers(ctx, js, log, time.Hour, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +114,7 @@ func TestGivenUpPartitionsGoToTheOthers(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	var ms []*Members
 	for range 3 {
-		m, err := JoinMembers(ctx, js, log, 1, time.Hour, time.Minute)
+		m, err := JoinMembers(ctx, js, log, time.Hour, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -85,9 +85,9 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 // stops them all at once. It returns nil when ctx ended.
 func runPartitions(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger, reg *prometheus.Registry, ready *atomic.Bool, stalls *stallSet) error {
 	if js, err := jetstream.New(nc); err == nil {
-		err := bus.Retry(ctx, log, "allocator: ensure streams", bus.StartAttempt, func(ctx context.Context) error {
-			return bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: cfg.Partitions, Replicas: cfg.Replicas,
-				Requests: cfg.Retention.Requests, Events: cfg.Retention.Events})
+		err := bus.Retry(ctx, log, "allocator: check streams", bus.StartAttempt, func(ctx context.Context) error {
+			_, err := checkStreams(ctx, js, cfg.Partitions)
+			return err
 		})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -101,7 +101,10 @@ func runPartitions(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn
 	// safe, only less even.
 	var members *Members
 	if js, err := jetstream.New(nc); err == nil {
-		members, err = JoinMembers(ctx, js, log, cfg.Replicas, time.Second, 5*time.Second)
+		members, err = JoinMembers(ctx, js, log, time.Second, bus.MembersTTL)
+		if bus.IsSetupError(err) {
+			return err
+		}
 		if err != nil {
 			log.WarnContext(ctx, "allocator membership unavailable; pulling on every partition", slog.Any("err", err))
 			members = nil

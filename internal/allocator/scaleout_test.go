@@ -383,7 +383,7 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	join := func() *Members {
-		m, err := JoinMembers(ctx, e.js, e.log, 1, 100*time.Millisecond, 5*time.Second)
+		m, err := JoinMembers(ctx, e.js, e.log, 100*time.Millisecond, bus.MembersTTL)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
@@ -87,10 +88,10 @@ func relayHoldsNothing(ctx context.Context, other, pool *sql.DB) error {
 // every partition's stop must be under way at once.
 func TestPartitionsStopInParallel(t *testing.T) {
 	t.Parallel()
-	// No streams yet: Run creates them with three partitions.
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	e.nc, e.js = e.ns.Connect(t)
 	const partitions = 3
+	e.ns.Setup(t, bus.StreamConfig{Partitions: partitions})
 	var (
 		mu            sync.Mutex
 		active, most  int

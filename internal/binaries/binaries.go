@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 )
@@ -33,6 +34,12 @@ type Ingest struct {
 type Allocator struct {
 	config.Common
 	allocator.Env
+}
+
+// Allotctl is cmd/allotctl's configuration (setup).
+type Allotctl struct {
+	config.Common
+	bus.SetupEnv
 }
 
 // Audit is cmd/audit's configuration.
@@ -88,6 +95,7 @@ type Stack struct {
 	config.Common
 	IngestEnv
 	AllocatorEnv
+	bus.SetupEnv
 	NATSPort  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"port of the embedded NATS server (the machine's own NATS holds 4222)"`
 	NATSStore string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"store directory of the embedded NATS server"`
 	NATSSync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`
@@ -171,6 +179,7 @@ var All = []Binary{
 	{"ingest", "cmd/ingest", []any{Ingest{}}},
 	{"allocator", "cmd/allocator", []any{Allocator{}}},
 	{"audit", "cmd/audit", []any{Audit{}}},
+	{"allotctl", "cmd/allotctl", []any{Allotctl{}}},
 	{"notifier", "cmd/notifier", []any{Notifier{}}},
 	{"loadgen", "cmd/loadgen", []any{Loadgen{}}},
 	{"stack", "internal/cmd/stack", []any{Stack{}, StackGetenv{}}},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,15 +23,31 @@ import (
 // stored. Edges map it to 503.
 var ErrUnavailable = errors.New("the message broker is unavailable")
 
+// Roles are the NATS users of deploy/nats/accounts.conf that a binary
+// connects as, each named like the binary.
+var Roles = []string{"ingest", "allocator", "notifier", "audit", "allotctl"}
+
+// InboxPrefix is the inbox prefix of role's connections: _INBOX_<role>.
+// Replies, pulled messages and watches arrive under it, and a role may
+// subscribe to its own prefix only (accounts.conf), so that no role reads
+// another's PubAcks or pulled requests.
+func InboxPrefix(role string) string { return "_INBOX_" + role }
+
 // Connect dials url and keeps reconnecting for ever, so a broker restart is
 // survived without the caller's help. It fails fast when the first dial fails.
+// A connection named like one of the Roles takes that role's InboxPrefix;
+// extra options come last (an explicit nats.CustomInboxPrefix wins).
 func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
-	opts := append([]nats.Option{
+	var inbox []nats.Option
+	if slices.Contains(Roles, name) {
+		inbox = append(inbox, nats.CustomInboxPrefix(InboxPrefix(name)))
+	}
+	opts := append(append(inbox,
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectBufSize(-1), // fail publishes while down: no silent buffering
-		nats.Timeout(5 * time.Second),
+		nats.Timeout(5*time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("nats disconnected", slog.Any("err", err))
 		}),
@@ -50,7 +67,7 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 			}
 			log.Warn("nats async error", attrs...)
 		}),
-	}, extra...)
+	), extra...)
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: connect %s: %w", ErrUnavailable, redact(url), err)
@@ -58,11 +75,12 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 	return nc, nil
 }
 
-// StreamConfig tunes the streams allot creates.
+// StreamConfig tunes the streams and buckets the setup step (Setup)
+// creates.
 type StreamConfig struct {
 	// Replicas is the stream replication factor (ALLOT_STREAM_REPLICAS, 3 on
-	// a cluster); 0 keeps what an existing stream has (1 for a new one), so
-	// a binary that does not own the setting never scales a stream down.
+	// a cluster); 0 keeps what an existing stream has (1 for a new one), and
+	// an existing stream is never scaled down (KeepReplicas).
 	Replicas int
 	// Partitions splits the request stream into this many partitions
 	// (ALLOT_PARTITIONS). It is fixed when the stream is created: 0 takes
@@ -71,8 +89,7 @@ type StreamConfig struct {
 	Partitions int
 	// Requests and Events bound the two streams (ALLOT_REQUESTS_MAX_AGE and
 	// the others; see RetentionEnv). A zero Retention keeps what an
-	// existing stream has (the defaults for a new one), so a binary that
-	// does not own the setting never changes it.
+	// existing stream has (the defaults for a new one).
 	Requests, Events Retention
 	// Duplicates is the request stream's duplicate window; 0 keeps what
 	// an existing stream has (2m for a new one), so an operator's setting
@@ -282,63 +299,11 @@ func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
 	}
 }
 
-// EnsureStreams creates or updates both streams. It refuses to change the
-// number of partitions of an existing request stream.
+// EnsureStreams is Setup for callers that do not print what it changed:
+// the tests' harnesses and benchmarks, which play the setup step.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
-	rc := c
-	if st, err := js.Stream(ctx, wire.RequestStream); err == nil {
-		have := st.CachedInfo().Config
-		if rc.Partitions == 0 {
-			rc.Partitions = partitionsOf(have)
-		}
-		if partitionsOf(have) != rc.Partitions {
-			return fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, partitionsOf(have), rc.Partitions)
-		}
-		// Never fewer replicas than the stream has (KeepReplicas).
-		rc.Replicas = max(rc.Replicas, have.Replicas)
-		rc.Requests = rc.Requests.orHave(have)
-		rc.Duplicates = cmp.Or(rc.Duplicates, have.Duplicates)
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
-	}
-	if err := ensureHoldStream(ctx, js, rc.Replicas); err != nil {
-		return err
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, RequestStreamConfig(rc)); err != nil {
-		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.RequestStream, err)
-	}
-	return EnsureEventStream(ctx, js, c)
-}
-
-// ensureHoldStream creates or updates ALLOT_HOLDS, never with fewer
-// replicas than it has.
-func ensureHoldStream(ctx context.Context, js jetstream.JetStream, replicas int) error {
-	replicas, err := KeepReplicas(ctx, js, wire.HoldStream, replicas)
-	if err != nil {
-		return err
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, HoldStreamConfig(StreamConfig{Replicas: replicas})); err != nil {
-		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.HoldStream, err)
-	}
-	return nil
-}
-
-// EnsureEventStream creates or updates ALLOT_EVENTS alone: what a consumer
-// of events (the notifier) needs, without a say over the request stream.
-func EnsureEventStream(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
-	st, err := js.Stream(ctx, wire.EventStream)
-	switch {
-	case err == nil:
-		have := st.CachedInfo().Config
-		c.Replicas = max(c.Replicas, have.Replicas)
-		c.Events = c.Events.orHave(have)
-	case !errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.EventStream, err)
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, EventStreamConfig(c)); err != nil {
-		return fmt.Errorf("%w: ensure stream %s: %w", ErrUnavailable, wire.EventStream, err)
-	}
-	return nil
+	_, err := Setup(ctx, js, c)
+	return err
 }
 
 // AllocatorConsumer is the durable name of the allocator's consumer on
@@ -391,24 +356,16 @@ func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, cc Con
 	return c, nil
 }
 
-// EnsureViewBucket creates or opens the KV bucket of full-activity views.
+// ViewBucketConfig is ALLOT_VIEW, the KV bucket of full-activity views.
 // It keeps one revision per key: only the latest view matters.
-func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstream.KeyValue, error) {
-	var err error
-	if c.Replicas, err = KeepReplicas(ctx, js, KeyValueStream(wire.ViewBucket), c.Replicas); err != nil {
-		return nil, err
-	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+func ViewBucketConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
 		Bucket:      wire.ViewBucket,
 		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
 		History:     1,
 		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: ensure bucket %s: %w", ErrUnavailable, wire.ViewBucket, err)
+		Replicas:    max(replicas, 1),
 	}
-	return kv, nil
 }
 
 // redact hides the userinfo of each URL of a NATS URL list, for errors.

@@ -62,9 +62,8 @@ func (r Retention) orDefault(age time.Duration, bytes int64) Retention {
 	return r
 }
 
-// RetentionEnv is the retention part of a binary's configuration
-// (ALLOT_REQUESTS_MAX_AGE and the others); embed it in the envconfig
-// struct of every binary that ensures the streams.
+// RetentionEnv is the retention part of the setup step's configuration
+// (ALLOT_REQUESTS_MAX_AGE and the others; see SetupEnv).
 type RetentionEnv struct {
 	RequestsMaxAge   time.Duration `envconfig:"REQUESTS_MAX_AGE" default:"168h" desc:"requests older than this leave ALLOT_REQUESTS; 0 = no age limit"`
 	RequestsMaxBytes int64         `envconfig:"REQUESTS_MAX_BYTES" default:"0" desc:"size bound of ALLOT_REQUESTS; when reached new requests are refused (503); 0 = no size limit"`
@@ -122,11 +121,11 @@ func duplicatesWithin(window, maxAge time.Duration) time.Duration {
 	return window
 }
 
-// KeepReplicas returns the replicas stream should be ensured with: want,
-// but never fewer than the stream already has. A binary started without
+// KeepReplicas returns the replicas stream should be set up with: want,
+// but never fewer than the stream already has. A setup run without
 // ALLOT_STREAM_REPLICAS (or with a smaller number) must not scale down what
 // an operator made durable; lowering replicas is an operator's act (nats
-// stream edit), never a side effect of a restart.
+// stream edit), never a side effect of a rerun.
 func KeepReplicas(ctx context.Context, js jetstream.JetStream, stream string, want int) (int, error) {
 	st, err := js.Stream(ctx, stream)
 	switch {
@@ -140,3 +139,29 @@ func KeepReplicas(ctx context.Context, js jetstream.JetStream, stream string, wa
 
 // KeyValueStream is the name of the stream behind KV bucket.
 func KeyValueStream(bucket string) string { return "KV_" + bucket }
+
+// SetupEnv is the configuration of the setup step (`allotctl setup`, and
+// `make run`'s stack, which runs it first): the partitions, replicas and
+// retention of the streams and buckets. No runtime binary reads it: they
+// never create or change a stream.
+type SetupEnv struct {
+	Partitions int `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
+	Replicas   int `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and buckets (3 on a cluster); never lowered on an existing one"`
+	RetentionEnv
+}
+
+// Validate reports the first invalid value as one sentence.
+func (e SetupEnv) Validate() error {
+	if e.Partitions < 1 || e.Partitions > 1024 {
+		return fmt.Errorf("ALLOT_PARTITIONS must be between 1 and 1024, got %d", e.Partitions)
+	}
+	if e.Replicas < 1 || e.Replicas > 5 {
+		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", e.Replicas)
+	}
+	return e.RetentionEnv.Validate()
+}
+
+// StreamConfig is what Setup takes.
+func (e SetupEnv) StreamConfig() StreamConfig {
+	return e.RetentionEnv.Apply(StreamConfig{Partitions: e.Partitions, Replicas: e.Replicas})
+}

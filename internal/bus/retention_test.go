@@ -58,11 +58,8 @@ func TestStreamsRetention(t *testing.T) {
 	}
 	check("updated from before retention, and created", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
 
-	// The notifier, the audit and the tests pass no retention: kept.
+	// A setup without retention settings (the tests) keeps what exists.
 	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := bus.EnsureEventStream(ctx, js, bus.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	check("ensured without a setting", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
@@ -138,10 +135,7 @@ func TestReplicasNeverLowered(t *testing.T) {
 	ensure := func(replicas int) {
 		t.Helper()
 		err := bus.Retry(ctx, log, "ensure", 10*time.Second, func(ctx context.Context) error {
-			if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{Replicas: replicas}); err != nil {
-				return err
-			}
-			_, err := bus.EnsureViewBucket(ctx, js, bus.StreamConfig{Replicas: replicas})
+			_, err := bus.Setup(ctx, js, bus.StreamConfig{Replicas: replicas})
 			return err
 		})
 		if err != nil {
@@ -150,7 +144,8 @@ func TestReplicasNeverLowered(t *testing.T) {
 	}
 	want := func(when string) {
 		t.Helper()
-		for _, name := range []string{wire.RequestStream, wire.EventStream, bus.KeyValueStream(wire.ViewBucket)} {
+		for _, name := range []string{wire.RequestStream, wire.EventStream, wire.HoldStream, bus.DLQStream,
+			bus.KeyValueStream(wire.ViewBucket), bus.KeyValueStream(bus.IdempotencyBucket), bus.KeyValueStream(bus.MembersBucket)} {
 			if got := streamConfig(t, js, name).Replicas; got != 3 {
 				t.Errorf("%s: %s has %d replicas, want 3", when, name, got)
 			}

@@ -1,6 +1,8 @@
 // Package bus owns allot's JetStream side: the embedded server used by
-// `make run` and the tests, connecting, the two streams, the allocator's
-// durable consumer, and publishing with Nats-Msg-Id.
+// `make run` and the tests, connecting (each role with its own inbox
+// prefix), the streams and buckets (Setup, `allotctl setup`, and the checks
+// the runtime binaries run at start), the allocator's durable consumer,
+// and publishing with Nats-Msg-Id.
 package bus
 
 import (

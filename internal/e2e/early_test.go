@@ -19,6 +19,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -45,7 +46,8 @@ type fleet struct {
 func newFleet(t *testing.T, ingests int, acfg allocator.Config) *fleet {
 	t.Helper()
 	f := &fleet{t: t, db: dbtest.New(t), ns: natstest.New(t), acfg: acfg}
-	f.startAllocator() // the first one creates the streams
+	f.ns.Setup(t, bus.StreamConfig{Partitions: acfg.Partitions})
+	f.startAllocator()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range ingests {
 		nc, js := f.ns.Connect(t)

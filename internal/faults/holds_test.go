@@ -23,8 +23,9 @@ import (
 // commits that created holds, before its relay scheduled their expiries,
 // and start it again only after every hold has ended. To make sure the kill
 // lands there, ALLOT_HOLDS stops taking schedules meanwhile (its subjects
-// are moved aside, so the relay's publishes find no stream); the restarted
-// allocator puts the stream's configuration back at start. The outbox schedules
+// are moved aside, so the relay's publishes find no stream); `allotctl
+// setup` puts the stream's configuration back before the allocator starts
+// again (the allocator only checks it, and would not start on it). The outbox schedules
 // what the dead relay did not; every hold's expire is stored once and
 // applied once, in stream order, received at or after its hold's end (as
 // the stream and the hold's recorded held_until say), and promotes the next
@@ -113,6 +114,7 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(max(time.Until(lastEnd.Add(time.Second)), time.Until(killedAt.Add(hold+time.Second))))
+	s.must(s.runSetup())
 	s.must(s.startAllocator(0))
 
 	// Every seat is held once by a joiner and, as their holds lapse, by a

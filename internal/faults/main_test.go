@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// build compiles the three binaries the scenarios run into dir, once.
+// build compiles the binaries the scenarios run into dir, once.
 func build(dir string) error {
 	start := time.Now()
 	goBin, err := exec.LookPath("go")
@@ -63,7 +63,7 @@ func build(dir string) error {
 	if buildRace() {
 		args = append(args, "-race")
 	}
-	args = append(args, "./cmd/allocator", "./cmd/ingest", "./internal/cmd/natsd")
+	args = append(args, "./cmd/allocator", "./cmd/ingest", "./cmd/allotctl", "./cmd/notifier", "./internal/cmd/natsd")
 	cmd := exec.Command(goBin, args...)
 	cmd.Dir = root
 	var stderr bytes.Buffer
@@ -80,7 +80,7 @@ func build(dir string) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("go build nats-server in %s: %w\n%s", root, err, stderr.String())
 	}
-	fmt.Printf("faults: built allocator, ingest, natsd, nats-server in %s (race detector %t, %s)\n", dir, buildRace(), time.Since(start).Round(time.Millisecond))
+	fmt.Printf("faults: built allocator, ingest, allotctl, notifier, natsd, nats-server in %s (race detector %t, %s)\n", dir, buildRace(), time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

@@ -29,7 +29,7 @@ import (
 
 // natsRoles are the users of deploy/nats/accounts.conf; each gets a
 // password of its own per scenario.
-var natsRoles = []string{"ingest", "allocator", "notifier", "audit", "admin"}
+var natsRoles = []string{"ingest", "allocator", "notifier", "audit", "allotctl", "admin"}
 
 func rolePassword(role string) string { return "faults-" + role + "-pw" }
 
@@ -129,9 +129,12 @@ func (v *violations) about(subject string) bool {
 }
 
 // TestScenario11NATSPermissions: the real nats-server runs
-// deploy/nats/accounts.conf; the allocator and ingest connect as their own
-// users and the whole burst flows (every accepted request applied once,
-// events relayed, the audit clean, run as the audit user). Meanwhile, as
+// deploy/nats/accounts.conf; `allotctl setup` runs as admin, the allocator
+// and ingest connect as their own users and the whole burst flows (every
+// accepted request applied once, events relayed, the audit clean, run as
+// the audit user), and so do a claim answered early from the view, a hold
+// that lapses (its expiry scheduled through ALLOT_HOLDS) and promotes the
+// waiter, and the notifier's deliveries; no binary logs a violation. Meanwhile, as
 // the ingest user, the test tries to forge a result on allot.results, put
 // a view, register a fake allocator and delete the request stream: each
 // is refused by the server, and none of them changed anything.
@@ -150,7 +153,8 @@ func TestScenario11NATSPermissions(t *testing.T) {
 			if got := r.count.Load(); got != 4 {
 				t.Errorf("%d of 4 forbidden operations were refused", got)
 			}
-			nc, err := bus.Connect(s.roleURL("audit"), "faults-audit", slog.New(slog.NewTextHandler(io.Discard, nil)))
+			s.flowUnderPermissions(t, m)
+			nc, err := bus.Connect(s.roleURL("audit"), "audit", slog.New(slog.NewTextHandler(io.Discard, nil)))
 			if err != nil {
 				t.Fatalf("connect as audit: %v", err)
 			}
@@ -173,6 +177,13 @@ func TestScenario11NATSPermissions(t *testing.T) {
 				t.Errorf("ingest published no atomic batch (allot_ingest_commit_batch_size_count %q): the batch path went unproven", batches)
 			}
 			m.notes = append(m.notes, "ingest_batches="+batches)
+			// The binaries, each as its own user, never met a subject
+			// they may not use.
+			for _, p := range append([]*proc{s.ingest}, s.allocs...) {
+				if out := p.current().output.String(); strings.Contains(out, "permissions violation") {
+					t.Errorf("%s logged a NATS permissions violation under accounts.conf", p.name)
+				}
+			}
 		},
 	})
 }
@@ -183,7 +194,7 @@ func TestScenario11NATSPermissions(t *testing.T) {
 func (s *stack) tryAsIngest(r *faultResult) error {
 	var v violations
 	nc, err := bus.Connect(s.roleURL("ingest"), "faults-forger", slog.New(slog.NewTextHandler(io.Discard, nil)),
-		nats.ErrorHandler(v.handler))
+		nats.ErrorHandler(v.handler), nats.CustomInboxPrefix(bus.InboxPrefix("ingest")))
 	if err != nil {
 		return fmt.Errorf("connect as ingest: %w", err)
 	}
@@ -275,6 +286,57 @@ func (s *stack) tryAsIngest(r *faultResult) error {
 	return nil
 }
 
+// flowUnderPermissions runs, through ingest, what the burst does not:
+// a claim on a full activity answered early from the view (the
+// allocator's view put, ingest's watch), and a hold that lapses: its
+// expiry is scheduled on ALLOT_HOLDS by the allocator, stored by the
+// server when due, sourced into ALLOT_REQUESTS and applied, promoting the
+// waiter.
+func (s *stack) flowUnderPermissions(t *testing.T, m *summary) {
+	t.Helper()
+	ctx := context.Background()
+	do := func(method, path, body string) answer {
+		a := s.send(ctx, request{method: method, path: path, body: body, wait: "20s"})
+		if a.err != nil || a.state != "done" {
+			t.Fatalf("%s %s: %+v, want done", method, path, a)
+		}
+		return a
+	}
+	const full, held = 1101, 1102
+	if a := do(http.MethodPut, fmt.Sprintf("/v1/activities/%d", full), `{"capacity": 1}`); a.outcome != "OPENED" {
+		t.Fatalf("open %d: %+v", full, a)
+	}
+	if a := do(http.MethodPost, fmt.Sprintf("/v1/activities/%d/signups/1", full), ""); a.outcome != string(wire.OutcomeConfirmed) {
+		t.Fatalf("join %d/1: %+v", full, a)
+	}
+	shed := false
+	for u := 2; u < 200 && !shed; u++ {
+		a := do(http.MethodPost, fmt.Sprintf("/v1/activities/%d/claims/%d", full, u), "")
+		if a.outcome != string(wire.OutcomeSoldOut) {
+			t.Fatalf("claim %d/%d: %+v, want SOLD_OUT", full, u, a)
+		}
+		shed = a.shed
+	}
+	if !shed {
+		t.Errorf("no claim on the full activity %d was answered early from the view", full)
+	}
+	if a := do(http.MethodPut, fmt.Sprintf("/v1/activities/%d", held), `{"capacity": 1, "hold": "1s"}`); a.outcome != "OPENED" {
+		t.Fatalf("open %d: %+v", held, a)
+	}
+	if a := do(http.MethodPost, fmt.Sprintf("/v1/activities/%d/signups/1", held), ""); a.outcome != string(wire.OutcomeHeld) {
+		t.Fatalf("join %d/1: %+v, want HELD", held, a)
+	}
+	if a := do(http.MethodPost, fmt.Sprintf("/v1/activities/%d/signups/2", held), ""); a.outcome != string(wire.OutcomeWaiting) {
+		t.Fatalf("join %d/2: %+v, want WAITLISTED", held, a)
+	}
+	s.must(poll(60*time.Second, "the hold of user 1 lapsed and promoted user 2", func() (bool, error) {
+		n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ? AND op = 'expire' AND outcome = 'EXPIRED'", held)
+		w := s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND user_id = 2 AND status = 'HELD'", held)
+		return n >= 1 && w == 1, nil
+	}))
+	m.notes = append(m.notes, "early_claim=ok", "hold_expiry=ok")
+}
+
 // keyAbsent reports, as admin, whether bucket holds no key.
 func (s *stack) keyAbsent(bucket, key string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -299,7 +361,7 @@ func (s *stack) notifyAsNotifier(t *testing.T) int {
 		w.WriteHeader(http.StatusInternalServerError)
 	}))
 	defer hook.Close()
-	nc, err := bus.Connect(s.roleURL("notifier"), "faults-notifier", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	nc, err := bus.Connect(s.roleURL("notifier"), "notifier", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatalf("connect as notifier: %v", err)
 	}

@@ -54,6 +54,8 @@ type stack struct {
 	killedForGood map[*proc]bool
 	// setup holds the answers of the requests that opened the activities.
 	setup []answer
+	// setupEnv is the environment of `allotctl setup` (runSetup).
+	setupEnv []string
 }
 
 // stackConfig shapes a stack.
@@ -118,6 +120,11 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 		"ALLOT_MYSQL_DSN=" + s.db.DSN,
 		"ALLOT_LOG_LEVEL=info",
 	}
+	// The setup step first, as a deploy runs it: the binaries only check
+	// the streams and buckets. It takes the settings the scenario gives
+	// the binaries (ALLOT_PARTITIONS, ALLOT_STREAM_REPLICAS).
+	s.setupEnv = append(append(append(slices.Clone(common), "ALLOT_NATS_URL="+roleURL("allotctl")), cfg.allocEnv...), cfg.ingestEnv...)
+	s.must(s.runSetup())
 	for i := range cfg.allocators {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		p := newProc(t, fmt.Sprintf("allocator-%d", i+1), "allocator", append(append(slices.Clone(common),
@@ -154,6 +161,23 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	}
 	t.Cleanup(s.http.CloseIdleConnections)
 	return s
+}
+
+// runSetup runs `allotctl setup` until it exits, and fails unless it
+// exits 0.
+func (s *stack) runSetup() error {
+	p := newProc(s.t, "allotctl", "allotctl", s.setupEnv, "setup")
+	inc, err := p.start()
+	if err != nil {
+		return err
+	}
+	if err := poll(2*time.Minute, "allotctl setup", func() (bool, error) { return !inc.alive(), nil }); err != nil {
+		return err
+	}
+	if code := inc.exitText(); code != "exit status 0" {
+		return fmt.Errorf("allotctl setup: %s\n%s", code, inc.output.String())
+	}
+	return nil
 }
 
 func (s *stack) must(err error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 )
@@ -62,6 +63,7 @@ func TestRunRefusesOpenNonLoopback(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, _ := ns.Connect(t)
 	ln, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
@@ -82,6 +84,7 @@ func TestRunClosesListenersWhenItRefuses(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, _ := ns.Connect(t)
 	for _, c := range []struct {
 		name, host string
@@ -121,6 +124,7 @@ func TestRunMetricsListener(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, _ := ns.Connect(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -61,6 +62,7 @@ func BenchmarkJoin(b *testing.B) {
 	}
 	db := dbtest.New(b)
 	ns := natstest.New(b)
+	ns.Setup(b, bus.StreamConfig{})
 	nc, js := ns.Connect(b)
 	svc, err := New(db.DB, nc, js, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), Options{})
 	if err != nil {

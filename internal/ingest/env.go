@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net"
 	"time"
-
-	"github.com/allot-dev/allot/internal/bus"
 )
 
 // Env is ingest's part of a binary's configuration, read from ALLOT_
@@ -16,10 +14,9 @@ type Env struct {
 	IDSecret        string        `envconfig:"ID_SECRET" desc:"key of the request-id checksum; the same on every ingest instance; empty = built-in default"`
 	PublishTimeout  time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
 	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
-	StreamReplicas  int           `envconfig:"STREAM_REPLICAS" default:"1" desc:"replicas of the streams and the buckets"`
 	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
 	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
-	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
+	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created; checked at start"`
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer a claim for a full activity as soon as the request stream proves its answer, before the allocator applies it"`
 	ActivityCache   int           `envconfig:"INGEST_ACTIVITY_CACHE" default:"100000" desc:"activities whose view and last change ingest keeps for early answers (LRU)"`
 	MaxWaiters      int           `envconfig:"INGEST_MAX_WAITERS" default:"10000" desc:"handlers waiting for a result (?wait=); beyond, ?wait= is ignored (answered at once)"`
@@ -29,7 +26,6 @@ type Env struct {
 	MetricsAddr     string        `envconfig:"INGEST_METRICS_ADDR" desc:"serve /metrics also on a listener of its own, without a token (e.g. :9092); empty = only on the API listener"`
 	BadAuthRate     float64       `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond before any token is verified; -1 = no limit"`
 	AuthEnv
-	bus.RetentionEnv
 }
 
 // Validate reports the first invalid value as one sentence.
@@ -42,9 +38,6 @@ func (e Env) Validate() error {
 	}
 	if e.ShutdownTimeout <= 0 {
 		return fmt.Errorf("ALLOT_INGEST_SHUTDOWN_TIMEOUT must be positive, got %s", e.ShutdownTimeout)
-	}
-	if e.StreamReplicas < 1 || e.StreamReplicas > 5 {
-		return fmt.Errorf("ALLOT_STREAM_REPLICAS must be between 1 and 5, got %d", e.StreamReplicas)
 	}
 	if e.MaxInFlight < 1 || e.MaxInFlight > 4000 {
 		return fmt.Errorf("ALLOT_INGEST_MAX_IN_FLIGHT must be between 1 and 4000, got %d", e.MaxInFlight)
@@ -78,10 +71,7 @@ func (e Env) Validate() error {
 	if e.BadAuthRate <= 0 && e.BadAuthRate != -1 {
 		return fmt.Errorf("ALLOT_INGEST_BAD_AUTH_RATE must be positive, or -1 for no limit, got %g", e.BadAuthRate)
 	}
-	if err := e.AuthEnv.Validate(e.HTTPAddr); err != nil {
-		return err
-	}
-	return e.RetentionEnv.Validate()
+	return e.AuthEnv.Validate(e.HTTPAddr)
 }
 
 // RunConfig turns the settings into what Run takes.
@@ -91,7 +81,6 @@ func (e Env) RunConfig() RunConfig {
 		Options: Options{
 			IDSecret:       e.IDSecret,
 			PublishTimeout: e.PublishTimeout,
-			StreamReplicas: e.StreamReplicas,
 			RateLimit:      e.RateLimit,
 			UserRate:       e.UserRate,
 			DisableShed:    !e.Shed,
@@ -102,7 +91,6 @@ func (e Env) RunConfig() RunConfig {
 			MaxWaiters:     e.MaxWaiters,
 			OpenRate:       e.OpenRate,
 			BadAuthRate:    e.BadAuthRate,
-			Retention:      e.RetentionEnv.Apply(bus.StreamConfig{}),
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
 		MetricsAddr:     e.MetricsAddr,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -23,6 +24,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, _ := ns.Connect(t)
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

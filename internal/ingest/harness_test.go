@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -49,6 +50,7 @@ func newHarness(t *testing.T, opts Options) *harness {
 func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, opts Options) *harness {
 	t.Helper()
 	h := &harness{t: t, db: db, ns: natstest.New(t), reg: prometheus.NewRegistry()}
+	h.ns.Setup(t, bus.StreamConfig{Partitions: opts.Partitions})
 	h.nc, h.js = h.ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	svc, err := New(svcDB, h.nc, h.js, log, h.reg, opts)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -236,6 +237,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, _ := ns.Connect(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -306,6 +308,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
+	ns.Setup(t, bus.StreamConfig{})
 	nc, js := ns.Connect(t)
 	for _, o := range []Options{{MaxWait: -1}, {BodyLimit: -1}, {PublishTimeout: -time.Second}, {RateLimit: -1}} {
 		if _, err := New(db.DB, nc, js, nil, nil, o); err == nil {

@@ -30,18 +30,16 @@ import (
 
 // Defaults of Options; the first two are api/openapi.yaml's numbers.
 const (
-	DefaultMaxWait           = 30 * time.Second
-	DefaultMaxInFlight       = 2048 // below nats.go's default async-publish bound of 4000
-	DefaultBodyLimit         = 64 << 10
-	DefaultPublishTimeout    = 5 * time.Second
-	DefaultRecheckInterval   = time.Second
-	DefaultQueryTimeout      = 5 * time.Second
-	DefaultIdempotencyBucket = "ALLOT_IDEMPOTENCY"
-	DefaultIdempotencyTTL    = 24 * time.Hour
-	DefaultEarlyResults      = 100_000
-	DefaultActivityCache     = 100_000
-	DefaultMaxWaiters        = 10_000
-	DefaultOpenRate          = 50
+	DefaultMaxWait         = 30 * time.Second
+	DefaultMaxInFlight     = 2048 // below nats.go's default async-publish bound of 4000
+	DefaultBodyLimit       = 64 << 10
+	DefaultPublishTimeout  = 5 * time.Second
+	DefaultRecheckInterval = time.Second
+	DefaultQueryTimeout    = 5 * time.Second
+	DefaultEarlyResults    = 100_000
+	DefaultActivityCache   = 100_000
+	DefaultMaxWaiters      = 10_000
+	DefaultOpenRate        = 50
 )
 
 // Options are the HTTP-independent settings of a Service. A zero field takes
@@ -64,15 +62,6 @@ type Options struct {
 	// IDSecret keys the request-id checksum; empty means DefaultIDSecret.
 	// Every ingest instance must use the same value.
 	IDSecret string
-	// StreamReplicas is the replication factor of the streams and of the
-	// idempotency bucket (3 on a cluster). Default 1.
-	StreamReplicas int
-	// IdempotencyBucket names the JetStream KV bucket of idempotency keys.
-	// Default ALLOT_IDEMPOTENCY.
-	IdempotencyBucket string
-	// IdempotencyTTL is how long an idempotency key is remembered.
-	// Default 24h.
-	IdempotencyTTL time.Duration
 	// RateLimit, when positive, caps accepted writes per second of this
 	// instance; excess writes answer 429 with Retry-After. Default off.
 	RateLimit float64
@@ -83,11 +72,8 @@ type Options struct {
 	UserRate float64
 	// UserBurst is the burst of UserRate; default max(1, 2*UserRate).
 	UserBurst int
-	// Retention bounds the streams (ALLOT_REQUESTS_MAX_AGE and the others);
-	// zero keeps what they have.
-	Retention bus.StreamConfig
-	// Partitions is ALLOT_PARTITIONS, used when ingest creates the request
-	// stream; 0 keeps what an existing stream has.
+	// Partitions is ALLOT_PARTITIONS: the request stream must have as
+	// many (checked at Start); 0 takes what it has.
 	Partitions int
 	// DisableShed turns off answering claims for a full activity early
 	// (ALLOT_SHED=false): every claim then waits for the allocator.
@@ -154,7 +140,6 @@ func (o Options) withDefaults() (Options, error) {
 		def(&o.PublishTimeout, DefaultPublishTimeout, "PublishTimeout"),
 		def(&o.RecheckInterval, DefaultRecheckInterval, "RecheckInterval"),
 		def(&o.QueryTimeout, DefaultQueryTimeout, "QueryTimeout"),
-		def(&o.IdempotencyTTL, DefaultIdempotencyTTL, "IdempotencyTTL"),
 		def(&o.EarlyWait, DefaultEarlyWait, "EarlyWait"),
 	} {
 		if e != nil {
@@ -166,13 +151,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.BodyLimit == 0 {
 		o.BodyLimit = DefaultBodyLimit
-	}
-	if o.StreamReplicas < 0 {
-		return o, fmt.Errorf("ingest: StreamReplicas must not be negative, got %d", o.StreamReplicas)
-	}
-	o.StreamReplicas = max(o.StreamReplicas, 1)
-	if o.IdempotencyBucket == "" {
-		o.IdempotencyBucket = DefaultIdempotencyBucket
 	}
 	if o.RateLimit < 0 || o.RateBurst < 0 {
 		return o, errors.New("ingest: RateLimit and RateBurst must not be negative")
@@ -330,8 +308,8 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	return s, nil
 }
 
-// Start ensures both streams and the idempotency bucket and subscribes to
-// the result notifications. It fails with bus.ErrUnavailable when NATS or
+// Start checks the streams and buckets ingest needs (`allotctl setup`
+// makes them) and subscribes to the result notifications. It fails with bus.ErrUnavailable when NATS or
 // JetStream does not answer.
 func (s *Service) Start(ctx context.Context) error {
 	s.mu.Lock()
@@ -339,35 +317,24 @@ func (s *Service) Start(ctx context.Context) error {
 	if s.sub != nil || s.stopped {
 		return errors.New("ingest: Start called twice or after Stop")
 	}
-	if err := bus.EnsureStreams(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas, Partitions: s.opts.Partitions,
-		Requests: s.opts.Retention.Requests, Events: s.opts.Retention.Events}); err != nil {
+	// Only `allotctl setup` creates or changes streams and buckets: ingest
+	// checks that what it needs is there as allot sets it up.
+	st, partitions, err := bus.CheckRequestStream(ctx, s.js, s.opts.Partitions)
+	if err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
 	// Ids name their partition, and lost PubAcks are settled within the
 	// duplicate window: both come from the stream as it is.
-	st, err := s.js.Stream(ctx, wire.RequestStream)
-	if err != nil {
-		return fmt.Errorf("ingest start: %w: look up stream %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
+	s.settle.configure(st.CachedInfo().Config.Duplicates, partitions)
+	if err := bus.CheckEventStream(ctx, s.js); err != nil {
+		return fmt.Errorf("ingest start: %w", err)
 	}
-	cfg := st.CachedInfo().Config
-	s.settle.configure(cfg.Duplicates, bus.PartitionsOf(cfg))
-	replicas, err := bus.KeepReplicas(ctx, s.js, bus.KeyValueStream(s.opts.IdempotencyBucket), s.opts.StreamReplicas)
+	kv, err := bus.CheckBucket(ctx, s.js, bus.IdempotencyBucketConfig(1))
 	if err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
-	kv, err := s.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      s.opts.IdempotencyBucket,
-		Description: "allot ingest: Idempotency-Key -> request_id, op, path, request message",
-		History:     1,
-		TTL:         s.opts.IdempotencyTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-	})
-	if err != nil {
-		return fmt.Errorf("ingest start: %w: ensure bucket %s: %w", bus.ErrUnavailable, s.opts.IdempotencyBucket, err)
-	}
 	if !s.opts.DisableShed {
-		vkv, err := bus.EnsureViewBucket(ctx, s.js, bus.StreamConfig{Replicas: s.opts.StreamReplicas})
+		vkv, err := bus.CheckBucket(ctx, s.js, bus.ViewBucketConfig(1))
 		if err != nil {
 			return fmt.Errorf("ingest start: %w", err)
 		}
@@ -414,7 +381,7 @@ func (s *Service) Start(ctx context.Context) error {
 	s.reader.run(cctx)
 	s.kv, s.sub = kv, sub
 	s.log.InfoContext(ctx, "ingest started",
-		slog.String("bucket", s.opts.IdempotencyBucket),
+		slog.String("bucket", bus.IdempotencyBucket),
 		slog.String("result_subject", wire.ResultSubject))
 	return nil
 }

@@ -60,16 +60,22 @@ func (l *Late) Connect(t testing.TB) *nats.Conn {
 }
 
 // StartJetStream brings JetStream to URL: it starts a JetStream server
-// (stopped when the test ends), turns the forwarder to it, and shuts the
-// plain server down, which drops every connection to it: clients
-// reconnect to URL and find JetStream.
-func (l *Late) StartJetStream() {
+// (stopped when the test ends), runs the setup step on it with c (the
+// streams and buckets, as `allotctl setup` would have), turns the
+// forwarder to it, and shuts the plain server down, which drops every
+// connection to it: clients reconnect to URL and find JetStream set up.
+func (l *Late) StartJetStream(c ...bus.StreamConfig) {
 	l.t.Helper()
 	js, err := bus.RunServer(bus.ServerConfig{Port: -1, StoreDir: l.t.TempDir(), SyncInterval: time.Second})
 	if err != nil {
 		l.t.Fatalf("natstest: %v", err)
 	}
 	l.t.Cleanup(func() { js.Shutdown(); js.WaitForShutdown() })
+	var sc bus.StreamConfig
+	if len(c) > 0 {
+		sc = c[0]
+	}
+	SetupAt(l.t, js.ClientURL(), sc)
 	l.fwd.turnTo(js.Addr().String())
 	l.plain.Shutdown()
 	l.plain.WaitForShutdown()

@@ -26,8 +26,9 @@ type Server struct {
 	*server.Server
 }
 
-// New starts a server for t. Streams are not created: the code under test
-// does that, as it does in production.
+// New starts a server for t. Streams are not created: the setup step
+// does that (Setup, as `allotctl setup` in production); the runtime code
+// under test only checks them.
 func New(t testing.TB) *Server {
 	t.Helper()
 	cfg := bus.ServerConfig{Port: -1, StoreDir: t.TempDir(), SyncInterval: time.Second}
@@ -59,6 +60,32 @@ func (s *Server) Start() {
 		s.t.Fatalf("natstest: restart: %v", err)
 	}
 	s.Server = srv
+}
+
+// Setup runs the setup step (bus.Setup) on the server with c, as
+// `allotctl setup` does before the binaries start.
+func (s *Server) Setup(t testing.TB, c bus.StreamConfig) {
+	t.Helper()
+	SetupAt(t, s.URL(), c)
+}
+
+// SetupAt runs the setup step on the JetStream server at url.
+func SetupAt(t testing.TB, url string, c bus.StreamConfig) {
+	t.Helper()
+	nc, err := bus.Connect(url, "allotctl", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("natstest: setup: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("natstest: setup: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := bus.SetupWait(ctx, js, c, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatalf("natstest: setup: %v", err)
+	}
 }
 
 // Connect returns a connection and a JetStream handle, closed at cleanup.

@@ -9,12 +9,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/bus"
 )
 
 // The dead-letter stream. ALLOT_EVENTS covers alloc.evt.> only, so the
-// notifier owns a stream of its own for alloc.dlq.>.
+// dead letters have a stream of their own for alloc.dlq.>.
 const (
-	DLQStream  = "ALLOT_DLQ"
+	DLQStream  = bus.DLQStream
 	DLQSubject = "alloc.dlq.notify"
 )
 
@@ -53,24 +55,6 @@ const (
 	// ReasonMalformed: the message is not a deliverable event.
 	ReasonMalformed = "malformed"
 )
-
-// DLQStreamConfig is ALLOT_DLQ: dead letters kept by limits (30 days, 1 GiB,
-// oldest dropped first) on file storage, with replicas copies.
-func DLQStreamConfig(replicas int) jetstream.StreamConfig {
-	return jetstream.StreamConfig{
-		Name:        DLQStream,
-		Description: "allot dead letters: events the notifier could not deliver",
-		Subjects:    []string{"alloc.dlq.>"},
-		Retention:   jetstream.LimitsPolicy,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
-		MaxAge:      30 * 24 * time.Hour,
-		MaxBytes:    1 << 30,
-		Discard:     jetstream.DiscardOld,
-		Duplicates:  10 * time.Minute,
-		AllowDirect: true,
-	}
-}
 
 type deadLetter struct {
 	reason   string

@@ -197,25 +197,22 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	}, nil
 }
 
-// Start ensures ALLOT_EVENTS (so the notifier may start before the
-// allocator), the dead-letter stream and the durable consumer, then runs the
-// workers until Stop. ctx bounds the setup only.
+// Start checks ALLOT_EVENTS and the dead-letter stream (`allotctl setup`
+// creates them), ensures the durable consumer, then runs the workers until
+// Stop. ctx bounds the setup only.
 func (n *Notifier) Start(ctx context.Context) error {
 	if n.cancel != nil {
 		return ErrStarted
 	}
 	setupCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := bus.EnsureEventStream(setupCtx, n.js, bus.StreamConfig{}); err != nil {
+	// Only `allotctl setup` creates or changes streams: the notifier
+	// checks the two it uses.
+	if err := bus.CheckEventStream(setupCtx, n.js); err != nil {
 		return err
 	}
-	// Dead letters are kept as safely as the events they come from.
-	replicas := 1
-	if st, err := n.js.Stream(setupCtx, wire.EventStream); err == nil {
-		replicas = st.CachedInfo().Config.Replicas
-	}
-	if _, err := n.js.CreateOrUpdateStream(setupCtx, DLQStreamConfig(replicas)); err != nil {
-		return fmt.Errorf("%w: ensure stream %s: %w", bus.ErrUnavailable, DLQStream, err)
+	if err := bus.CheckDLQStream(setupCtx, n.js); err != nil {
+		return err
 	}
 	cons, err := n.ensureConsumer(setupCtx)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -34,6 +35,8 @@ type Stack struct {
 func Start(t testing.TB, acfg allocator.Config, iopts ingest.Options) *Stack {
 	t.Helper()
 	s := &Stack{DB: dbtest.New(t), NS: natstest.New(t)}
+	// The setup step first, as `allotctl setup` runs before the binaries.
+	s.NS.Setup(t, bus.StreamConfig{Partitions: max(acfg.Partitions, iopts.Partitions)})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 

@@ -52,6 +52,12 @@ func memory(ctx context.Context, o opts) error {
 		return fmt.Errorf("natsd: %w; its log: %s", err, natsLog.Name())
 	}
 	env := []string{"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=" + natsURL, "ALLOT_LOG_LEVEL=warn"}
+	// The setup step first: the binaries only check the streams.
+	setup := exec.CommandContext(ctx, filepath.Join(o.bin, "allotctl"), "setup")
+	setup.Env = append(os.Environ(), env...)
+	if out, err := setup.CombinedOutput(); err != nil {
+		return fmt.Errorf("allotctl setup: %w (run make build first)\n%s", err, out)
+	}
 	alloc, err := start(ctx, filepath.Join(o.bin, "allocator"), nil,
 		append(env, "ALLOT_METRICS_ADDR=127.0.0.1:"+strconv.Itoa(mp)), "http://127.0.0.1:"+strconv.Itoa(mp)+"/readyz")
 	if err != nil {

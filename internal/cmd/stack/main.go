@@ -1,7 +1,8 @@
 // Command stack is `make run`: the whole allot stack in one process on this
 // machine. With ALLOT_NATS_URL empty it starts an embedded JetStream server
 // (store under ./var/nats); it creates the database if missing, migrates it,
-// then runs the allocator and ingest until Ctrl-C, and stops them cleanly.
+// runs the setup step (`allotctl setup`'s streams and buckets), then runs
+// the allocator and ingest until Ctrl-C, and stops them cleanly.
 //
 // With -reset (`make reset`) it deletes what the stack keeps instead, the
 // embedded server's store and the database named in ALLOT_MYSQL_DSN, so
@@ -23,6 +24,7 @@ import (
 	"syscall"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/binaries"
@@ -45,6 +47,9 @@ func (c *cfg) Validate() error {
 		return fmt.Errorf("ALLOT_EMBEDDED_NATS_PORT must be a port number, got %d", c.NATSPort)
 	}
 	if err := c.IngestEnv.Validate(); err != nil {
+		return err
+	}
+	if err := c.SetupEnv.Validate(); err != nil {
 		return err
 	}
 	return c.AllocatorEnv.Validate()
@@ -104,6 +109,12 @@ func run(ctx context.Context, args []string) int {
 		log.Info("embedded nats running", "url", natsURL, "store_dir", dir)
 	}
 
+	// The setup step first, as `allotctl setup` would run it: the
+	// allocator and ingest only check the streams and buckets.
+	if code := setup(ctx, c, natsURL); code != 0 {
+		return code
+	}
+
 	// Each part gets its own pool and connection, as separate processes would.
 	var parts []lifecycle.Part
 	for _, name := range []string{"allocator", "ingest"} {
@@ -160,6 +171,39 @@ func run(ctx context.Context, args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "allot stopped.")
 	return code
+}
+
+// setup runs `allotctl setup`'s function in process, with its own
+// connection, and prints what it did.
+func setup(ctx context.Context, c cfg, natsURL string) int {
+	log := c.Logger(os.Stderr, "allotctl")
+	var nopts []nats.Option
+	if c.NATSURL != "" {
+		var err error
+		if nopts, err = c.NATSOptions(); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+			return 2
+		}
+	}
+	nc, err := bus.Connect(natsURL, "allotctl", log, nopts...)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	changes, err := bus.SetupWait(ctx, js, c.SetupEnv.StreamConfig(), log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: setup: %v\n", binary, err)
+		return 2
+	}
+	fmt.Fprintln(os.Stderr, "setup: the streams and buckets")
+	bus.WriteChanges(os.Stderr, changes)
+	return 0
 }
 
 // baseURL is the URL a browser on this machine opens for the listen
