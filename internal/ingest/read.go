@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"database/sql"
+	"hash/maphash"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -96,6 +97,9 @@ func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if !s.allowRead(w, r, 0) {
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
 	st, found, err := store.GetActivity(qctx, s.db, activity)
@@ -123,6 +127,9 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if !s.allowRead(w, r, user) {
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
 	st, found, err := store.GetSignup(qctx, s.db, activity, user)
@@ -136,6 +143,34 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// allowRead spends a read from the caller's budget, or answers 429 and
+// returns false. The caller is the token's subject (never a path segment);
+// allot:admin tokens, trusted services that read for every user, are not
+// limited. Without authentication it is the path's user of a signup read
+// (user > 0), as for writes, and the client address of an activity read.
+func (s *Service) allowRead(w http.ResponseWriter, r *http.Request, user int64) bool {
+	if s.readers == nil {
+		return true
+	}
+	id, authed := caller(r.Context())
+	var key int64
+	switch {
+	case authed && id.Admin:
+		return true
+	case authed || user > 0:
+		key = limitKey(r.Context(), user)
+	default:
+		key = -int64(maphash.String(s.addrKey, clientAddr(r, s.opts.TrustedProxies))>>1) - 1 // negative: never a user id
+	}
+	ok, wait := s.readers.allow(key, time.Now())
+	if !ok {
+		s.metrics.readsLimited.Inc()
+		retryAfter(w, wait)
+		writeError(w, http.StatusTooManyRequests, msgReadRateLimited)
+	}
+	return ok
 }
 
 // dbError answers 503 for a failed MySQL read and logs it, unless the client

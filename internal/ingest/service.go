@@ -11,8 +11,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -126,9 +128,22 @@ type Options struct {
 	Auth *auth.Verifier
 	// BadAuthRate is how many requests per second (burst
 	// DefaultBadAuthBurst) one client address may send that fail
-	// authentication; beyond, 429 before any token is verified. Negative:
-	// no limit. Default DefaultBadAuthRate.
+	// authentication; beyond, those answer 429 (a valid token never does).
+	// Negative: no limit. Default DefaultBadAuthRate.
 	BadAuthRate float64
+	// ReadRate, when positive, caps each caller's activity and signup
+	// reads per second (ALLOT_INGEST_READ_RATE): the token's subject, or
+	// without authentication the path's user (signup reads) or the client
+	// address (activity reads); allot:admin tokens are not limited. Excess
+	// reads answer 429 with Retry-After.
+	ReadRate float64
+	// ReadBurst is the burst of ReadRate; default max(1, 2*ReadRate).
+	ReadBurst int
+	// TrustedProxies are the proxies (ALLOT_TRUSTED_PROXIES) whose
+	// X-Forwarded-For names the client address that the bad-token limiter
+	// (and, without authentication, the read limiter) counts; empty: the
+	// peer address counts and the header is ignored.
+	TrustedProxies []netip.Prefix
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -169,6 +184,9 @@ func (o Options) withDefaults() (Options, error) {
 	o.StreamReplicas = max(o.StreamReplicas, 1)
 	if o.IdempotencyBucket == "" {
 		o.IdempotencyBucket = DefaultIdempotencyBucket
+	}
+	if o.ReadRate < 0 || o.ReadBurst < 0 {
+		return o, errors.New("ingest: ReadRate and ReadBurst must not be negative")
 	}
 	if o.RateLimit < 0 || o.RateBurst < 0 {
 		return o, errors.New("ingest: RateLimit and RateBurst must not be negative")
@@ -228,6 +246,8 @@ type Service struct {
 	limiter *rate.Limiter // nil when RateLimit is off
 	users   *userLimiter  // nil when UserRate is off
 	badAuth *badAuth      // nil without authentication or with BadAuthRate < 0
+	readers *userLimiter  // nil when ReadRate is off
+	addrKey maphash.Seed  // hashes client addresses into the read limiter's keys
 	metrics *metrics
 	handler http.Handler
 	ui      *ui.Server // the live operator page and its feed
@@ -307,6 +327,10 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.Auth != nil && opts.BadAuthRate > 0 {
 		s.badAuth = newBadAuth(opts.BadAuthRate)
+	}
+	if opts.ReadRate > 0 {
+		s.readers = newUserLimiter(opts.ReadRate, cmp.Or(opts.ReadBurst, max(1, int(2*opts.ReadRate))))
+		s.addrKey = maphash.MakeSeed()
 	}
 	if opts.UserRate > 0 {
 		s.users = newUserLimiter(opts.UserRate, cmp.Or(opts.UserBurst, max(1, int(2*opts.UserRate))))
