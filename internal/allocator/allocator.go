@@ -66,6 +66,9 @@ type Config struct {
 	// PieceBytes bounds a piece of a long promoted or event list in MySQL
 	// (0: derived from the server's max_allowed_packet; tests set it low).
 	PieceBytes int
+	// bucketSize bounds the waiters of a waitlist bucket; 0:
+	// store.BucketSize (tests choose smaller ones).
+	bucketSize int64
 }
 
 // DefaultCacheActivities is Config.CacheActivities' default.
@@ -143,6 +146,10 @@ type Allocator struct {
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
 	cache *lru.Cache[int64, *allocation.Activity]
+	// waits holds the waitlist buckets of cached activities, valid exactly
+	// as long as the cached state they go with: an activity loaded from
+	// MySQL loads its buckets anew.
+	waits *lru.Cache[int64, *store.Waitlist]
 	// lastFence and lastDseq are where this allocator's last commit left
 	// the fence and the last delivery it handled (0: unknown).
 	lastFence, lastDseq uint64
@@ -190,6 +197,9 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	}
 	// Both callbacks run in the apply loop, which alone uses the caches.
 	if a.cache, err = lru.New[int64, *allocation.Activity](cfg.CacheActivities); err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	if a.waits, err = lru.New[int64, *store.Waitlist](cfg.CacheActivities); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
 	if a.viewFull, err = lru.NewWithEvict(4*cfg.CacheActivities, func(id int64, _ struct{}) {
