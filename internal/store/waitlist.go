@@ -57,6 +57,9 @@ type Waitlist struct {
 // size waiters at most (0: BucketSize).
 func NewWaitlist(size int64) *Waitlist { return &Waitlist{max: size} }
 
+// WaitlistOf is the waitlist of buckets bs (in order), as read.
+func WaitlistOf(bs []Bucket) *Waitlist { return &Waitlist{b: slices.Clone(bs)} }
+
 // Buckets returns a copy of the buckets, in order.
 func (w *Waitlist) Buckets() []Bucket { return slices.Clone(w.b) }
 
