@@ -28,7 +28,7 @@ type Env struct {
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 	MetricsAddr     string        `envconfig:"INGEST_METRICS_ADDR" desc:"serve /metrics also on a listener of its own, without a token (e.g. :9092); empty = only on the API listener"`
 	BadAuthRate     float64       `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond for the failing ones (a valid token is never refused); -1 = no limit"`
-	ReadRate        float64       `envconfig:"INGEST_READ_RATE" default:"50" desc:"activity and signup reads per second per token subject (burst twice that), 429 beyond; allot:admin tokens are not limited; 0 = off"`
+	ReadRate        float64       `envconfig:"INGEST_READ_RATE" default:"50" desc:"activity and signup reads per second per token subject (burst twice that), 429 beyond; allot:admin tokens are not limited; without authentication, signup reads per path user; 0 = off"`
 	TrustedProxies  string        `envconfig:"TRUSTED_PROXIES" desc:"comma-separated CIDR prefixes of proxies whose X-Forwarded-For names the client address; empty = the peer address counts"`
 	AuthEnv
 	bus.RetentionEnv

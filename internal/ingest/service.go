@@ -11,7 +11,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -133,16 +132,15 @@ type Options struct {
 	BadAuthRate float64
 	// ReadRate, when positive, caps each caller's activity and signup
 	// reads per second (ALLOT_INGEST_READ_RATE): the token's subject, or
-	// without authentication the path's user (signup reads) or the client
-	// address (activity reads); allot:admin tokens are not limited. Excess
-	// reads answer 429 with Retry-After.
+	// without authentication the path's user of a signup read (activity
+	// reads are then not limited); allot:admin tokens are not limited.
+	// Excess reads answer 429 with Retry-After.
 	ReadRate float64
 	// ReadBurst is the burst of ReadRate; default max(1, 2*ReadRate).
 	ReadBurst int
 	// TrustedProxies are the proxies (ALLOT_TRUSTED_PROXIES) whose
 	// X-Forwarded-For names the client address that the bad-token limiter
-	// (and, without authentication, the read limiter) counts; empty: the
-	// peer address counts and the header is ignored.
+	// counts; empty: the peer address counts and the header is ignored.
 	TrustedProxies []netip.Prefix
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
@@ -247,7 +245,6 @@ type Service struct {
 	users   *userLimiter  // nil when UserRate is off
 	badAuth *badAuth      // nil without authentication or with BadAuthRate < 0
 	readers *userLimiter  // nil when ReadRate is off
-	addrKey maphash.Seed  // hashes client addresses into the read limiter's keys
 	metrics *metrics
 	handler http.Handler
 	ui      *ui.Server // the live operator page and its feed
@@ -330,7 +327,6 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.ReadRate > 0 {
 		s.readers = newUserLimiter(opts.ReadRate, cmp.Or(opts.ReadBurst, max(1, int(2*opts.ReadRate))))
-		s.addrKey = maphash.MakeSeed()
 	}
 	if opts.UserRate > 0 {
 		s.users = newUserLimiter(opts.UserRate, cmp.Or(opts.UserBurst, max(1, int(2*opts.UserRate))))
