@@ -446,10 +446,8 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return out, err
 	}
-	for _, id := range actIDs {
-		if err := store.FlushWaitlist(ctx, tx, id, waits[id]); err != nil {
-			return out, err
-		}
+	if err := store.FlushWaitlists(ctx, tx, waits); err != nil {
+		return out, err
 	}
 	if err := store.InsertResults(ctx, tx, rowsOut, a.cfg.PieceBytes); err != nil {
 		return out, err

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/allot-dev/allot/internal/wire"
@@ -206,43 +207,66 @@ func LoadWaitlist(ctx context.Context, q DBTX, activity int64, size int64) (*Wai
 
 // FlushWaitlist writes activity's bucket changes since the last flush.
 func FlushWaitlist(ctx context.Context, tx *sql.Tx, activity int64, w *Waitlist) error {
-	if w == nil || (!w.rewrite && len(w.dirty) == 0) {
-		return nil
+	return FlushWaitlists(ctx, tx, map[int64]*Waitlist{activity: w})
+}
+
+// FlushWaitlists writes the bucket changes of many activities since their
+// last flush, in a few statements for all of them (a batch over a
+// thousand activities must not cost a thousand statements).
+func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) error {
+	type row struct {
+		activity int64
+		b        Bucket
 	}
 	var (
-		put  []Bucket
-		gone []any
+		rewrite []any
+		put     []row
+		gone    []any // activity, first_seq pairs
 	)
-	if w.rewrite {
-		if _, err := tx.ExecContext(ctx, "DELETE FROM waitlist_bucket WHERE activity_id = ?", activity); err != nil {
-			return fmt.Errorf("rewrite waitlist buckets of %d: %w", activity, err)
+	for _, id := range slices.Sorted(maps.Keys(waits)) {
+		w := waits[id]
+		if w == nil || (!w.rewrite && len(w.dirty) == 0) {
+			continue
 		}
-		put = w.b
-	} else {
-		for seq := range w.dirty {
+		if w.rewrite {
+			rewrite = append(rewrite, id)
+			for _, b := range w.b {
+				put = append(put, row{id, b})
+			}
+			continue
+		}
+		for _, seq := range slices.Sorted(maps.Keys(w.dirty)) {
 			if i, ok := slices.BinarySearchFunc(w.b, seq, func(b Bucket, s uint64) int { return cmp.Compare(b.FirstSeq, s) }); ok {
-				put = append(put, w.b[i])
+				put = append(put, row{id, w.b[i]})
 			} else {
-				gone = append(gone, seq)
+				gone = append(gone, id, seq)
 			}
 		}
-		slices.SortFunc(put, func(x, y Bucket) int { return cmp.Compare(x.FirstSeq, y.FirstSeq) })
 	}
-	for chunk := range chunks(len(gone)) {
-		args := append([]any{activity}, gone[chunk.lo:chunk.hi]...)
-		if _, err := tx.ExecContext(ctx, "DELETE FROM waitlist_bucket WHERE activity_id = ? AND first_seq IN ("+
-			placeholders(chunk.hi-chunk.lo, 1)+")", args...); err != nil {
-			return fmt.Errorf("delete waitlist buckets of %d: %w", activity, err)
+	for chunk := range chunks(len(rewrite)) {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM waitlist_bucket WHERE activity_id IN ("+
+			placeholders(chunk.hi-chunk.lo, 1)+")", rewrite[chunk.lo:chunk.hi]...); err != nil {
+			return fmt.Errorf("rewrite waitlist buckets: %w", err)
+		}
+	}
+	for chunk := range chunks(len(gone) / 2) {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM waitlist_bucket WHERE (activity_id, first_seq) IN ("+
+			placeholders(chunk.hi-chunk.lo, 2)+")", gone[2*chunk.lo:2*chunk.hi]...); err != nil {
+			return fmt.Errorf("delete waitlist buckets: %w", err)
 		}
 	}
 	err := insertRows(ctx, tx, "INSERT INTO waitlist_bucket (activity_id, first_seq, waiting) VALUES ",
 		" ON DUPLICATE KEY UPDATE waiting = VALUES(waiting)", 3, len(put), func(i int, args []any) []any {
-			return append(args, activity, put[i].FirstSeq, put[i].Waiting)
+			return append(args, put[i].activity, put[i].b.FirstSeq, put[i].b.Waiting)
 		})
 	if err != nil {
 		return err
 	}
-	w.dirty, w.rewrite = nil, false
+	for _, w := range waits {
+		if w != nil {
+			w.dirty, w.rewrite = nil, false
+		}
+	}
 	return nil
 }
 
