@@ -482,6 +482,13 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	} {
 		d.do(secured, x)
 	}
+	// An instance with a read rate of (nearly) zero per caller: one read,
+	// then 429s.
+	slowReads, _ := startIngest(t, st.DB.DSN, st.NS, ingest.Options{Auth: v, BadAuthRate: -1, ReadRate: 0.001, ReadBurst: 1})
+	user2 := token("2")
+	d.do(slowReads, exchange{routeActivity, "GET", "/v1/activities/9001", user2, "", 200, mustConform})
+	d.do(slowReads, exchange{routeActivity, "GET", "/v1/activities/9001", user2, "", 429, mustConform})
+	d.do(slowReads, exchange{routeSignup, "GET", "/v1/activities/9001/signups/2", user2, "", 429, mustConform})
 
 	// Every declared response was seen, but the one a test cannot bring
 	// about cheaply.

@@ -68,6 +68,9 @@ type Config struct {
 	// (stalled true) and when it can commit again (false): Run tells the
 	// membership, so that peers take the partition.
 	OnStall func(partition int, stalled bool)
+	// bucketSize bounds the waiters of a waitlist bucket; 0:
+	// store.BucketSize (tests choose smaller ones).
+	bucketSize int64
 }
 
 // DefaultCacheActivities is Config.CacheActivities' default.
@@ -148,6 +151,10 @@ type Allocator struct {
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
 	cache *lru.Cache[int64, *allocation.Activity]
+	// waits holds the waitlist buckets of cached activities, valid exactly
+	// as long as the cached state they go with: an activity loaded from
+	// MySQL loads its buckets anew.
+	waits *lru.Cache[int64, *store.Waitlist]
 	// lastFence and lastDseq are where this allocator's last commit left
 	// the fence and the last delivery it handled (0: unknown).
 	lastFence, lastDseq uint64
@@ -203,6 +210,9 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	}
 	// Both callbacks run in the apply loop, which alone uses the caches.
 	if a.cache, err = lru.New[int64, *allocation.Activity](cfg.CacheActivities); err != nil {
+		return nil, fmt.Errorf("allocator: %w", err)
+	}
+	if a.waits, err = lru.New[int64, *store.Waitlist](cfg.CacheActivities); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
 	if a.viewFull, err = lru.NewWithEvict(4*cfg.CacheActivities, func(id int64, _ struct{}) {

@@ -156,6 +156,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 		// A request was stored twice: apply the batch again, looking up
 		// every request first. The cache holds the rolled-back decisions.
 		a.cache.Purge()
+		a.waits.Purge()
 		a.checkDuplicates = true
 		defer func() { a.checkDuplicates = false }()
 		return a.applyOnce(ctx, items)
@@ -165,6 +166,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error
 		// transaction sees their NextSeq disagree with the row and reloads,
 		// but dropping them now keeps memory honest.
 		a.cache.Purge()
+		a.waits.Purge()
 		return out, err
 	}
 	a.m.txSeconds.Observe(time.Since(start).Seconds())
@@ -363,12 +365,18 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		return out, err
 	}
 	acts := make(map[int64]*allocation.Activity, len(actIDs))
+	waits := make(map[int64]*store.Waitlist, len(actIDs))
 	for _, id := range actIDs {
 		act, err := a.activity(ctx, tx, id, rows)
 		if err != nil {
 			return out, err
 		}
 		acts[id] = act
+		if act != nil {
+			if waits[id], err = a.waitlist(ctx, tx, act); err != nil {
+				return out, err
+			}
+		}
 	}
 
 	var (
@@ -398,6 +406,10 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			continue
 		}
 		act := acts[r.req.ActivityID]
+		var wasWaiting uint64 // the requester's queue_seq if it waits
+		if s, ok := act.Lookup(r.req.UserID); ok && s.Status == wire.StatusWaiting {
+			wasWaiting = s.QueueSeq
+		}
 		after, d, err := allocation.Apply(act, allocation.RequestOf(r.req), r.seq)
 		if err != nil {
 			if _, ok := refusedAt[r.req.RequestID]; !ok && refusedAt != nil {
@@ -414,6 +426,13 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			if d.Changes {
 				changed[after.ID] = true
 			}
+		}
+		if after != nil && len(d.Changed) > 0 {
+			if waits[after.ID] == nil {
+				waits[after.ID] = store.NewWaitlist(a.cfg.bucketSize) // opened by this request
+				a.waits.Add(after.ID, waits[after.ID])
+			}
+			a.keepWaitlist(ctx, waits, after, r.req.UserID, wasWaiting, d.Changed)
 		}
 		for _, s := range d.Changed {
 			signups[[2]int64{r.req.ActivityID, s.UserID}] = store.SignupRow{
@@ -434,7 +453,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	for _, id := range actIDs {
 		if act := acts[id]; act != nil && touched[id] {
 			actRows = append(actRows, store.ActivityRow{ID: id, Capacity: act.Capacity, Confirmed: act.Confirmed, NextSeq: act.NextSeq,
-				Hold: act.Hold, Held: act.Held})
+				Hold: act.Hold, Held: act.Held, Waiting: act.Waiting()})
 			a.cache.Add(id, act)
 			if changed[id] {
 				out.changed = append(out.changed, act)
@@ -456,6 +475,9 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		return out, err
 	}
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
+		return out, err
+	}
+	if err := store.FlushWaitlists(ctx, tx, waits); err != nil {
 		return out, err
 	}
 	if err := store.InsertResults(ctx, tx, rowsOut, a.cfg.PieceBytes); err != nil {
@@ -511,11 +533,12 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 		return nil, nil
 	}
 	if c, _ := a.cache.Get(id); c != nil && c.NextSeq == row.NextSeq && c.Capacity == row.Capacity && c.Confirmed == row.Confirmed &&
-		c.Hold == row.Hold && c.Held == row.Held {
+		c.Hold == row.Hold && c.Held == row.Held && c.Waiting() == row.Waiting {
 		a.m.cacheHits.Inc()
 		return c, nil
 	}
 	a.m.cacheLoads.Inc()
+	a.waits.Remove(id) // its buckets are loaded with it
 	live, err := store.LiveSignups(ctx, tx, id)
 	if err != nil {
 		return nil, err
@@ -526,6 +549,69 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	}
 	a.cache.Add(id, act)
 	return act, nil
+}
+
+// waitlist returns the waitlist buckets of act (its state under the row
+// lock, before this batch's requests): the cached ones, or the rows in
+// MySQL. Rows that do not describe act's waiters exactly (written by hand,
+// or by a version without buckets) are rebuilt from act and rewritten in
+// this transaction.
+func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Activity) (*store.Waitlist, error) {
+	if w, ok := a.waits.Get(act.ID); ok {
+		return w, nil
+	}
+	w, err := store.LoadWaitlist(ctx, tx, act.ID, a.cfg.bucketSize)
+	if err != nil {
+		return nil, err
+	}
+	if seqs := waiterSeqs(act); !w.Fits(seqs) {
+		a.log.WarnContext(ctx, "waitlist buckets do not match the signups; rebuilding them", slog.Int64("activity_id", act.ID))
+		w = store.BuildWaitlist(seqs, a.cfg.bucketSize)
+	}
+	a.waits.Add(act.ID, w)
+	return w, nil
+}
+
+// waiterSeqs are the queue_seqs of act's WAITING signups.
+func waiterSeqs(act *allocation.Activity) []uint64 {
+	var seqs []uint64
+	for _, s := range act.Live() {
+		if s.Status == wire.StatusWaiting {
+			seqs = append(seqs, s.QueueSeq)
+		}
+	}
+	return seqs
+}
+
+// keepWaitlist applies to the buckets of after what one request changed
+// (changed, the decision's rows): a WAITING row joined the waitlist; the
+// requester (who waited at wasWaiting, or 0) left it when its row is no
+// longer WAITING; any other user's row changes only by a promotion, off
+// the waitlist. A change the buckets cannot take (which the load-time
+// check rules out) rebuilds them from after.
+func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*store.Waitlist, after *allocation.Activity,
+	requester int64, wasWaiting uint64, changed []allocation.Signup) {
+	w := waits[after.ID]
+	for _, s := range changed {
+		var err error
+		switch {
+		case s.Status == wire.StatusWaiting:
+			err = w.Join(s.QueueSeq)
+		case s.UserID == requester:
+			if wasWaiting != 0 {
+				err = w.Leave(wasWaiting)
+			}
+		default:
+			err = w.Leave(s.QueueSeq)
+		}
+		if err != nil {
+			a.log.ErrorContext(ctx, "waitlist buckets out of step; rebuilding them", slog.Int64("activity_id", after.ID), slog.Any("err", err))
+			w = store.BuildWaitlist(waiterSeqs(after), a.cfg.bucketSize)
+			waits[after.ID] = w
+			a.waits.Add(after.ID, w)
+			return
+		}
+	}
 }
 
 // reject records the message at stream sequence seq, the one a

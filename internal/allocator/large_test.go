@@ -261,7 +261,7 @@ func TestMillionPromotions(t *testing.T) {
 	}
 	next := uint64(waiters + 2)
 	err := store.WithTx(ctx, e.db.DB, store.TxOptions{}, func(tx *sql.Tx) error {
-		if err := store.UpsertActivities(ctx, tx, []store.ActivityRow{{ID: 1, Capacity: 1, Confirmed: 1, NextSeq: next}}); err != nil {
+		if err := store.UpsertActivities(ctx, tx, []store.ActivityRow{{ID: 1, Capacity: 1, Confirmed: 1, NextSeq: next, Waiting: waiters}}); err != nil {
 			return err
 		}
 		if err := store.UpsertSignups(ctx, tx, signups); err != nil {

@@ -177,6 +177,21 @@ func TestTamperingIsReported(t *testing.T) {
 				ActivityID: 51, Field: "confirmed_count", Expected: "1", Actual: "2"},
 		},
 		{
+			name:    "waiting_count bumped",
+			tamper:  []string{"UPDATE activity SET waiting_count = waiting_count + 1 WHERE id = 50"},
+			restore: []string{"UPDATE activity SET waiting_count = waiting_count - 1 WHERE id = 50"},
+			want: audit.Divergence{Seq: tr.seqs[tr.j2.RequestID], RequestID: tr.j2.RequestID, Kind: audit.KindActivity,
+				ActivityID: 50, Field: "waiting_count", Expected: "1", Actual: "2"},
+		},
+		{
+			name:    "waitlist bucket count bumped",
+			tamper:  []string{"UPDATE waitlist_bucket SET waiting = waiting + 1 WHERE activity_id = 50"},
+			restore: []string{"UPDATE waitlist_bucket SET waiting = waiting - 1 WHERE activity_id = 50"},
+			want: audit.Divergence{Seq: tr.seqs[tr.j2.RequestID], RequestID: tr.j2.RequestID, Kind: audit.KindActivity,
+				ActivityID: 50, Field: "waitlist_bucket", Expected: strconv.FormatUint(tr.seqs[tr.j2.RequestID], 10) + ":1",
+				Actual: strconv.FormatUint(tr.seqs[tr.j2.RequestID], 10) + ":2"},
+		},
+		{
 			name:    "result outcome edited",
 			tamper:  []string{"UPDATE processed_request SET outcome = 'TAMPERED' WHERE request_id = '" + mid.RequestID + "'"},
 			restore: []string{"UPDATE processed_request SET outcome = '" + midOutcome + "' WHERE request_id = '" + mid.RequestID + "'"},

@@ -197,10 +197,11 @@ type activityRow struct {
 	nextSeq   uint64
 	hold      int64 // hold_ns
 	held      int64 // held_count
+	waiting   int64 // waiting_count
 }
 
 func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]activityRow, error) {
-	query := "SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count FROM activity"
+	query := "SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count FROM activity"
 	if len(activities) > 0 {
 		query += " WHERE id IN (" + store.IntList(activities) + ")"
 	}
@@ -212,13 +213,42 @@ func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]acti
 	var out []activityRow
 	for rows.Next() {
 		var r activityRow
-		if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.nextSeq, &r.hold, &r.held); err != nil {
+		if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.nextSeq, &r.hold, &r.held, &r.waiting); err != nil {
 			return nil, fmt.Errorf("audit: read activity: %w", err)
 		}
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("audit: read activity: %w", err)
+	}
+	return out, nil
+}
+
+// readBuckets reads the waitlist buckets (of activities, when given), by
+// activity, in order.
+func readBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]store.Bucket, error) {
+	query := "SELECT activity_id, first_seq, waiting FROM waitlist_bucket"
+	if len(activities) > 0 {
+		query += " WHERE activity_id IN (" + store.IntList(activities) + ")"
+	}
+	rows, err := tx.QueryContext(ctx, query+" ORDER BY activity_id, first_seq")
+	if err != nil {
+		return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[int64][]store.Bucket)
+	for rows.Next() {
+		var (
+			id int64
+			b  store.Bucket
+		)
+		if err := rows.Scan(&id, &b.FirstSeq, &b.Waiting); err != nil {
+			return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)
+		}
+		out[id] = append(out[id], b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)
 	}
 	return out, nil
 }

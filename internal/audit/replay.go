@@ -6,14 +6,17 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -422,6 +425,10 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	if err != nil {
 		return err
 	}
+	buckets, err := readBuckets(ctx, tx, a.opts.Activities)
+	if err != nil {
+		return err
+	}
 	checked := make(map[int64]bool, len(a.acts)+len(rows))
 	for _, id := range a.opts.Activities {
 		checked[id] = true
@@ -430,6 +437,8 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	for _, r := range rows {
 		checked[r.id] = true
 		inRow[r.id] = true
+		bs := buckets[r.id]
+		delete(buckets, r.id) // the rest have no activity row
 		act := a.acts[r.id]
 		if act == nil {
 			a.diverge(Divergence{
@@ -456,6 +465,25 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		col("next_seq", int64(act.NextSeq), int64(r.nextSeq))
 		col("hold_ns", int64(act.Hold), r.hold)
 		col("held_count", act.Held, r.held)
+		col("waiting_count", act.Waiting(), r.waiting)
+		// The waitlist buckets must describe the replay's waitlist: every
+		// waiter counted in the bucket its queue_seq falls in.
+		var waiters []uint64
+		for _, s := range act.Live() {
+			if s.Status == wire.StatusWaiting {
+				waiters = append(waiters, s.QueueSeq)
+			}
+		}
+		if !store.WaitlistOf(bs).Fits(waiters) {
+			a.diverge(Divergence{
+				Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.id, Field: "waitlist_bucket",
+				Expected: describeBuckets(store.BuildWaitlist(waiters, 0).Buckets()), Actual: describeBuckets(bs),
+			})
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(buckets)) {
+		a.diverge(Divergence{Kind: KindActivityUnexpected, ActivityID: id, Field: "waitlist_bucket",
+			Expected: "no waitlist bucket (no activity row)", Actual: describeBuckets(buckets[id])})
 	}
 	ids := make([]int64, 0, len(a.acts))
 	for id := range a.acts {
@@ -536,6 +564,26 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		})
 	}
 	return nil
+}
+
+// describeBuckets is buckets on one line, "first_seq:waiting …", cut
+// after a few.
+func describeBuckets(bs []store.Bucket) string {
+	if len(bs) == 0 {
+		return "no buckets"
+	}
+	var b strings.Builder
+	for i, x := range bs {
+		if i == 8 {
+			fmt.Fprintf(&b, " … (%d buckets)", len(bs))
+			break
+		}
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%d:%d", x.FirstSeq, x.Waiting)
+	}
+	return b.String()
 }
 
 func (a *auditor) report() Report {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -224,13 +225,57 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Identity, error) {
 			id.Operator = true
 		}
 	}
-	if u, err := strconv.ParseInt(c.Subject, 10, 64); err == nil && u > 0 {
+	switch u, ok := UserID(c.Subject); {
+	case ok:
 		id.User = u
-	} else if !id.Admin && !id.Operator {
+	case numeric(c.Subject):
+		// "+7", "007", " 7", "7.0", "0": a number that is not a user id's
+		// one spelling would be a second name of a user (its own
+		// idempotency scope and rate budget), or of none; refused, scoped
+		// or not.
+		return Identity{}, fmt.Errorf("%w: sub %q is not a user id in canonical decimal form (1..%d)", ErrInvalidToken, c.Subject, int64(math.MaxInt64))
+	case !id.Admin && !id.Operator:
 		// Only a scoped service token may have a sub that is no user id.
 		return Identity{}, fmt.Errorf("%w: sub %q is not a user id", ErrInvalidToken, c.Subject)
 	}
 	return id, nil
+}
+
+// UserID parses sub as a user id: the canonical decimal form of
+// 1..2^63-1 only (no sign, no leading zero, no space), so that each user
+// has exactly one subject.
+func UserID(sub string) (int64, bool) {
+	if sub == "" || len(sub) > 19 || sub[0] == '0' {
+		return 0, false
+	}
+	for i := range len(sub) {
+		if sub[i] < '0' || sub[i] > '9' {
+			return 0, false
+		}
+	}
+	u, err := strconv.ParseInt(sub, 10, 64)
+	return u, err == nil && u > 0
+}
+
+// numeric reports whether sub reads as a number to a lenient parser (a
+// sign, leading zeros, spaces, a fraction, an exponent, a base prefix or
+// digit separators): a subject that could pass for a user id somewhere.
+func numeric(sub string) bool {
+	t := strings.TrimSpace(sub)
+	if t == "" {
+		return false
+	}
+	if _, err := strconv.ParseInt(t, 0, 64); err == nil {
+		return true
+	}
+	if _, err := strconv.ParseInt(t, 10, 64); errors.Is(err, strconv.ErrRange) {
+		return true
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return true
+	}
+	return err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) // "inf" and "nan" stay names
 }
 
 // Authenticate verifies the bearer token of r. Without one it returns

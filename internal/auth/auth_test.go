@@ -73,6 +73,20 @@ func TestVerify(t *testing.T) {
 		{"sub not a user, no scope", sign(t, jwt.SigningMethodHS256, []byte(key), base(jwt.MapClaims{"sub": "bob"})), Identity{}},
 		{"sub zero", sign(t, jwt.SigningMethodHS256, []byte(key), base(jwt.MapClaims{"sub": "0"})), Identity{}},
 		{"garbage", "a.b.c", Identity{}},
+		{"max user id", sign(t, jwt.SigningMethodHS256, []byte(key), base(jwt.MapClaims{"sub": "9223372036854775807"})),
+			Identity{Subject: "9223372036854775807", User: 9223372036854775807}},
+		{"service name with a scope", sign(t, jwt.SigningMethodHS256, []byte(key), base(jwt.MapClaims{"sub": "f47ac10b-58cc", "scope": ScopeAdmin})),
+			Identity{Subject: "f47ac10b-58cc", Admin: true}},
+	}
+	// A number not in a user id's one spelling is refused, scoped or not.
+	for _, sub := range []string{"+7", "007", " 7", "7 ", "7.0", "7e0", "0", "00", "-7", "0x7", "1_0", "9223372036854775808", "99999999999999999999"} {
+		for _, scope := range []string{"", ScopeAdmin} {
+			tests = append(tests, struct {
+				name string
+				tok  string
+				want Identity
+			}{"sub " + sub + " " + scope, sign(t, jwt.SigningMethodHS256, []byte(key), base(jwt.MapClaims{"sub": sub, "scope": scope})), Identity{}})
+		}
 	}
 	for _, tt := range tests {
 		got, err := v.Verify(context.Background(), tt.tok)

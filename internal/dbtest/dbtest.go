@@ -106,7 +106,9 @@ func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
 // CheckInvariants asserts the invariants (docs/architecture.md) over every activity in
 // the database. Some are the code's to keep, and only these checks can catch
 // the code breaking them:
-//  1. confirmed_count equals the number of CONFIRMED and HELD rows;
+//  1. confirmed_count equals the number of CONFIRMED and HELD rows,
+//     waiting_count the number of WAITING rows, and the waitlist buckets
+//     cover the WAITING rows exactly (store.BucketSize);
 //  2. no WAITING row exists while a seat is free;
 //  3. waiters are promoted in queue_seq order: no CONFIRMED row has a larger
 //     queue_seq than a WAITING one (it would have jumped the queue, or taken
@@ -134,6 +136,14 @@ func (d *DB) CheckInvariants(t testing.TB) {
 			(SELECT 1 FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'WAITING')`},
 		{"promotion in queue_seq order", `SELECT COUNT(*) FROM activity_signup c WHERE c.status IN ('CONFIRMED', 'HELD') AND c.queue_seq >
 			(SELECT MIN(w.queue_seq) FROM activity_signup w WHERE w.activity_id = c.activity_id AND w.status = 'WAITING')`},
+		{"waiting_count = WAITING rows", `SELECT COUNT(*) FROM activity a WHERE a.waiting_count <>
+			(SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = a.id AND s.status = 'WAITING')`},
+		{"every WAITING row in a waitlist bucket", `SELECT COUNT(*) FROM activity_signup s WHERE s.status = 'WAITING' AND NOT EXISTS
+			(SELECT 1 FROM waitlist_bucket b WHERE b.activity_id = s.activity_id AND b.first_seq <= s.queue_seq)`},
+		{"a waitlist bucket counts the WAITING rows it covers, at least one", `SELECT COUNT(*) FROM (SELECT activity_id, first_seq, waiting,
+			LEAD(first_seq) OVER (PARTITION BY activity_id ORDER BY first_seq) AS next_first FROM waitlist_bucket) b
+			WHERE b.waiting < 1 OR b.waiting <> (SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = b.activity_id
+			AND s.status = 'WAITING' AND s.queue_seq >= b.first_seq AND (b.next_first IS NULL OR s.queue_seq < b.next_first))`},
 		{"one result per stream sequence", `SELECT COUNT(*) - COUNT(DISTINCT seq) FROM processed_request`},
 		{"a void changes nothing: REJECTED, no activity, no events", `SELECT COUNT(*) FROM processed_request WHERE op = 'void' AND
 			(outcome <> 'REJECTED' OR activity_id <> 0 OR COALESCE(events, '') <> '' OR status IS NOT NULL)`},

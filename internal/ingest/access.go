@@ -5,7 +5,6 @@ import (
 	"errors"
 	"hash/maphash"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -52,18 +51,19 @@ func caller(ctx context.Context) (auth.Identity, bool) {
 }
 
 // DefaultBadAuthRate and DefaultBadAuthBurst bound the requests with a
-// missing or invalid token per client address: checking a signature costs
-// CPU (RSA more than HMAC), so a flood of bad tokens is cut before it is
-// verified.
+// missing or invalid token per client address (clientAddr: the peer, or
+// the forwarded client behind a trusted proxy).
 const (
 	DefaultBadAuthRate  = 5
 	DefaultBadAuthBurst = 50
 )
 
 // badAuth limits, per client address, the requests that fail
-// authentication. The address's bucket is looked at before verifying and
-// charged only by a failure, so that a client whose tokens are good is
-// never slowed down by it.
+// authentication. Only a failure is charged and only a failure is refused:
+// a token that verifies is served whatever else came from its address (a
+// proxy or a NAT puts many clients behind one), so every token is
+// verified, and an address over its budget gets 429 instead of 401 for its
+// bad ones, telling it to back off.
 type badAuth struct {
 	l    *userLimiter
 	seed maphash.Seed
@@ -73,14 +73,9 @@ func newBadAuth(rate float64) *badAuth {
 	return &badAuth{l: newUserLimiter(rate, max(DefaultBadAuthBurst, int(10*rate))), seed: maphash.MakeSeed()}
 }
 
-// clientKey hashes the client address of r (the peer, not a header a
-// client could forge) into the limiter's key space.
-func (b *badAuth) clientKey(r *http.Request) int64 {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	return int64(maphash.String(b.seed, host))
+// key hashes a client address into the limiter's key space.
+func (b *badAuth) key(addr string) int64 {
+	return int64(maphash.String(b.seed, addr))
 }
 
 // guard wraps h in p. With authentication off, every request passes and
@@ -90,20 +85,16 @@ func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		var key int64
-		if s.badAuth != nil {
-			key = s.badAuth.clientKey(r)
-			if ok, wait := s.badAuth.l.peek(key, time.Now()); !ok {
-				s.metrics.authFailures.WithLabelValues("flood").Inc()
-				retryAfter(w, wait)
-				writeError(w, http.StatusTooManyRequests, msgAuthFlood)
-				return
-			}
-		}
 		id, err := s.authenticate(r, p)
 		if err != nil {
 			if s.badAuth != nil {
-				s.badAuth.l.allow(key, time.Now())
+				key := s.badAuth.key(clientAddr(r, s.opts.TrustedProxies))
+				if ok, wait := s.badAuth.l.allow(key, time.Now()); !ok {
+					s.metrics.authFailures.WithLabelValues("flood").Inc()
+					retryAfter(w, wait)
+					writeError(w, http.StatusTooManyRequests, msgAuthFlood)
+					return
+				}
 			}
 			msg, reason := msgBadToken, "invalid"
 			if errors.Is(err, auth.ErrNoToken) {

@@ -24,7 +24,9 @@ type Env struct {
 	CommitMinBatch  int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
 	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 	MetricsAddr     string        `envconfig:"INGEST_METRICS_ADDR" desc:"serve /metrics also on a listener of its own, without a token (e.g. :9092); empty = only on the API listener"`
-	BadAuthRate     float64       `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond before any token is verified; -1 = no limit"`
+	BadAuthRate     float64       `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond for the failing ones (a valid token is never refused); -1 = no limit"`
+	ReadRate        float64       `envconfig:"INGEST_READ_RATE" default:"50" desc:"activity and signup reads per second per token subject (burst twice that), 429 beyond; allot:admin tokens are not limited; without authentication, signup reads per path user; 0 = off"`
+	TrustedProxies  string        `envconfig:"TRUSTED_PROXIES" desc:"comma-separated CIDR prefixes of proxies whose X-Forwarded-For names the client address; empty = the peer address counts"`
 	AuthEnv
 }
 
@@ -47,6 +49,12 @@ func (e Env) Validate() error {
 	}
 	if e.UserRate < 0 {
 		return fmt.Errorf("ALLOT_INGEST_USER_RATE must not be negative, got %g", e.UserRate)
+	}
+	if e.ReadRate < 0 {
+		return fmt.Errorf("ALLOT_INGEST_READ_RATE must not be negative, got %g", e.ReadRate)
+	}
+	if _, err := ParseTrustedProxies(e.TrustedProxies); err != nil {
+		return err
 	}
 	if e.RateLimit < 0 {
 		return fmt.Errorf("ALLOT_INGEST_RATE_LIMIT must not be negative, got %g", e.RateLimit)
@@ -76,6 +84,7 @@ func (e Env) Validate() error {
 
 // RunConfig turns the settings into what Run takes.
 func (e Env) RunConfig() RunConfig {
+	trusted, _ := ParseTrustedProxies(e.TrustedProxies) // Validate refused a bad list
 	return RunConfig{
 		HTTPAddr: e.HTTPAddr,
 		Options: Options{
@@ -91,6 +100,8 @@ func (e Env) RunConfig() RunConfig {
 			MaxWaiters:     e.MaxWaiters,
 			OpenRate:       e.OpenRate,
 			BadAuthRate:    e.BadAuthRate,
+			ReadRate:       e.ReadRate,
+			TrustedProxies: trusted,
 		},
 		ShutdownTimeout: e.ShutdownTimeout,
 		MetricsAddr:     e.MetricsAddr,

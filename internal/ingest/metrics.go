@@ -28,6 +28,7 @@ type metrics struct {
 	settleConfirmed *prometheus.CounterVec // how: stored, duplicate
 	voids           *prometheus.CounterVec // by: issuer, poll, overflow
 	voidsStored     prometheus.Counter
+	readsLimited    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -104,6 +105,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "allot_ingest_auth_failures_total",
 			Help: "Requests refused before their handler: no token (missing), a token that failed verification (invalid), or too many such from one address (flood).",
 		}, []string{"reason"})),
+		readsLimited: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "allot_ingest_reads_limited_total",
+			Help: "Activity and signup reads answered 429 because their caller was over ALLOT_INGEST_READ_RATE.",
+		})),
 	}
 	if r.err != nil {
 		return nil, r.err

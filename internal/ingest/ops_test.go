@@ -17,6 +17,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -105,6 +106,12 @@ func TestActivityAndSignupReads(t *testing.T) {
 		(7, 1, 'CONFIRMED', 1), (7, 2, 'CONFIRMED', 2), (7, 4, 'WAITING', 3),
 		(7, 5, 'CANCELLED', 4), (7, 3, 'WAITING', 5), (7, 6, 'WAITING', 9),
 		(8, 1, 'CONFIRMED', 2)`)
+	// The counters and waitlist buckets the allocator keeps with the rows.
+	for _, a := range []int64{7, 8, 10} {
+		if err := store.RebuildWaitlist(context.Background(), h.db.DB, a); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	tests := []struct {
 		name, path string

@@ -114,6 +114,9 @@ func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if !s.allowRead(w, r, 0) {
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
 	st, found, err := store.GetActivity(qctx, s.db, activity)
@@ -141,6 +144,9 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	if !s.allowRead(w, r, user) {
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
 	st, found, err := store.GetSignup(qctx, s.db, activity, user)
@@ -154,6 +160,30 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, st)
+}
+
+// allowRead spends a read from the caller's budget, or answers 429 and
+// returns false. The caller is the token's subject (never a path segment);
+// allot:admin tokens, trusted services that read for every user, are not
+// limited. Without authentication the only caller there is to count is the
+// path's user of a signup read (user > 0), as for writes; activity reads,
+// one primary-key read each, are then not limited (behind a gateway that
+// authenticates, every client shares its address).
+func (s *Service) allowRead(w http.ResponseWriter, r *http.Request, user int64) bool {
+	if s.readers == nil {
+		return true
+	}
+	id, authed := caller(r.Context())
+	if authed && id.Admin || !authed && user <= 0 {
+		return true
+	}
+	ok, wait := s.readers.allow(limitKey(r.Context(), user), time.Now())
+	if !ok {
+		s.metrics.readsLimited.Inc()
+		retryAfter(w, wait)
+		writeError(w, http.StatusTooManyRequests, msgReadRateLimited)
+	}
+	return ok
 }
 
 // dbError answers 503 for a failed MySQL read and logs it, unless the client

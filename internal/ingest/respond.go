@@ -20,6 +20,7 @@ const (
 	msgNoRoute         = "No route matches this path."
 	msgInternal        = "An internal error occurred; it was logged."
 	msgOverloaded      = "Too many requests are in flight; nothing was stored, retry after the time in the Retry-After header."
+	msgReadRateLimited = "Too many reads for this caller; retry after the time in the Retry-After header."
 	msgUserRateLimited = "Too many writes for this user; retry after the time in the Retry-After header."
 	msgRateLimited     = "Too many requests; retry after the time in the Retry-After header."
 	msgOpenRateLimited = "Too many opens and resizes; retry after the time in the Retry-After header."

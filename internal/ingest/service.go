@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -112,13 +113,25 @@ type Options struct {
 	Auth *auth.Verifier
 	// BadAuthRate is how many requests per second (burst
 	// DefaultBadAuthBurst) one client address may send that fail
-	// authentication; beyond, 429 before any token is verified. Negative:
-	// no limit. Default DefaultBadAuthRate.
+	// authentication; beyond, those answer 429 (a valid token never does).
+	// Negative: no limit. Default DefaultBadAuthRate.
 	BadAuthRate float64
 	// SettleMax bounds the request ids whose PubAck was lost that this
 	// instance republishes or voids at once (settle.go). Default
 	// DefaultSettleMax.
 	SettleMax int
+	// ReadRate, when positive, caps each caller's activity and signup
+	// reads per second (ALLOT_INGEST_READ_RATE): the token's subject, or
+	// without authentication the path's user of a signup read (activity
+	// reads are then not limited); allot:admin tokens are not limited.
+	// Excess reads answer 429 with Retry-After.
+	ReadRate float64
+	// ReadBurst is the burst of ReadRate; default max(1, 2*ReadRate).
+	ReadBurst int
+	// TrustedProxies are the proxies (ALLOT_TRUSTED_PROXIES) whose
+	// X-Forwarded-For names the client address that the bad-token limiter
+	// counts; empty: the peer address counts and the header is ignored.
+	TrustedProxies []netip.Prefix
 	// Gatherer is what /metrics serves. When nil, the Registerer given to New
 	// is served if it is also a Gatherer (a *prometheus.Registry is), else a
 	// private registry holding ingest's metrics.
@@ -151,6 +164,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.BodyLimit == 0 {
 		o.BodyLimit = DefaultBodyLimit
+	}
+	if o.ReadRate < 0 || o.ReadBurst < 0 {
+		return o, errors.New("ingest: ReadRate and ReadBurst must not be negative")
 	}
 	if o.RateLimit < 0 || o.RateBurst < 0 {
 		return o, errors.New("ingest: RateLimit and RateBurst must not be negative")
@@ -215,6 +231,7 @@ type Service struct {
 	limiter *rate.Limiter // nil when RateLimit is off
 	users   *userLimiter  // nil when UserRate is off
 	badAuth *badAuth      // nil without authentication or with BadAuthRate < 0
+	readers *userLimiter  // nil when ReadRate is off
 	metrics *metrics
 	handler http.Handler
 	ui      *ui.Server // the live operator page and its feed
@@ -295,6 +312,9 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	}
 	if opts.Auth != nil && opts.BadAuthRate > 0 {
 		s.badAuth = newBadAuth(opts.BadAuthRate)
+	}
+	if opts.ReadRate > 0 {
+		s.readers = newUserLimiter(opts.ReadRate, cmp.Or(opts.ReadBurst, max(1, int(2*opts.ReadRate))))
 	}
 	if opts.UserRate > 0 {
 		s.users = newUserLimiter(opts.UserRate, cmp.Or(opts.UserBurst, max(1, int(2*opts.UserRate))))

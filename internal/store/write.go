@@ -27,6 +27,7 @@ type ActivityRow struct {
 	NextSeq   uint64
 	Hold      time.Duration
 	Held      int64
+	Waiting   int64 // WAITING signups (waiting_count)
 }
 
 // SignupRow is a row of activity_signup.
@@ -214,12 +215,12 @@ func LockActivities(ctx context.Context, tx *sql.Tx, ids []int64) (map[int64]Act
 }
 
 // activityColumns are the activity columns scanActivity reads.
-const activityColumns = "id, capacity, confirmed_count, next_seq, hold_ns, held_count"
+const activityColumns = "id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count"
 
 func scanActivity(row scanner) (ActivityRow, error) {
 	var r ActivityRow
 	var hold int64
-	err := row.Scan(&r.ID, &r.Capacity, &r.Confirmed, &r.NextSeq, &hold, &r.Held)
+	err := row.Scan(&r.ID, &r.Capacity, &r.Confirmed, &r.NextSeq, &hold, &r.Held, &r.Waiting)
 	r.Hold = time.Duration(hold)
 	return r, err
 }
@@ -259,10 +260,10 @@ func LiveSignups(ctx context.Context, q DBTX, activity int64) ([]SignupRow, erro
 func UpsertActivities(ctx context.Context, tx *sql.Tx, rows []ActivityRow) error {
 	return insertRows(ctx, tx, "INSERT INTO activity ("+activityColumns+") VALUES ",
 		" ON DUPLICATE KEY UPDATE capacity = VALUES(capacity), confirmed_count = VALUES(confirmed_count), next_seq = VALUES(next_seq),"+
-			" hold_ns = VALUES(hold_ns), held_count = VALUES(held_count)",
-		6, len(rows), func(i int, args []any) []any {
+			" hold_ns = VALUES(hold_ns), held_count = VALUES(held_count), waiting_count = VALUES(waiting_count)",
+		7, len(rows), func(i int, args []any) []any {
 			r := rows[i]
-			return append(args, r.ID, r.Capacity, r.Confirmed, r.NextSeq, int64(r.Hold), r.Held)
+			return append(args, r.ID, r.Capacity, r.Confirmed, r.NextSeq, int64(r.Hold), r.Held, r.Waiting)
 		})
 }
 

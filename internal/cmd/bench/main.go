@@ -29,6 +29,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/baseline"
@@ -51,6 +52,8 @@ type opts struct {
 	repeat            int
 	holds             int
 	holdsOnly         bool
+	reads             bench.ReadsConfig
+	readsOnly         bool
 	natsSync          time.Duration
 }
 
@@ -70,6 +73,12 @@ func main() {
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
 	flag.IntVar(&o.holds, "holds", 100_000, "holds given at once and expiring at once in the holds benchmark (0: skip it)")
 	flag.BoolVar(&o.holdsOnly, "holds-only", false, "run only the holds benchmark")
+	flag.IntVar(&o.reads.Waiters, "reads", 1_000_000, "waiters of the hot activity in the reads benchmark (0: skip it)")
+	flag.BoolVar(&o.readsOnly, "reads-only", false, "run only the reads benchmark")
+	flag.IntVar(&o.reads.Joins, "reads-joins", 300_000, "join backlog drained during the reads benchmark (enough for both windows)")
+	flag.IntVar(&o.reads.Readers, "reads-readers", 200, "concurrent HTTP readers of the reads benchmark")
+	flag.DurationVar(&o.reads.Interval, "reads-interval", 500*time.Millisecond, "each reader's pause between two reads (jittered; 0: none)")
+	flag.DurationVar(&o.reads.Window, "reads-window", 10*time.Second, "each measured drain window of the reads benchmark")
 	flag.DurationVar(&o.natsSync, "nats-sync", 0, "fsync interval of the benchmarks' JetStream server (0: every write, as production); another value shows what fsync costs")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
@@ -139,6 +148,9 @@ func run(ctx context.Context, o opts) error {
 	if o.holdsOnly {
 		return holds(ctx, o, log)
 	}
+	if o.readsOnly {
+		return reads(ctx, o, log)
+	}
 	var rows []row
 	fmt.Fprintf(os.Stderr, "bench: %d requests per measurement, seed designs with %d connections\n", o.n, o.conc)
 
@@ -198,10 +210,81 @@ func run(ctx context.Context, o opts) error {
 			return err
 		}
 	}
+	if o.reads.Waiters > 0 {
+		if err := reads(ctx, o, log); err != nil {
+			return err
+		}
+	}
 	if o.skipE2E {
 		return nil
 	}
 	return e2e(ctx, o)
+}
+
+// reads runs the reads benchmark: a drain of joins to an activity with a
+// long line, without readers and with readers, in one run.
+func reads(ctx context.Context, o opts, log *slog.Logger) error {
+	if o.reads.Waiters < 1 || o.reads.Readers < 1 || o.reads.Joins < 1 {
+		return fmt.Errorf("-reads, -reads-readers and -reads-joins must be at least 1")
+	}
+	cfg := o.reads
+	cfg.Allocator = allocator.Config{BatchSize: o.batch}
+	cfg.OldReads = 3
+	cfg.Progress = func(f string, args ...any) { fmt.Fprintf(os.Stderr, "  reads: "+f+"\n", args...) }
+	var res bench.ReadsResult
+	err := withStackDSN(ctx, o, log, func(dsn string, db *sql.DB, nc *nats.Conn) error {
+		readDB, err := store.Open(ctx, dsn, 16)
+		if err != nil {
+			return err
+		}
+		defer readDB.Close()
+		// Ingest in a process of its own, as deployed: its HTTP, token and
+		// MySQL work does not share the allocator's runtime.
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+			return err
+		}
+		hp, err := freePort()
+		if err != nil {
+			return err
+		}
+		cfg.HS256Key = []byte("allot-bench-reads-hs256-key-0123456789")
+		cfg.IngestURL = "http://127.0.0.1:" + strconv.Itoa(hp)
+		ing, err := start(ctx, filepath.Join(o.bin, "ingest"), nil, []string{"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=" + nc.ConnectedUrl(),
+			"ALLOT_LOG_LEVEL=warn", "ALLOT_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(hp), "ALLOT_AUTH_HS256_KEY=" + string(cfg.HS256Key),
+			"ALLOT_INGEST_READ_RATE=1000000"}, cfg.IngestURL+"/readyz")
+		if err != nil {
+			return err
+		}
+		defer ing.stop()
+		res, err = bench.Reads(ctx, db, readDB, nc, log, cfg)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("reads: %w", err)
+	}
+	fmt.Printf("\n== reads: %d waiters on one activity, joins drained, %d readers through HTTP (one run; seeded in %s) ==\n",
+		res.Waiters, cfg.Readers, res.SeedElapsed.Round(time.Second))
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "measurement	joins/s	detail	")
+	fmt.Fprintf(tw, "drain, no readers (alternating)	%.0f	%d in %s	\n", res.Quiet.PerSecond(), res.Quiet.Decisions, res.Quiet.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(tw, "drain, readers reading (alternating)	%.0f	%d in %s	\n", res.Loud.PerSecond(), res.Loud.Decisions, res.Loud.Elapsed.Round(time.Millisecond))
+	tw.Flush()
+	fmt.Printf("ratio drain with readers / without: %.2f\n", res.Loud.PerSecond()/res.Quiet.PerSecond())
+	fmt.Printf("reads: %d (%d activity state, %d positions; %d not 200) at %.0f/s, p50 %s, p99 %s; the last reader at position %d\n",
+		len(res.Reads), res.ActivityReads, res.SignupReads, res.ReadErrors, res.ReadsPerSecond(),
+		bench.Percentile(res.Reads, 0.5).Round(10*time.Microsecond), bench.Percentile(res.Reads, 0.99).Round(10*time.Microsecond), res.LastPosition)
+	fmt.Printf("one read at a time, straight from MySQL before the drain: activity state p50 %s, position p50 %s p99 %s\n",
+		bench.Percentile(res.DirectActivity, 0.5).Round(time.Microsecond), bench.Percentile(res.DirectSignup, 0.5).Round(time.Microsecond),
+		bench.Percentile(res.DirectSignup, 0.99).Round(time.Microsecond))
+	if len(res.OldRead) > 0 {
+		fmt.Printf("the same position read the old way (COUNT(*) over the line ahead, one at a time): p50 %s\n",
+			bench.Percentile(res.OldRead, 0.5).Round(time.Millisecond))
+	}
+	return nil
 }
 
 // holds runs the holds benchmark: o.holds joins, one resize that holds a
@@ -257,6 +340,11 @@ func drain(ctx context.Context, o opts, log *slog.Logger, cfg bench.DrainConfig)
 // server that fsyncs every write, as make run and production configs do
 // (unless -nats-sync says otherwise).
 func withStack(ctx context.Context, o opts, log *slog.Logger, f func(*sql.DB, *nats.Conn) error) error {
+	return withStackDSN(ctx, o, log, func(_ string, db *sql.DB, nc *nats.Conn) error { return f(db, nc) })
+}
+
+// withStackDSN is withStack that also gives f the fresh database's DSN.
+func withStackDSN(ctx context.Context, o opts, log *slog.Logger, f func(string, *sql.DB, *nats.Conn) error) error {
 	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_")
 	if err != nil {
 		return err
@@ -285,7 +373,7 @@ func withStack(ctx context.Context, o opts, log *slog.Logger, f func(*sql.DB, *n
 		return err
 	}
 	defer nc.Close()
-	return f(db, nc)
+	return f(dsn, db, nc)
 }
 
 func seeds(ctx context.Context, o opts) (baseline.Stats, baseline.Stats, error) {

@@ -109,6 +109,7 @@ func (f *fixture) openActivity(id, capacity, confirmed int64, nextSeq uint64) {
 func (f *fixture) addWaiter(activity, user int64) {
 	f.t.Helper()
 	f.exec("INSERT INTO activity_signup (activity_id, user_id, status, queue_seq) VALUES (?, ?, 'WAITING', ?)", activity, user, user)
+	f.exec("UPDATE activity SET waiting_count = waiting_count + 1 WHERE id = ?", activity) // as the allocator keeps it
 }
 
 // publishEvent stores an event in ALLOT_EVENTS as the allocator's relay
@@ -369,6 +370,7 @@ func TestLiveSendsStateThenTheActivitysEventsInOrder(t *testing.T) {
 	// A state follows the events; later changes show in later states.
 	c.state(2 * time.Second)
 	f.exec("DELETE FROM activity_signup WHERE activity_id = ? AND user_id = 101", act)
+	f.exec("UPDATE activity SET waiting_count = waiting_count - 1 WHERE id = ?", act)
 	f.exec("UPDATE activity SET next_seq = ? WHERE id = ?", s2+1, act)
 	c.stateWhere(5*time.Second, "waiting 1 and lag 0", func(st State) bool {
 		return st.Waiting == 1 && st.Lag != nil && *st.Lag == 0 && st.AppliedSeq == s2
