@@ -23,6 +23,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/tracing"
 )
 
 const binary = "allocator"
@@ -68,6 +69,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	config.Print(stderr, binary, &c)
 	log := c.Logger(stderr, binary)
+	stopTracing, err := tracing.Setup(ctx, "allot-"+binary)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	defer tracing.Flush(stopTracing, log)
 	dsn, err := c.SessionDSN(c.MySQLDSN)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)

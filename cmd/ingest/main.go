@@ -22,6 +22,7 @@ import (
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/tracing"
 )
 
 const binary = "ingest"
@@ -61,6 +62,11 @@ func run(ctx context.Context) int {
 		return fail(err)
 	}
 	log := c.Logger(os.Stderr, binary)
+	stopTracing, err := tracing.Setup(ctx, "allot-"+binary)
+	if err != nil {
+		return fail(err)
+	}
+	defer tracing.Flush(stopTracing, log)
 
 	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
 	if err != nil {

@@ -31,6 +31,7 @@ import (
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/notifier"
+	"github.com/allot-dev/allot/internal/tracing"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -154,6 +155,12 @@ func run(ctx context.Context, stderr io.Writer) int {
 	}
 	config.Print(stderr, binary, &c)
 	log := c.Logger(stderr, binary)
+	stopTracing, err := tracing.Setup(ctx, "allot-"+binary)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	defer tracing.Flush(stopTracing, log)
 	nopts, err := c.NATSOptions()
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)

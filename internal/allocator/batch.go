@@ -44,6 +44,8 @@ type outcome struct {
 // handle applies msgs (possibly none: then it only looks for a gap) and
 // acknowledges them. It returns an error only when the allocator must stop.
 func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
+	ctx, endTrace := a.traceBatch(ctx, msgs)
+	defer endTrace()
 	items := make([]item, 0, len(msgs))
 	for _, m := range msgs {
 		md, err := m.Metadata()
@@ -133,6 +135,8 @@ var errRetryChecked = errors.New("batch holds an already applied request")
 // yet applied, after filling any gap before them.
 func (a *Allocator) applyOnce(ctx context.Context, items []item) (outcome, error) {
 	var out outcome
+	ctx, endTrace := traceTx(ctx)
+	defer endTrace()
 	start := time.Now()
 	err := store.WithTx(ctx, a.db, store.TxOptions{
 		OnRetry: func(attempt int, err error) {
@@ -442,6 +446,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 		}
 		res := allocation.ResultOf(r.req, r.seq, d, after)
 		res.AppliedAt = now
+		a.traceDecision(ctx, r.item, res, len(d.Events))
 		out.results = append(out.results, res)
 		a.m.decisions.WithLabelValues(string(r.req.Op), string(d.Outcome)).Inc()
 		a.m.acceptToApply.Observe(now.Sub(r.req.ReceivedAt).Seconds())

@@ -44,6 +44,7 @@ type Relay struct {
 	// warnedAtomic marks the streams the relay said once do not take
 	// atomic batches.
 	warnedAtomic map[string]bool
+	book         traceBook // decision spans of traced requests (trace.go)
 }
 
 func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics, partition int) *Relay {
@@ -273,6 +274,8 @@ func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
 		msgs      []*nats.Msg
 		ids       []string
 	)
+	tr := r.traceRelay()
+	defer tr.end()
 	for lo := 0; lo < len(events); lo += relayWindow {
 		futures, schedules, sids, msgs, ids = futures[:0], schedules[:0], sids[:0], msgs[:0], ids[:0]
 		for _, ev := range events[lo:min(lo+relayWindow, len(events))] {
@@ -282,6 +285,7 @@ func (r *Relay) publish(ctx context.Context, events []wire.Event) error {
 			}
 			msg := nats.NewMsg(wire.EventSubject(ev.ActivityID, ev.Kind))
 			msg.Data = ev.AppendJSON(make([]byte, 0, 256))
+			tr.event(ev, msg)
 			msgs, ids = append(msgs, msg), append(ids, ev.EventID)
 		}
 		for _, batch := range []struct {

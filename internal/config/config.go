@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/allot-dev/allot/internal/buildinfo"
+	"github.com/allot-dev/allot/internal/tracing"
 )
 
 // Prefix is the environment variable prefix of every setting.
@@ -121,7 +122,11 @@ func ParseLevel(s string) (slog.Level, error) {
 // Logger returns the JSON logger every binary logs with.
 func (c Common) Logger(w io.Writer, binary string) *slog.Logger {
 	level, _ := ParseLevel(c.LogLevel)
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).With(slog.String("binary", binary))
+	var h slog.Handler = slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})
+	if tracing.Configured() {
+		h = tracing.LogHandler(h) // trace_id and span_id on a traced request's lines
+	}
+	return slog.New(h).With(slog.String("binary", binary))
 }
 
 // Load reads the environment into spec (a pointer to a struct embedding

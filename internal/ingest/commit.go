@@ -166,6 +166,7 @@ func (c *committer) publishEach(group []*pubRequest) {
 // answered every request in it. On false nothing has been answered and the
 // caller publishes the messages on their own.
 func (c *committer) commitBatch(group []*pubRequest) bool {
+	defer traceGroup(group)()
 	n := len(group)
 	msgs, ids := make([]*nats.Msg, n), make([]string, n)
 	for i, r := range group {

@@ -151,6 +151,7 @@ func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	mr := r // the request the mux routes; it records the pattern matched
 	defer func() {
 		label := rt.label(mr.Pattern)
+		nameSpan(r, label)
 		if p := recover(); p != nil {
 			if p == http.ErrAbortHandler { //nolint:errorlint // a sentinel panic value, compared as net/http does
 				rt.s.metrics.countRequest(label, sw.code)

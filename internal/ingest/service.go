@@ -324,7 +324,7 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 	if s.ui, err = ui.New(ui.Config{DB: db, JS: js, Log: log, Done: s.quit, QueryTimeout: opts.QueryTimeout}); err != nil {
 		return nil, err
 	}
-	s.handler = s.routes(gatherer)
+	s.handler = traced(s.routes(gatherer))
 	return s, nil
 }
 

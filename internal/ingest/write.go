@@ -250,8 +250,10 @@ func (s *Service) publish(ctx context.Context, activity int64, id string, data [
 		return 0, fmt.Errorf("%w: %d publishes already in flight", errOverloaded, cap(s.flight))
 	}
 	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
+	ctx, span := tracePublish(ctx, msg, id, activity)
 	start := time.Now()
 	ack, err := s.publishAsync(msg, id)
+	endPublish(span, ack, err)
 	s.metrics.publishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.metrics.publishFailures.Inc()

@@ -87,6 +87,8 @@ func (n *Notifier) handle(ctx context.Context, msg jetstream.Msg) {
 	defer n.release(seq)
 	stopBeat := n.heartbeat(msg)
 	defer stopBeat()
+	ctx, endTrace := traceEvent(ctx, msg)
+	defer endTrace()
 
 	log := n.log.With(slog.Uint64("stream_seq", seq), slog.String("subject", msg.Subject()),
 		slog.Uint64("num_delivered", meta.NumDelivered))
@@ -159,6 +161,8 @@ func (n *Notifier) post(ctx context.Context, eventID string, body []byte) (err e
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", eventID)
 	req.Header.Set("User-Agent", "allot-notifier")
+	req, span := traceWebhook(req)
+	defer func() { endWebhook(span, err) }()
 	resp, err := n.client.Do(req)
 	if err != nil {
 		if actx.Err() != nil {

@@ -219,7 +219,10 @@ func runTx(ctx context.Context, db *sql.DB, iso sql.IsolationLevel, fn func(tx *
 	if err := fn(tx); err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	end := traceCommit(ctx)
+	err = tx.Commit()
+	end(err)
+	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil

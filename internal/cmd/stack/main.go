@@ -33,6 +33,7 @@ import (
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/tracing"
 )
 
 const binary = "stack"
@@ -86,6 +87,12 @@ func run(ctx context.Context, args []string) int {
 	}
 	config.Print(os.Stderr, binary, &c)
 	log := c.Logger(os.Stderr, binary)
+	stopTracing, err := tracing.Setup(ctx, "allot") // ingest and allocator in one process
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
+		return 2
+	}
+	defer tracing.Flush(stopTracing, log)
 
 	if err := store.EnsureDatabase(ctx, c.MySQLDSN); err != nil {
 		if errors.Is(err, store.ErrUnreachable) {
