@@ -348,8 +348,15 @@ func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, cc Con
 	return c, nil
 }
 
+// ViewMarkerTTL is how long the view bucket keeps the marker the server
+// leaves when a message with a TTL (a cleared view) expires: the least the
+// server allows, since nothing reads it.
+const ViewMarkerTTL = time.Second
+
 // EnsureViewBucket creates or opens the KV bucket of full-activity views.
-// It keeps one revision per key: only the latest view matters.
+// It keeps one revision per key: only the latest view matters. It allows
+// per-message TTLs (LimitMarkerTTL): a cleared view is put with one, so the
+// bucket holds a key only while its activity is full, or briefly after.
 func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfig) (jetstream.KeyValue, error) {
 	var err error
 	if c.Replicas, err = KeepReplicas(ctx, js, KeyValueStream(wire.ViewBucket), c.Replicas); err != nil {
@@ -358,9 +365,10 @@ func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfi
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      wire.ViewBucket,
 		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    c.Replicas,
+		History:        1,
+		Storage:        jetstream.FileStorage,
+		Replicas:       c.Replicas,
+		LimitMarkerTTL: ViewMarkerTTL,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: ensure bucket %s: %w", ErrUnavailable, wire.ViewBucket, err)
