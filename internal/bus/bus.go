@@ -363,8 +363,8 @@ func EnsureViewBucket(ctx context.Context, js jetstream.JetStream, c StreamConfi
 		return nil, err
 	}
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      wire.ViewBucket,
-		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
+		Bucket:         wire.ViewBucket,
+		Description:    "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
 		History:        1,
 		Storage:        jetstream.FileStorage,
 		Replicas:       c.Replicas,
