@@ -93,7 +93,7 @@ func drainThroughFreezer(b *testing.B, cfg DrainConfig, freeze bool) DrainResult
 }
 
 // churnSettle is how long BenchmarkViewChurn waits for cleared views to
-// leave the bucket.
-const churnSettle = 5 * time.Second
+// leave the bucket: their TTL, the marker's, and a margin.
+const churnSettle = allocator.DefaultViewClearTTL + 5*time.Second
 
 func churnConfig() allocator.Config { return allocator.Config{} }
