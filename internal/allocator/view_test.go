@@ -242,3 +242,39 @@ func sorted(s []int64) []int64 {
 	slices.Sort(s)
 	return s
 }
+
+// TestRebuildExpiresLegacyClears: cleared views and deletes stored without
+// a TTL (by a version that never expired them) are written again with one
+// by the next rebuild, and leave the bucket.
+func TestRebuildExpiresLegacyClears(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	kv, err := bus.EnsureViewBucket(ctx, e.js, bus.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, wire.ViewKey(100), []byte(`{"activity_id":100,"capacity":2,"confirmed":1,"seq":40}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, wire.ViewKey(101), []byte(`{"activity_id":101,"capacity":1,"confirmed":1,"seq":41,"complete":true,"holders":[1]}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(ctx, wire.ViewKey(101)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.viewBucketMsgs(); n != 2 {
+		t.Fatalf("precondition: %d messages in the bucket, want 2", n)
+	}
+	// Older than any clear this version writes (twice the TTL and the
+	// marker's, and a margin).
+	time.Sleep(10 * time.Second)
+	e.start(Config{ViewClearTTL: time.Second}, Hooks{})
+	deadline := time.Now().Add(time.Minute)
+	for e.viewBucketMsgs() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("legacy clears still in the bucket: %d messages", e.viewBucketMsgs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -520,6 +520,12 @@ func (p *viewPub) current(ctx context.Context, id int64) (storedView, bool, erro
 type listed struct {
 	rev, seq  uint64
 	sheddable bool
+	created   time.Time
+}
+
+func (p *viewPub) clearTTLDuration() time.Duration {
+	d, _ := time.ParseDuration(p.clearTTL)
+	return d
 }
 
 // rebuildViews makes the bucket's views of this partition agree with
@@ -542,7 +548,12 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		p.mu.Unlock()
 	}()
 	keys := make(map[int64]listed)
-	w, err := p.kv.WatchAll(lctx, jetstream.IgnoreDeletes())
+	// Messages without a TTL that should have one: cleared views and
+	// deletes written before cleared views expired (an upgrade) are
+	// written again with one, once.
+	var legacy []viewOp
+	oldest := time.Now().Add(-2*p.clearTTLDuration() - 2*bus.ViewMarkerTTL - 5*time.Second)
+	w, err := p.kv.WatchAll(lctx)
 	if err != nil {
 		return err
 	}
@@ -554,7 +565,13 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		if err != nil || bus.PartitionOf(id, p.partitions) != p.partition {
 			continue
 		}
-		l := listed{rev: e.Revision()}
+		if e.Operation() != jetstream.KeyValuePut {
+			if e.Created().Before(oldest) {
+				legacy = append(legacy, viewOp{v: wire.View{ActivityID: id}, del: true, rev: e.Revision()})
+			}
+			continue
+		}
+		l := listed{rev: e.Revision(), created: e.Created()}
 		var v wire.View
 		if json.Unmarshal(e.Value(), &v) == nil {
 			l.seq, l.sheddable = v.Seq, v.Sheddable()
@@ -616,7 +633,18 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		p.queue(viewOp{v: v})
 	}
 	for id, l := range keys {
-		if _, ok := rebuilt[id]; ok || !l.sheddable {
+		if _, ok := rebuilt[id]; ok {
+			continue
+		}
+		if !l.sheddable {
+			if ks, _ := p.keys.Peek(id); l.created.Before(oldest) && ks.seq <= l.seq {
+				// A cleared view without a TTL: put again with one.
+				p.quiet = true
+				p.keys.Remove(id)
+				p.quiet = false
+				p.keys.Add(id, keyState{rev: l.rev, seq: l.seq})
+				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: l.seq}, clear: true})
+			}
 			continue
 		}
 		v := wire.View{ActivityID: id, Seq: l.seq}
@@ -630,6 +658,11 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		ks.seq, ks.live = v.Seq, false
 		p.keys.Add(id, ks)
 		p.queue(viewOp{v: v, clear: true})
+	}
+	for _, op := range legacy {
+		if _, ok := p.pending[op.v.ActivityID]; !ok {
+			p.queue(op)
+		}
 	}
 	p.queueEvicted()
 	p.m.viewsPending.Set(float64(len(p.pending)))

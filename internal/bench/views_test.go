@@ -61,6 +61,7 @@ func BenchmarkDrainFrozenViews(b *testing.B) {
 	cfg := DrainConfig{Requests: 20000, Activities: 20000, Capacity: 1, Op: wire.OpJoin}
 	for i := 0; i < b.N; i++ {
 		healthy := drainThroughFreezer(b, cfg, false)
+		b.Logf("healthy view bucket: %.0f decisions/s", healthy.PerSecond())
 		frozen := drainThroughFreezer(b, cfg, true)
 		b.Logf("drain of %d joins filling %d activities: healthy view bucket %.0f decisions/s (%s), frozen view bucket %.0f decisions/s (%s), ratio %.2f",
 			cfg.Requests, cfg.Activities, healthy.PerSecond(), healthy.Elapsed.Round(time.Millisecond),
