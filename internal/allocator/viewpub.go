@@ -200,9 +200,13 @@ func (p *viewPub) queue(op viewOp) {
 
 func (p *viewPub) queueEvicted() {
 	for _, op := range p.evicted {
-		if _, ok := p.pending[op.v.ActivityID]; !ok {
-			p.queue(op)
+		if _, ok := p.pending[op.v.ActivityID]; ok {
+			// A view not yet written: the delete replaces it, or the view
+			// would be stored untracked.
+			p.pending[op.v.ActivityID] = op
+			continue
 		}
+		p.queue(op)
 	}
 	p.evicted = p.evicted[:0]
 }
@@ -235,9 +239,13 @@ func (p *viewPub) forget() {
 func (p *viewPub) run() {
 	defer close(p.done)
 	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	defer cancel()
 	stopping := false
+	wg.Add(1)
 	go func() {
+		defer wg.Done()
 		select {
 		case <-p.stop:
 			t := time.NewTimer(viewStopGrace)

@@ -75,7 +75,7 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 	if err := a.Start(ctx); err != nil {
 		return ChurnResult{}, err
 	}
-	if err := waitFence(ctx, db, cfg.Partition, last, 10*time.Minute); err != nil {
+	if err := waitFence(ctx, db, cfg.Partition, last, 30*time.Minute); err != nil {
 		a.Stop()
 		return ChurnResult{}, err
 	}
