@@ -350,6 +350,9 @@ func (a *Allocator) run(ctx context.Context) error {
 			if pulling {
 				stopIter()
 				a.handOver(ctx)
+				if a.pub != nil {
+					a.pub.forget() // the next owner rebuilds them
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -430,9 +433,6 @@ func (a *Allocator) handOver(ctx context.Context) {
 	// The last batch's acks first, so the next owner is not handed
 	// messages that are already applied.
 	a.flushPost()
-	if a.pub != nil {
-		a.pub.forget() // the next owner rebuilds them
-	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	info, err := a.cons.Info(ctx)

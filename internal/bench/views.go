@@ -30,6 +30,8 @@ type ChurnResult struct {
 	// start reads); Takeover how long a new allocator takes from Start to
 	// the end of its first view rebuild.
 	Read, Takeover time.Duration
+	// Dropped is the views the first allocator dropped (not written).
+	Dropped float64
 }
 
 // ViewChurn fills and empties n activities of capacity 1 (one claim, then
@@ -67,7 +69,8 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 	if err != nil {
 		return ChurnResult{}, err
 	}
-	a, err := allocator.New(db, nc, log, nil, cfg, allocator.Hooks{})
+	areg := prometheus.NewRegistry()
+	a, err := allocator.New(db, nc, log, areg, cfg, allocator.Hooks{})
 	if err != nil {
 		return ChurnResult{}, err
 	}
@@ -93,13 +96,14 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 			a.Stop()
 			return res, err
 		}
-		if info.State.LastSeq == prev {
+		if info.State.LastSeq == prev && gauge(areg, "allot_allocator_views_pending") == 0 {
 			res.BucketMsgs, res.BucketBytes = info.State.Msgs, info.State.Bytes
 			break
 		}
 		prev = info.State.LastSeq
 		time.Sleep(time.Second)
 	}
+	res.Dropped = counter(areg, "allot_allocator_views_dropped_total")
 	a.Stop()
 	if settle > 0 {
 		time.Sleep(settle)
@@ -163,6 +167,24 @@ func counter(reg *prometheus.Registry, name string) float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// gauge sums the values of the gauge name in reg.
+func gauge(reg *prometheus.Registry, name string) float64 {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetGauge().GetValue()
 		}
 	}
 	return sum

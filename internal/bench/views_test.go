@@ -43,9 +43,9 @@ func BenchmarkViewChurn(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Logf("%d activities filled and emptied in %s: view bucket %d messages (%d bytes) after the drain, %d after %s; "+
-			"reading the bucket %s; takeover to rebuilt views %s",
+			"reading the bucket %s; takeover to rebuilt views %s; %.0f views dropped",
 			res.Activities, res.Drain.Round(time.Millisecond), res.BucketMsgs, res.BucketBytes, res.SettledMsgs, churnSettle,
-			res.Read.Round(time.Microsecond), res.Takeover.Round(time.Microsecond))
+			res.Read.Round(time.Microsecond), res.Takeover.Round(time.Microsecond), res.Dropped)
 		b.ReportMetric(float64(res.SettledMsgs), "bucket-msgs")
 		b.ReportMetric(float64(res.Takeover.Microseconds())/1000, "takeover-ms")
 	}
