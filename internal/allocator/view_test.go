@@ -45,7 +45,11 @@ func (e *env) churn(first, n int64) uint64 {
 	for a := first; a < first+n; a++ {
 		reqs = append(reqs, req(wire.OpCancel, a, 1))
 	}
-	return e.publishAll(reqs)
+	var last uint64
+	for lo := 0; lo < len(reqs); lo += 2000 { // below the async publish bound
+		last = e.publishAll(reqs[lo:min(lo+2000, len(reqs))])
+	}
+	return last
 }
 
 // TestViewBucketHoldsOnlyLiveViews: activities filled and emptied leave no
