@@ -5,13 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -63,11 +67,19 @@ func TestViewBucketHoldsOnlyLiveViews(t *testing.T) {
 	e := newEnv(t)
 	// Fewer keys tracked than activities filled: the untracked ones are
 	// deleted, and leave the bucket too.
-	e.start(Config{ViewClearTTL: time.Second, CacheActivities: 250}, Hooks{})
+	reg := prometheus.NewRegistry()
+	a, err := New(e.db.DB, e.nc, e.log, reg, Config{ViewClearTTL: time.Second, CacheActivities: 250}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Stop)
 	e.churn(1, n)
 	// One activity stays full: its view stays.
 	e.publish(open(n+1, 1), "")
-	e.waitFence(e.publish(req(wire.OpClaim, n+1, 1), ""))
+	e.waitFenceWithin(e.publish(req(wire.OpClaim, n+1, 1), ""), 5*time.Minute)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		msgs := e.viewBucketMsgs()
@@ -75,6 +87,22 @@ func TestViewBucketHoldsOnlyLiveViews(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
+			mfs, _ := reg.Gather()
+			for _, mf := range mfs {
+				if strings.Contains(mf.GetName(), "view") {
+					for _, m := range mf.GetMetric() {
+						t.Logf("%s %v %v %v", mf.GetName(), m.GetLabel(), m.GetCounter().GetValue(), m.GetGauge().GetValue())
+					}
+				}
+			}
+			kv, _ := e.js.KeyValue(context.Background(), wire.ViewBucket)
+			keys, _ := kv.Keys(context.Background())
+			for i, k := range keys {
+				if i < 5 || i == len(keys)-1 {
+					en, _ := kv.Get(context.Background(), k)
+					t.Logf("left: %s rev %d %s", k, en.Revision(), en.Value())
+				}
+			}
 			t.Fatalf("after %d activities filled and emptied, the view bucket holds %d messages, want the one live view", n, msgs)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -282,5 +310,47 @@ func TestRebuildExpiresLegacyClears(t *testing.T) {
 			t.Fatalf("legacy clears still in the bucket: %d messages", e.viewBucketMsgs())
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestFrozenViewBucketCostsTheApplyLoopNothing: with a view bucket that
+// never answers (every publish on its subjects dropped, as a stream without
+// a leader looks to a client), requests are still applied, activities
+// filled, and the allocator stops.
+func TestFrozenViewBucketCostsTheApplyLoopNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	f, err := natstest.NewFreezer(e.ns.Addr().String(), wire.ViewBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	nc, err := nats.Connect(f.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	a, err := New(e.db.DB, nc, e.log, nil, Config{}, Hooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.SetFrozen(true)
+	var reqs []wire.Request
+	for act := int64(1); act <= 50; act++ {
+		reqs = append(reqs, open(act, 1), req(wire.OpJoin, act, 1))
+	}
+	e.waitFence(e.publishAll(reqs))
+	stopped := make(chan struct{})
+	go func() { a.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(time.Minute):
+		t.Fatal("the allocator did not stop with its view bucket frozen")
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM activity WHERE confirmed_count = 1"); n != 50 {
+		t.Fatalf("%d activities filled, want 50", n)
 	}
 }

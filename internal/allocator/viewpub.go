@@ -262,11 +262,13 @@ func (p *viewPub) run() {
 	backoff := 250 * time.Millisecond
 	for ctx.Err() == nil {
 		p.mu.Lock()
-		rebuild := p.rebuild && !stopping && !time.Now().Before(retryAt)
+		n := len(p.pending)
+		// A rebuild waits for the queue to drain: its writes must fit,
+		// and writes must go on between rebuilds.
+		rebuild := p.rebuild && !stopping && n == 0 && !time.Now().Before(retryAt)
 		if rebuild {
 			p.rebuild = false
 		}
-		n := len(p.pending)
 		p.mu.Unlock()
 		if rebuild {
 			if err := p.rebuildViews(ctx); err != nil {
@@ -565,9 +567,23 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for e := range w.Updates() {
+	// Stopped as soon as the current values are in: updates that follow
+	// (expiry markers, other writers) would block the watcher's delivery
+	// for ever if nobody read them.
+	defer stopWatch(w)
+	for listing := true; listing; {
+		var e jetstream.KeyValueEntry
+		select {
+		case e = <-w.Updates():
+		case <-lctx.Done():
+			// A bucket that stopped answering: the watcher's channel
+			// would wait for ever.
+			return lctx.Err()
+		}
 		if e == nil {
-			break // the current values are in
+			listing = false // the current values are in
+			stopWatch(w)
+			continue
 		}
 		id, err := strconv.ParseInt(strings.TrimPrefix(e.Key(), "a."), 10, 64)
 		if err != nil || bus.PartitionOf(id, p.partitions) != p.partition {
@@ -587,10 +603,6 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 			l.sheddable = true // unreadable: cleared below
 		}
 		keys[id] = l
-	}
-	w.Stop() //nolint:errcheck
-	if lctx.Err() != nil {
-		return lctx.Err()
 	}
 	var also []int64
 	for id, l := range keys {
@@ -678,4 +690,23 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 	p.m.viewRebuilds.Inc()
 	p.m.viewRebuildSecs.Observe(time.Since(start).Seconds())
 	return nil
+}
+
+// stopWatch stops w and reads what its delivery still holds, so that no
+// delivery stays blocked on a full channel.
+func stopWatch(w jetstream.KeyWatcher) {
+	w.Stop() //nolint:errcheck
+	idle := time.NewTimer(20 * time.Millisecond)
+	defer idle.Stop()
+	for {
+		select {
+		case _, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			idle.Reset(20 * time.Millisecond)
+		case <-idle.C:
+			return
+		}
+	}
 }

@@ -75,7 +75,7 @@ func drainThroughFreezer(b *testing.B, cfg DrainConfig, freeze bool) DrainResult
 	b.Helper()
 	db := dbtest.New(b)
 	ns := natstest.New(b)
-	f, err := NewFreezer(ns.Addr().String(), wire.ViewBucket)
+	f, err := natstest.NewFreezer(ns.Addr().String(), wire.ViewBucket)
 	if err != nil {
 		b.Fatal(err)
 	}
