@@ -387,6 +387,9 @@ func (p *viewPub) round(ctx context.Context) {
 			}
 			p.m.viewsDropped.WithLabelValues("failed").Inc()
 			p.log.Warn("view not stored", slog.Int64("activity_id", s.op.v.ActivityID), slog.Any("err", err))
+			p.mu.Lock()
+			p.rebuild = true
+			p.mu.Unlock()
 		case <-deadline.C:
 			// Unanswered: may be stored or not. Sent again (a conflict
 			// sorts it out if it was stored).
@@ -435,8 +438,13 @@ func (p *viewPub) stored(op viewOp, rev uint64) {
 // expected: it reads the key and decides (see the top of this file).
 func (p *viewPub) resolve(ctx context.Context, op viewOp) {
 	id := op.v.ActivityID
-	if op.tries >= 3 || op.del {
+	if op.tries >= 5 || op.del {
+		// The key keeps moving under this write, or a delete lost its
+		// revision: a rebuild sets the bucket right.
 		p.m.viewsDropped.WithLabelValues("stale").Inc()
+		p.mu.Lock()
+		p.rebuild = true
+		p.mu.Unlock()
 		return
 	}
 	op.tries++
