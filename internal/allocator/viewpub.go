@@ -651,7 +651,13 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		}
 		p.keys.Add(id, ks)
 	}
+	full := false
 	for id, v := range rebuilt {
+		if len(p.pending) >= p.maxPending {
+			// The rest after the queue drained: a later rebuild.
+			full = true
+			break
+		}
 		ks, ok := p.keys.Peek(id)
 		if (ok && ks.seq >= v.Seq) || p.seen[id] >= v.Seq && p.seen[id] > 0 {
 			continue // stored already, or the apply loop has a later state
@@ -661,6 +667,9 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		p.queue(viewOp{v: v})
 	}
 	for id, l := range keys {
+		if full {
+			break
+		}
 		if _, ok := rebuilt[id]; ok {
 			continue
 		}
@@ -688,9 +697,13 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		p.queue(viewOp{v: v, clear: true})
 	}
 	for _, op := range legacy {
-		if _, ok := p.pending[op.v.ActivityID]; !ok {
+		if _, ok := p.pending[op.v.ActivityID]; !ok && !full {
 			p.queue(op)
 		}
+	}
+	if full {
+		p.rebuild = true
+		p.m.viewsDropped.WithLabelValues("queue_full").Inc()
 	}
 	p.queueEvicted()
 	p.m.viewsPending.Set(float64(len(p.pending)))
