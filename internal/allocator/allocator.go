@@ -57,6 +57,11 @@ type Config struct {
 	// recently used is dropped and reloaded from MySQL when next needed.
 	// Four times as many full activities are tracked for their views.
 	CacheActivities int
+	// ViewClearTTL is how long a cleared view stays in the view bucket
+	// before it expires (default DefaultViewClearTTL, at least a second):
+	// while it is there, a late put of an older view is refused by the
+	// bucket (see viewpub.go); after it, the key is gone.
+	ViewClearTTL time.Duration
 	// PieceBytes bounds a piece of a long promoted or event list in MySQL
 	// (0: derived from the server's max_allowed_packet; tests set it low).
 	PieceBytes int
@@ -95,6 +100,9 @@ func (c Config) withDefaults() Config {
 	if c.CacheActivities <= 0 {
 		c.CacheActivities = DefaultCacheActivities
 	}
+	if c.ViewClearTTL <= 0 {
+		c.ViewClearTTL = DefaultViewClearTTL
+	}
 	c.Partitions = max(c.Partitions, 1)
 	if c.PinnedTTL <= 0 {
 		c.PinnedTTL = 5 * time.Second
@@ -117,6 +125,9 @@ type Hooks struct {
 	BeforeConfirm func()
 	// Stopping runs when Stop begins: a slow drain, for tests of shutdown.
 	Stopping func()
+	// ViewSnapshot runs inside a view rebuild's MySQL snapshot, between
+	// its read of the activity rows and of the signups.
+	ViewSnapshot func()
 }
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.
@@ -135,14 +146,10 @@ type Allocator struct {
 	stream jetstream.Stream
 	cons   jetstream.Consumer
 	relay  *Relay
-	// views holds the views of full activities for ingest's shedding;
-	// viewFull says which activities have one.
-	views    jetstream.KeyValue
-	viewFull *lru.Cache[int64, struct{}]
-	// viewDropped holds the activities viewFull forgot: their keys are
-	// deleted with the next views, so no view outlives the tracking.
-	viewDropped  []int64
-	viewClearing bool
+	// views holds the views of full activities for ingest's shedding,
+	// written by pub off the apply loop.
+	views jetstream.KeyValue
+	pub   *viewPub
 	// viewsStale says the views must be rebuilt before the next batch: this
 	// allocator has (re)started pulling or was newly pinned.
 	viewsStale bool
@@ -215,13 +222,6 @@ func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer,
 	if a.waits, err = lru.New[int64, *store.Waitlist](cfg.CacheActivities); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
-	if a.viewFull, err = lru.NewWithEvict(4*cfg.CacheActivities, func(id int64, _ struct{}) {
-		if !a.viewClearing {
-			a.viewDropped = append(a.viewDropped, id)
-		}
-	}); err != nil {
-		return nil, fmt.Errorf("allocator: %w", err)
-	}
 	return a, nil
 }
 
@@ -278,6 +278,9 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if a.views, err = bus.CheckBucket(ctx, a.js, bus.ViewBucketConfig(1)); err != nil {
 		return err
 	}
+	if a.pub, err = newViewPub(a, a.views); err != nil {
+		return fmt.Errorf("allocator: %w", err)
+	}
 	// The views are rebuilt before the first batch, as at every takeover;
 	// they are an optimisation, so a failure there does not fail Start.
 	a.viewsStale = true
@@ -292,12 +295,18 @@ func (a *Allocator) launch(ctx context.Context) error {
 	a.post = make(chan postCommit, postQueue)
 	a.postDone = make(chan struct{})
 	go a.postLoop()
+	if a.pub != nil {
+		go a.pub.run()
+	}
 	go func() {
 		defer a.wg.Done()
 		err := a.run(runCtx)
 		// The acks of the last batches are confirmed before Stop returns.
 		close(a.post)
 		<-a.postDone
+		if a.pub != nil {
+			a.pub.close() // writes what is pending, for a bounded while
+		}
 		if err != nil && !errors.Is(err, context.Canceled) {
 			a.setErr(err)
 			a.log.ErrorContext(runCtx, "allocator stopped", slog.Any("err", err))
@@ -377,6 +386,9 @@ func (a *Allocator) run(ctx context.Context) error {
 			if pulling {
 				stopIter()
 				a.handOver(ctx)
+				if a.pub != nil {
+					a.pub.forget() // the next owner rebuilds them
+				}
 			}
 			select {
 			case <-ctx.Done():
@@ -507,12 +519,11 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 	// flight is aborted (a hung connection included) and the partition
 	// given up.
 	defer a.watchStall(hctx, len(msgs) > 0, cancel)()
-	if a.viewsStale && a.views != nil {
-		if err := a.rebuildViews(hctx); err != nil {
-			a.log.WarnContext(ctx, "rebuild views; claims go through the stream until it succeeds", slog.Any("err", err))
-		} else {
-			a.viewsStale = false
-		}
+	if a.viewsStale && a.pub != nil {
+		// Off the apply loop: the publisher rebuilds while this batch
+		// is applied; views of later states queued meanwhile win.
+		a.pub.requestRebuild()
+		a.viewsStale = false
 	}
 	backoff := 100 * time.Millisecond
 	for {

@@ -28,6 +28,9 @@ type DrainConfig struct {
 	Op         wire.Op // wire.OpJoin or wire.OpClaim
 	Users      int     // distinct users (0 = one per request)
 	Allocator  allocator.Config
+	// AfterStart, when set, runs once the allocator has started, before
+	// the drain is waited for (a benchmark freezes a bucket there).
+	AfterStart func()
 }
 
 // DrainResult is what a drain run measured.
@@ -89,6 +92,9 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return DrainResult{}, err
 	}
 	defer a.Stop()
+	if cfg.AfterStart != nil {
+		cfg.AfterStart()
+	}
 	if err := waitFence(ctx, db, cfg.Allocator.Partition, last, 5*time.Minute); err != nil {
 		return DrainResult{}, err
 	}

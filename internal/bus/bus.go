@@ -356,15 +356,23 @@ func EnsureAllocatorConsumer(ctx context.Context, js jetstream.JetStream, cc Con
 	return c, nil
 }
 
+// ViewMarkerTTL is how long the view bucket keeps the marker the server
+// leaves when a message with a TTL (a cleared view) expires: the least the
+// server allows, since nothing reads it.
+const ViewMarkerTTL = time.Second
+
 // ViewBucketConfig is ALLOT_VIEW, the KV bucket of full-activity views.
-// It keeps one revision per key: only the latest view matters.
+// It keeps one revision per key: only the latest view matters. It allows
+// per-message TTLs (LimitMarkerTTL): a cleared view is put with one, so the
+// bucket holds a key only while its activity is full, or briefly after.
 func ViewBucketConfig(replicas int) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{
-		Bucket:      wire.ViewBucket,
-		Description: "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
+		Bucket:         wire.ViewBucket,
+		Description:    "allot: views of full activities, kept by the allocator, read by ingest to shed claims",
+		History:        1,
+		Storage:        jetstream.FileStorage,
+		Replicas:       max(replicas, 1),
+		LimitMarkerTTL: ViewMarkerTTL,
 	}
 }
 

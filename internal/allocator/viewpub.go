@@ -1,0 +1,733 @@
+package allocator
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// The view publisher writes the views the apply loop hands it to the
+// ALLOT_VIEW bucket from its own goroutine, so that a slow, leaderless or
+// frozen bucket costs the apply loop nothing (views are an optimisation).
+//
+//   - Latest wins: it keeps at most one pending view per activity, the
+//     latest, and at most maxPending activities; beyond that a view is
+//     dropped (counted) and a rebuild repairs the bucket once it answers.
+//   - The bucket holds what is useful: a cleared view is put with a TTL
+//     (Config.ViewClearTTL) and leaves the bucket after it, so the bucket
+//     holds about one key per activity full now.
+//   - Late-put protection in the bucket: every write is conditional on the
+//     key's revision as the publisher last knew it (Nats-Expected-Last-
+//     Subject-Sequence). A write that conflicts reads the key: a stored
+//     view of a later sequence wins (the write is dropped); an earlier one
+//     is overwritten at its revision; an empty key (a clear that expired)
+//     is written only if MySQL says the activity is still at the view's
+//     sequence. So a put of an older state never lands over a later clear
+//     or view. Per key there is one write in flight at a time.
+//   - A rebuild (at start and every takeover) reads the bucket's current
+//     keys of this partition and, in one MySQL snapshot, the partition's
+//     full activities; it queues their views, and clears the stored views
+//     of activities no longer viewed. Views queued meanwhile by the apply
+//     loop are newer and win.
+type viewPub struct {
+	js         jetstream.JetStream
+	kv         jetstream.KeyValue
+	db         *sql.DB
+	log        *slog.Logger
+	m          *metrics
+	partition  int
+	partitions int
+	clearTTL   string // the Nats-TTL of a cleared view
+	maxPending int
+	// between runs inside a rebuild's snapshot (tests).
+	between func()
+
+	mu      sync.Mutex
+	keys    *simplelru.LRU[int64, keyState]
+	quiet   bool     // a removal from keys that is not an eviction
+	evicted []viewOp // deletes for keys evicted from keys, to queue
+	pending map[int64]viewOp
+	rebuild bool
+	// rebuilding says a rebuild is between its snapshot and its merge;
+	// seen then holds the last sequence of every activity the apply loop
+	// changed meanwhile.
+	rebuilding bool
+	seen       map[int64]uint64
+	stream     jetstream.Stream
+
+	wake chan struct{}
+	stop chan struct{}
+	done chan struct{}
+}
+
+// keyState is what the publisher knows of one key.
+type keyState struct {
+	// rev is the revision of the key's last message as last known (0:
+	// none, or unknown: a conflict then teaches it).
+	rev uint64
+	// seq is the sequence of the latest view queued or stored for it.
+	seq uint64
+	// live says that latest view is a full one: a later state that is not
+	// viewed must clear it.
+	live bool
+}
+
+// viewOp is one pending write.
+type viewOp struct {
+	v     wire.View
+	clear bool   // v is a cleared view: put with a TTL
+	del   bool   // a delete (the key is no longer tracked), at rev
+	rev   uint64 // for del
+	// tries counts conflicts resolved for this write; after a few it is
+	// dropped (another writer keeps changing the key).
+	tries int
+}
+
+// viewRound bounds the writes sent together, and viewAckWait how long a
+// round waits for their acknowledgements.
+const (
+	viewRound   = 1000
+	viewAckWait = 5 * time.Second
+	// viewStopGrace bounds how long a stopping allocator keeps writing
+	// the views still pending.
+	viewStopGrace = 2 * time.Second
+	// DefaultViewClearTTL is Config.ViewClearTTL's default.
+	DefaultViewClearTTL = 30 * time.Second
+)
+
+func newViewPub(a *Allocator, kv jetstream.KeyValue) (*viewPub, error) {
+	// Its own JetStream context: its pending asynchronous publishes, which
+	// a frozen bucket leaves unanswered, do not fill the relay's window.
+	js, err := jetstream.New(a.nc, jetstream.WithPublishAsyncMaxPending(4*viewRound),
+		jetstream.WithPublishAsyncTimeout(viewAckWait))
+	if err != nil {
+		return nil, err
+	}
+	p := &viewPub{
+		js: js, kv: kv, db: a.db, log: a.log, m: a.m,
+		partition: a.cfg.Partition, partitions: a.cfg.Partitions,
+		clearTTL:   strconv.Itoa(max(1, int(a.cfg.ViewClearTTL.Round(time.Second)/time.Second))) + "s",
+		maxPending: 4 * a.cfg.CacheActivities,
+		between:    a.hooks.ViewSnapshot,
+		pending:    make(map[int64]viewOp),
+		wake:       make(chan struct{}, 1),
+		stop:       make(chan struct{}),
+		done:       make(chan struct{}),
+	}
+	p.keys, err = simplelru.NewLRU(4*a.cfg.CacheActivities, func(id int64, ks keyState) {
+		if !p.quiet && ks.live {
+			// No longer tracked, it could not be cleared later: deleted.
+			p.evicted = append(p.evicted, viewOp{v: wire.View{ActivityID: id}, del: true, rev: ks.rev})
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// offer queues the views of the activities a commit changed and returns
+// those to tell ingest about at once. It takes the lock briefly and does
+// no I/O: the apply loop never waits for the bucket.
+func (p *viewPub) offer(changed []*allocation.Activity) []wire.View {
+	var notify []wire.View
+	p.mu.Lock()
+	for _, act := range changed {
+		seq := act.NextSeq - 1
+		if p.rebuilding {
+			p.seen[act.ID] = max(p.seen[act.ID], seq)
+		}
+		ks, tracked := p.keys.Peek(act.ID)
+		switch {
+		case viewed(act):
+			v := viewOf(act)
+			ks.seq, ks.live = seq, true
+			p.keys.Add(act.ID, ks)
+			p.queue(viewOp{v: v})
+			notify = append(notify, v)
+		case tracked && ks.live:
+			v := clearedView(act)
+			ks.seq, ks.live = seq, false
+			p.keys.Add(act.ID, ks)
+			p.queue(viewOp{v: v, clear: true})
+			notify = append(notify, v)
+		}
+	}
+	p.queueEvicted()
+	p.m.viewsPending.Set(float64(len(p.pending)))
+	p.mu.Unlock()
+	p.signal()
+	return notify
+}
+
+func (p *viewPub) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// queue makes op the pending write of its activity, under p.mu.
+func (p *viewPub) queue(op viewOp) {
+	id := op.v.ActivityID
+	if _, ok := p.pending[id]; !ok && len(p.pending) >= p.maxPending {
+		p.m.viewsDropped.WithLabelValues("queue_full").Inc()
+		// What the key holds is no longer known here; the rebuild that
+		// follows repairs it.
+		p.quiet = true
+		p.keys.Remove(id)
+		p.quiet = false
+		p.rebuild = true
+		return
+	}
+	p.pending[id] = op
+}
+
+func (p *viewPub) queueEvicted() {
+	for _, op := range p.evicted {
+		if _, ok := p.pending[op.v.ActivityID]; ok {
+			// A view not yet written: the delete replaces it, or the view
+			// would be stored untracked.
+			p.pending[op.v.ActivityID] = op
+			continue
+		}
+		p.queue(op)
+	}
+	p.evicted = p.evicted[:0]
+}
+
+// requestRebuild asks for a rebuild; it does not wait for it.
+func (p *viewPub) requestRebuild() {
+	p.mu.Lock()
+	p.rebuild = true
+	p.mu.Unlock()
+	p.signal()
+}
+
+// forget drops the pending writes: the partition went to another
+// allocator, whose rebuild writes its views from MySQL.
+func (p *viewPub) forget() {
+	p.mu.Lock()
+	if n := len(p.pending); n > 0 {
+		p.m.viewsDropped.WithLabelValues("handover").Add(float64(n))
+		clear(p.pending)
+	}
+	p.quiet = true
+	p.keys.Purge()
+	p.quiet = false
+	p.m.viewsPending.Set(0)
+	p.mu.Unlock()
+}
+
+// run writes pending views until close; then it goes on for at most
+// viewStopGrace while some are pending.
+func (p *viewPub) run() {
+	defer close(p.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	stopping := false
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		select {
+		case <-p.stop:
+			t := time.NewTimer(viewStopGrace)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cancel()
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+	}()
+	var retryAt time.Time
+	backoff := 250 * time.Millisecond
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		n := len(p.pending)
+		// A rebuild waits for the queue to drain: its writes must fit,
+		// and writes must go on between rebuilds.
+		rebuild := p.rebuild && !stopping && n == 0 && !time.Now().Before(retryAt)
+		if rebuild {
+			p.rebuild = false
+		}
+		p.mu.Unlock()
+		if rebuild {
+			if err := p.rebuildViews(ctx); err != nil {
+				if ctx.Err() == nil {
+					p.log.Warn("rebuild views; claims go through the allocator until it succeeds", slog.Any("err", err))
+				}
+				p.mu.Lock()
+				p.rebuild = true
+				p.mu.Unlock()
+				retryAt = time.Now().Add(backoff)
+				backoff = min(2*backoff, 10*time.Second)
+			} else {
+				backoff = 250 * time.Millisecond
+			}
+			continue
+		}
+		if n > 0 {
+			p.round(ctx)
+			continue
+		}
+		if stopping {
+			return
+		}
+		var timer <-chan time.Time
+		p.mu.Lock()
+		if p.rebuild {
+			timer = time.After(time.Until(retryAt))
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.wake:
+		case <-timer:
+		case <-p.stop:
+			stopping = true
+		}
+	}
+}
+
+// close stops run and waits for it.
+func (p *viewPub) close() {
+	close(p.stop)
+	<-p.done
+}
+
+// sent is one write of a round.
+type sent struct {
+	op  viewOp
+	rev uint64 // the revision it was conditional on
+	f   jetstream.PubAckFuture
+}
+
+// round sends up to viewRound pending writes, conditional on their keys'
+// revisions, and waits for their acknowledgements.
+func (p *viewPub) round(ctx context.Context) {
+	p.mu.Lock()
+	ops := make([]sent, 0, min(len(p.pending), viewRound))
+	for id, op := range p.pending {
+		if len(ops) == viewRound {
+			break
+		}
+		delete(p.pending, id)
+		rev := op.rev
+		if !op.del {
+			ks, _ := p.keys.Peek(id)
+			rev = ks.rev
+		}
+		ops = append(ops, sent{op: op, rev: rev})
+	}
+	p.m.viewsPending.Set(float64(len(p.pending)))
+	p.mu.Unlock()
+	for i := range ops {
+		s := &ops[i]
+		msg := nats.NewMsg("$KV." + wire.ViewBucket + "." + wire.ViewKey(s.op.v.ActivityID))
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(s.rev, 10))
+		switch {
+		case s.op.del:
+			msg.Header.Set("KV-Operation", "DEL")
+			msg.Header.Set(jetstream.MsgTTLHeader, p.clearTTL)
+		default:
+			b, err := json.Marshal(s.op.v)
+			if err != nil {
+				continue
+			}
+			msg.Data = b
+			if s.op.clear {
+				msg.Header.Set(jetstream.MsgTTLHeader, p.clearTTL)
+			}
+		}
+		f, err := p.js.PublishMsgAsync(msg)
+		if err != nil {
+			// The asynchronous window is full (a frozen bucket): tried
+			// again in a later round.
+			p.requeue(s.op)
+			continue
+		}
+		s.f = f
+	}
+	deadline := time.NewTimer(viewAckWait)
+	defer deadline.Stop()
+	var conflicts []sent
+	for _, s := range ops {
+		if s.f == nil {
+			continue
+		}
+		select {
+		case ack := <-s.f.Ok():
+			p.stored(s.op, ack.Sequence)
+		case err := <-s.f.Err():
+			if isConflict(err) {
+				conflicts = append(conflicts, s)
+				continue
+			}
+			if errors.Is(err, jetstream.ErrAsyncPublishTimeout) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) {
+				p.requeue(s.op)
+				continue
+			}
+			p.m.viewsDropped.WithLabelValues("failed").Inc()
+			p.log.Warn("view not stored", slog.Int64("activity_id", s.op.v.ActivityID), slog.Any("err", err))
+			p.mu.Lock()
+			p.rebuild = true
+			p.mu.Unlock()
+		case <-deadline.C:
+			// Unanswered: may be stored or not. Sent again (a conflict
+			// sorts it out if it was stored).
+			p.requeue(s.op)
+		case <-ctx.Done():
+			p.requeue(s.op)
+		}
+	}
+	for _, s := range conflicts {
+		if ctx.Err() != nil {
+			return
+		}
+		p.resolve(ctx, s.op)
+	}
+}
+
+func isConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// requeue puts op back unless a later write of its key is pending.
+func (p *viewPub) requeue(op viewOp) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.pending[op.v.ActivityID]; !ok {
+		p.pending[op.v.ActivityID] = op
+	}
+}
+
+// stored records a write's new revision.
+func (p *viewPub) stored(op viewOp, rev uint64) {
+	if op.del {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ks, ok := p.keys.Peek(op.v.ActivityID); ok {
+		ks.rev = rev
+		p.keys.Add(op.v.ActivityID, ks)
+	}
+}
+
+// resolve handles a write that found its key at another revision than it
+// expected: it reads the key and decides (see the top of this file).
+func (p *viewPub) resolve(ctx context.Context, op viewOp) {
+	id := op.v.ActivityID
+	if op.tries >= 5 || op.del {
+		// The key keeps moving under this write, or a delete lost its
+		// revision: a rebuild sets the bucket right.
+		p.m.viewsDropped.WithLabelValues("stale").Inc()
+		p.mu.Lock()
+		p.rebuild = true
+		p.mu.Unlock()
+		return
+	}
+	op.tries++
+	cur, sheddable, err := p.current(ctx, id)
+	if err != nil {
+		p.requeue(op)
+		return
+	}
+	retry := false
+	switch {
+	case cur.present && cur.seq >= op.v.Seq:
+		// The bucket holds a later (or the same) state: it wins.
+	case cur.present:
+		retry = true
+	case op.clear:
+		// Nothing stored to clear.
+	default:
+		// Empty (a clear that expired, or never written): a full view goes
+		// in only if it is still the activity's state.
+		row, ok, err := store.GetActivityRow(ctx, p.db, id)
+		if err != nil {
+			p.requeue(op)
+			return
+		}
+		retry = ok && row.NextSeq-1 == op.v.Seq
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ks, tracked := p.keys.Peek(id)
+	if tracked {
+		ks.rev = cur.rev
+		if !retry && cur.present && cur.seq >= ks.seq {
+			ks.seq, ks.live = cur.seq, sheddable
+		}
+		p.keys.Add(id, ks)
+	}
+	if _, newer := p.pending[id]; newer {
+		return // a later write goes at the revision just learnt
+	}
+	if !retry {
+		if !(cur.present && cur.seq == op.v.Seq) {
+			p.m.viewsDropped.WithLabelValues("stale").Inc()
+		}
+		return
+	}
+	if !tracked {
+		p.keys.Add(id, keyState{rev: cur.rev, seq: op.v.Seq, live: !op.clear})
+	}
+	p.pending[id] = op
+}
+
+// stored view of a key, as read back.
+type storedView struct {
+	present bool   // a put (not a delete, purge or expiry marker)
+	rev     uint64 // the key's last message, 0 if it has none
+	seq     uint64 // the view's sequence, when present
+}
+
+// current reads the last message of id's key.
+func (p *viewPub) current(ctx context.Context, id int64) (storedView, bool, error) {
+	if p.stream == nil {
+		st, err := p.js.Stream(ctx, bus.KeyValueStream(wire.ViewBucket))
+		if err != nil {
+			return storedView{}, false, err
+		}
+		p.stream = st
+	}
+	ctx, cancel := context.WithTimeout(ctx, viewAckWait)
+	defer cancel()
+	m, err := p.stream.GetLastMsgForSubject(ctx, "$KV."+wire.ViewBucket+"."+wire.ViewKey(id))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return storedView{}, false, nil
+	}
+	if err != nil {
+		return storedView{}, false, err
+	}
+	sv := storedView{rev: m.Sequence}
+	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return sv, false, nil
+	}
+	var v wire.View
+	if json.Unmarshal(m.Data, &v) != nil {
+		// Unreadable: any write replaces it.
+		return storedView{present: true, rev: m.Sequence}, false, nil
+	}
+	sv.present, sv.seq = true, v.Seq
+	return sv, v.Sheddable(), nil
+}
+
+// listed is one key of this partition found in the bucket.
+type listed struct {
+	rev, seq  uint64
+	sheddable bool
+	created   time.Time
+}
+
+func (p *viewPub) clearTTLDuration() time.Duration {
+	d, _ := time.ParseDuration(p.clearTTL)
+	return d
+}
+
+// rebuildViews makes the bucket's views of this partition agree with
+// MySQL: it reads the bucket's keys of the partition (the bucket holds
+// about one per full activity), then in one snapshot the partition's full
+// activities, and queues a view for each viewed one and a clear for each
+// stored sheddable view of an activity no longer viewed. At start and
+// whenever this allocator takes the partition: the previous owner may have
+// stopped between a commit and its views.
+func (p *viewPub) rebuildViews(ctx context.Context) error {
+	start := time.Now()
+	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	p.mu.Lock()
+	p.rebuilding, p.seen = true, make(map[int64]uint64)
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.rebuilding, p.seen = false, nil
+		p.mu.Unlock()
+	}()
+	keys := make(map[int64]listed)
+	// Messages without a TTL that should have one: cleared views and
+	// deletes written before cleared views expired (an upgrade) are
+	// written again with one, once.
+	var legacy []viewOp
+	oldest := time.Now().Add(-2*p.clearTTLDuration() - 2*bus.ViewMarkerTTL - 5*time.Second)
+	w, err := p.kv.WatchAll(lctx)
+	if err != nil {
+		return err
+	}
+	// Stopped as soon as the current values are in: updates that follow
+	// (expiry markers, other writers) would block the watcher's delivery
+	// for ever if nobody read them.
+	defer stopWatch(w)
+	for listing := true; listing; {
+		var e jetstream.KeyValueEntry
+		select {
+		case e = <-w.Updates():
+		case <-lctx.Done():
+			// A bucket that stopped answering: the watcher's channel
+			// would wait for ever.
+			return lctx.Err()
+		}
+		if e == nil {
+			listing = false // the current values are in
+			stopWatch(w)
+			continue
+		}
+		id, err := strconv.ParseInt(strings.TrimPrefix(e.Key(), "a."), 10, 64)
+		if err != nil || bus.PartitionOf(id, p.partitions) != p.partition {
+			continue
+		}
+		if e.Operation() != jetstream.KeyValuePut {
+			if e.Created().Before(oldest) {
+				legacy = append(legacy, viewOp{v: wire.View{ActivityID: id}, del: true, rev: e.Revision()})
+			}
+			continue
+		}
+		l := listed{rev: e.Revision(), created: e.Created()}
+		var v wire.View
+		if json.Unmarshal(e.Value(), &v) == nil {
+			l.seq, l.sheddable = v.Seq, v.Sheddable()
+		} else {
+			l.sheddable = true // unreadable: cleared below
+		}
+		keys[id] = l
+	}
+	var also []int64
+	for id, l := range keys {
+		if l.sheddable {
+			also = append(also, id)
+		}
+	}
+	mine := func(id int64) bool { return bus.PartitionOf(id, p.partitions) == p.partition }
+	snap, err := store.ReadViewSnapshot(ctx, p.db, mine, also, wire.MaxViewHolders, p.between)
+	if err != nil {
+		return err
+	}
+	rebuilt := make(map[int64]wire.View, len(snap.Full))
+	for _, row := range snap.Full {
+		if snap.Waiting[row.ID] {
+			continue
+		}
+		if row.Confirmed > wire.MaxViewHolders {
+			rebuilt[row.ID] = wire.View{ActivityID: row.ID, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: row.NextSeq - 1}
+			continue
+		}
+		act, err := allocation.Restore(row.ID, row.Capacity, row.Confirmed, row.NextSeq, row.Hold, toSignups(snap.Seats[row.ID]))
+		if err != nil {
+			p.log.Warn("rebuild view: skipped", slog.Int64("activity_id", row.ID), slog.Any("err", err))
+			continue
+		}
+		if viewed(act) {
+			rebuilt[row.ID] = viewOf(act)
+		}
+	}
+	p.mu.Lock()
+	for id, l := range keys {
+		ks, ok := p.keys.Peek(id)
+		if !ok || l.seq >= ks.seq {
+			ks.rev, ks.seq, ks.live = l.rev, l.seq, l.sheddable
+		} else {
+			ks.rev = max(ks.rev, l.rev)
+		}
+		p.keys.Add(id, ks)
+	}
+	full := false
+	for id, v := range rebuilt {
+		if len(p.pending) >= p.maxPending {
+			// The rest after the queue drained: a later rebuild.
+			full = true
+			break
+		}
+		ks, ok := p.keys.Peek(id)
+		if (ok && ks.seq >= v.Seq) || p.seen[id] >= v.Seq && p.seen[id] > 0 {
+			continue // stored already, or the apply loop has a later state
+		}
+		ks.seq, ks.live = v.Seq, true
+		p.keys.Add(id, ks)
+		p.queue(viewOp{v: v})
+	}
+	for id, l := range keys {
+		if full {
+			break
+		}
+		if _, ok := rebuilt[id]; ok {
+			continue
+		}
+		if !l.sheddable {
+			if ks, _ := p.keys.Peek(id); l.created.Before(oldest) && ks.seq <= l.seq {
+				// A cleared view without a TTL: put again with one.
+				p.quiet = true
+				p.keys.Remove(id)
+				p.quiet = false
+				p.keys.Add(id, keyState{rev: l.rev, seq: l.seq})
+				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: l.seq}, clear: true})
+			}
+			continue
+		}
+		v := wire.View{ActivityID: id, Seq: l.seq}
+		if row, ok := snap.Rows[id]; ok {
+			v = wire.View{ActivityID: id, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: max(row.NextSeq-1, l.seq)}
+		}
+		ks, _ := p.keys.Peek(id)
+		if ks.seq > v.Seq || !ks.live {
+			continue // the apply loop queued a later state
+		}
+		ks.seq, ks.live = v.Seq, false
+		p.keys.Add(id, ks)
+		p.queue(viewOp{v: v, clear: true})
+	}
+	for _, op := range legacy {
+		if _, ok := p.pending[op.v.ActivityID]; !ok && !full {
+			p.queue(op)
+		}
+	}
+	if full {
+		p.rebuild = true
+		p.m.viewsDropped.WithLabelValues("queue_full").Inc()
+	}
+	p.queueEvicted()
+	p.m.viewsPending.Set(float64(len(p.pending)))
+	p.mu.Unlock()
+	p.m.viewRebuilds.Inc()
+	p.m.viewRebuildSecs.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// stopWatch stops w and reads what its delivery still holds, so that no
+// delivery stays blocked on a full channel.
+func stopWatch(w jetstream.KeyWatcher) {
+	w.Stop() //nolint:errcheck
+	idle := time.NewTimer(20 * time.Millisecond)
+	defer idle.Stop()
+	for {
+		select {
+		case _, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			idle.Reset(20 * time.Millisecond)
+		case <-idle.C:
+			return
+		}
+	}
+}
