@@ -79,7 +79,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 				"CREATE TABLE saved AS SELECT * FROM activity WHERE id = 51",
 				"DELETE FROM activity WHERE id = 51",
 			},
-			restore: []string{"INSERT INTO activity SELECT * FROM saved", "DROP TABLE saved"},
+			restore: []string{"INSERT INTO activity (id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count) SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count FROM saved", "DROP TABLE saved"},
 			want: audit.Divergence{Seq: j3Seq, RequestID: tr.j3.RequestID, Kind: audit.KindActivityMissing, ActivityID: 51,
 				Expected: fmt.Sprintf("capacity 5, confirmed_count 1, next_seq %d", j3Seq+1), Actual: "no activity row"},
 		},

@@ -70,10 +70,6 @@ func TestChecksWaitOrStop(t *testing.T) {
 			_, _, err := bus.CheckRequestStream(ctx, js, 3)
 			return err
 		}, "Sources"},
-		{wire.RequestStream, func(c *jetstream.StreamConfig) { c.Duplicates = time.Second }, func() error {
-			_, _, err := bus.CheckRequestStream(ctx, js, 3)
-			return err
-		}, "Duplicates"},
 		{wire.HoldStream, func(c *jetstream.StreamConfig) { c.Subjects = []string{"elsewhere.>"} }, func() error { return bus.CheckHoldStream(ctx, js) }, "Subjects"},
 		{wire.EventStream, func(c *jetstream.StreamConfig) { c.AllowAtomicPublish = false }, func() error { return bus.CheckEventStream(ctx, js) }, "AllowAtomicPublish"},
 		{bus.DLQStream, func(c *jetstream.StreamConfig) { c.Retention = jetstream.InterestPolicy }, func() error { return bus.CheckDLQStream(ctx, js) }, "Retention"},
@@ -98,5 +94,39 @@ func TestChecksWaitOrStop(t *testing.T) {
 		if err := tc.check(); err != nil {
 			t.Errorf("%s after setup again: %v", tc.stream, err)
 		}
+	}
+}
+
+// TestOperatorsDuplicateWindowIsKept: the request stream's duplicate window
+// is the operator's to choose (ingest settles a lost PubAck within whatever
+// it is): the start-time check accepts another one, and setup run again
+// keeps it instead of putting the default back.
+func TestOperatorsDuplicateWindowIsKept(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ns.Setup(t, bus.StreamConfig{})
+	st, err := js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	if cfg.Duplicates != bus.DefaultRequestDuplicates {
+		t.Fatalf("a new request stream's duplicate window is %s, want %s", cfg.Duplicates, bus.DefaultRequestDuplicates)
+	}
+	cfg.Duplicates = 7 * time.Second
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := bus.CheckRequestStream(ctx, js, 0); err != nil {
+		t.Errorf("check with an operator's duplicate window: %v", err)
+	}
+	ns.Setup(t, bus.StreamConfig{})
+	if st, err = js.Stream(ctx, wire.RequestStream); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.Duplicates; got != 7*time.Second {
+		t.Errorf("after setup again the duplicate window is %s, want the operator's 7s", got)
 	}
 }
