@@ -84,7 +84,11 @@ func tracingBench(ctx context.Context, o opts) error {
 	rounds := max(o.repeat, 1)
 	fmt.Fprintf(os.Stderr, "bench: tracing off and on, %d rounds, %d requests per measurement\n", rounds, o.n)
 
-	var bursts [2][]loadgen.Report // [0] off, [1] on
+	type burstRun struct {
+		rep loadgen.Report
+		cpu time.Duration // the stack's, over its life
+	}
+	var bursts [2][]burstRun // [0] off, [1] on
 	var drains [2][]bench.DrainResult
 	var burstExp, drainExp [3]int64 // requests, bytes, spans of the "on" runs
 	add := func(to *[3]int64, before [3]int64) {
@@ -117,7 +121,7 @@ func tracingBench(ctx context.Context, o opts) error {
 		if on {
 			add(&burstExp, before)
 		}
-		bursts[b2i(on)] = append(bursts[b2i(on)], rep)
+		bursts[b2i(on)] = append(bursts[b2i(on)], burstRun{rep, s.cpu()})
 		fmt.Fprintf(os.Stderr, "  burst, tracing %s: last result after %s\n", onOff(on), rep.ToLastResult.Round(time.Millisecond))
 		return nil
 	}
@@ -178,9 +182,11 @@ func tracingBench(ctx context.Context, o opts) error {
 	}
 
 	var mb [2]loadgen.Report
+	var cpu [2]time.Duration
 	var md [2]bench.DrainResult
 	for k := range 2 {
-		mb[k] = medianOf(bursts[k], func(r loadgen.Report) float64 { return r.ToLastResult.Seconds() })
+		b := medianOf(bursts[k], func(r burstRun) float64 { return r.rep.ToLastResult.Seconds() })
+		mb[k], cpu[k] = b.rep, b.cpu
 		md[k] = medianOf(drains[k], func(r bench.DrainResult) float64 { return r.PerSecond() })
 	}
 	fmt.Printf("\n== tracing: off vs on (OTEL_TRACES_SAMPLER=always_on, OTLP/HTTP to an in-process receiver that discards), median of %d alternating rounds ==\n", rounds)
@@ -197,6 +203,7 @@ func tracingBench(ctx context.Context, o opts) error {
 		mb[1].P50.Seconds()/mb[0].P50.Seconds())
 	fmt.Fprintf(tw, "burst: p99 time to result\t%s\t%s\t%.2f\t\t\n", mb[0].P99.Round(100*time.Microsecond), mb[1].P99.Round(100*time.Microsecond),
 		mb[1].P99.Seconds()/mb[0].P99.Seconds())
+	fmt.Fprintf(tw, "burst: CPU s of the stack process\t%.2f\t%.2f\t%.2f\t\t\n", cpu[0].Seconds(), cpu[1].Seconds(), cpu[1].Seconds()/cpu[0].Seconds())
 	fmt.Fprintf(tw, "drain (%d joins, one hot activity): decisions/s\t%.0f\t%.0f\t%.2f\t%s\t\n", o.n,
 		md[0].PerSecond(), md[1].PerSecond(), md[1].PerSecond()/md[0].PerSecond(), perRound(drainExp))
 	tw.Flush()
