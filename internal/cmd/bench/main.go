@@ -54,6 +54,7 @@ type opts struct {
 	holdsOnly         bool
 	reads             bench.ReadsConfig
 	readsOnly         bool
+	tracing           bool
 	natsSync          time.Duration
 }
 
@@ -80,6 +81,7 @@ func main() {
 	flag.DurationVar(&o.reads.Interval, "reads-interval", 500*time.Millisecond, "each reader's pause between two reads (jittered; 0: none)")
 	flag.DurationVar(&o.reads.Window, "reads-window", 10*time.Second, "each measured drain window of the reads benchmark")
 	flag.DurationVar(&o.natsSync, "nats-sync", 0, "fsync interval of the benchmarks' JetStream server (0: every write, as production); another value shows what fsync costs")
+	flag.BoolVar(&o.tracing, "tracing", false, "run only the tracing benchmark: the end-to-end burst and a drain, each with tracing off and on (every span sampled, exported to an in-process receiver); -repeat rounds, alternating")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN
@@ -137,6 +139,9 @@ type row struct {
 func run(ctx context.Context, o opts) error {
 	if o.e2eOnly {
 		return e2e(ctx, o)
+	}
+	if o.tracing {
+		return tracingBench(ctx, o)
 	}
 	if o.memoryOnly {
 		if o.memRequests < 10 || o.memActivities < 1 || o.memActivities > o.memRequests {
@@ -475,13 +480,48 @@ func (s *server) stop() {
 	}
 }
 
+// startStack starts the whole stack as one process (embedded JetStream,
+// fsync always) on a fresh database, with env added to its environment:
+// the server, its base URL and what removes its database and store.
+func startStack(ctx context.Context, o opts, env []string) (*server, string, func(), error) {
+	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_e2e_")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "allot-bench-e2e-")
+	if err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	done := func() { os.RemoveAll(dir); drop() }
+	hp, _ := freePort()
+	np, _ := freePort()
+	mp, _ := freePort()
+	url := "http://127.0.0.1:" + strconv.Itoa(hp)
+	s, err := start(ctx, filepath.Join(o.bin, "stack"), nil, append([]string{
+		"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=", "ALLOT_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(hp),
+		"ALLOT_EMBEDDED_NATS_PORT=" + strconv.Itoa(np), "ALLOT_EMBEDDED_NATS_STORE=" + dir,
+		"ALLOT_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(mp), "ALLOT_LOG_LEVEL=warn",
+	}, env...), url+"/readyz")
+	if err != nil {
+		done()
+		return nil, "", nil, err
+	}
+	return s, url, done, nil
+}
+
+// burstConfig is the load generator's end-to-end burst against url.
+func burstConfig(o opts, url string) loadgen.Config {
+	return loadgen.Config{
+		BaseURL: url, Activity: 9001, Capacity: 100, Requests: o.n, Users: o.n * 9 / 10,
+		Concurrency: o.httpConc, Mix: loadgen.Mix{Claim: 1}, Wait: 30 * time.Second, Seed: 1,
+	}
+}
+
 func e2e(ctx context.Context, o opts) error {
 	fmt.Fprintln(os.Stderr, "bench: end-to-end bursts through HTTP")
 	lg := func(url string) (loadgen.Report, error) {
-		return loadgen.Run(ctx, loadgen.Config{
-			BaseURL: url, Activity: 9001, Capacity: 100, Requests: o.n, Users: o.n * 9 / 10,
-			Concurrency: o.httpConc, Mix: loadgen.Mix{Claim: 1}, Wait: 30 * time.Second, Seed: 1,
-		})
+		return loadgen.Run(ctx, burstConfig(o, url))
 	}
 	// measure runs the burst against url, then stops s: the report, the
 	// CPU time of each process over the burst and the server's over its
@@ -506,28 +546,11 @@ func e2e(ctx context.Context, o opts) error {
 	}
 
 	// allot: the whole stack as one process (embedded JetStream, fsync always).
-	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_e2e_")
+	s, url, done, err := startStack(ctx, o, nil)
 	if err != nil {
 		return err
 	}
-	defer drop()
-	dir, err := os.MkdirTemp("", "allot-bench-e2e-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	hp, _ := freePort()
-	np, _ := freePort()
-	mp, _ := freePort()
-	url := "http://127.0.0.1:" + strconv.Itoa(hp)
-	s, err := start(ctx, filepath.Join(o.bin, "stack"), nil, []string{
-		"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=", "ALLOT_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(hp),
-		"ALLOT_EMBEDDED_NATS_PORT=" + strconv.Itoa(np), "ALLOT_EMBEDDED_NATS_STORE=" + dir,
-		"ALLOT_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(mp), "ALLOT_LOG_LEVEL=warn",
-	}, url+"/readyz")
-	if err != nil {
-		return err
-	}
+	defer done()
 	if err := measure("allot (ingest+allocator+JetStream)", s, url); err != nil {
 		return err
 	}
