@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-
 )
 
 // Env is the allocator's part of a binary's configuration, read from
