@@ -189,6 +189,9 @@ type Allocator struct {
 	lastProbe  time.Time
 	// idleChecks counts the times the stall watch found nothing waiting.
 	idleChecks atomic.Int64
+	// applied is the fence as this allocator's last commit left it, for
+	// the stall watch (lastFence is the apply loop's own).
+	applied atomic.Uint64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

@@ -87,16 +87,36 @@ func (e *env) publishRaw(subject string, data []byte) uint64 {
 	return ack.Sequence
 }
 
-// waitFence waits until the partition's fence reaches seq.
+// waitFence waits until the partition's fence reaches seq, for as long
+// as the fence moves: it fails once the fence has stood still for a
+// minute short of seq. A loaded machine (CI runs every package at once,
+// race detector on) slows a drain of a request a transaction down to a
+// few dozen a second, which is no failure; a fence that stops is.
 func (e *env) waitFence(seq uint64) {
 	e.t.Helper()
-	// Generous: a test that applies a request a transaction on a loaded
-	// machine (CI runs every package at once) takes a while; the wait
-	// ends as soon as the fence is there.
-	e.waitFenceWithin(seq, time.Minute)
+	const still = time.Minute
+	var (
+		at    uint64
+		moved = time.Now()
+	)
+	for {
+		var last uint64
+		err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = 0").Scan(&last)
+		if err == nil && last >= seq {
+			return
+		}
+		if err == nil && last != at {
+			at, moved = last, time.Now()
+		}
+		if time.Since(moved) > still {
+			e.t.Fatalf("fence stood at %d for %s, short of %d (last error %v); %s", at, still, seq, err, e.consumerState())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
-// waitFenceWithin is waitFence with a deadline of the caller's.
+// waitFenceWithin waits until the partition's fence reaches seq within a
+// deadline of the caller's, moving or not (one long transaction).
 func (e *env) waitFenceWithin(seq uint64, within time.Duration) {
 	e.t.Helper()
 	deadline := time.Now().Add(within)
@@ -107,10 +127,30 @@ func (e *env) waitFenceWithin(seq uint64, within time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("fence did not reach %d within %s (at %d, err %v)", seq, within, last, err)
+			e.t.Fatalf("fence did not reach %d within %s (at %d, err %v); %s", seq, within, last, err, e.consumerState())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// consumerState describes partition 0's consumer, for a failure message.
+func (e *env) consumerState() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cons, err := e.js.Consumer(ctx, wire.RequestStream, bus.AllocatorConsumer(0))
+	if err != nil {
+		return "consumer: " + err.Error()
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return "consumer info: " + err.Error()
+	}
+	pinned := ""
+	for _, g := range info.PriorityGroups {
+		pinned += fmt.Sprintf(" group %s pinned to %q;", g.Group, g.PinnedClientID)
+	}
+	return fmt.Sprintf("consumer: %d pending, %d ack pending, %d redelivered, %d waiting pulls, ack floor %d, delivered %d;%s",
+		info.NumPending, info.NumAckPending, info.NumRedelivered, info.NumWaiting, info.AckFloor.Stream, info.Delivered.Stream, pinned)
 }
 
 func (e *env) result(id string) wire.Result {

@@ -296,6 +296,7 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 // is 0 and the next batch is proven by a walk.
 func (a *Allocator) noteCommitted(items []item, out outcome) {
 	a.lastFence = out.fence
+	a.applied.Store(out.fence)
 	a.lastDseq = 0
 	for _, it := range items {
 		if it.msg == nil || it.seq > out.fence {

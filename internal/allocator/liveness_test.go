@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -293,31 +294,46 @@ func TestIdlePartitionIsNotStalled(t *testing.T) {
 	}
 	// A long pin: an idle allocator whose pin lapsed (a loaded machine)
 	// no longer looks for gaps, so the stall watch would never look.
+	// The ack of the request applied before the cut stays on its way
+	// through the idle time (as on a loaded machine): a message applied
+	// and not yet acknowledged waits for nothing.
+	release := make(chan struct{})
+	var released sync.Once
+	unblock := func() { released.Do(func() { close(release) }) }
 	a, err := New(pdb, e.nc, e.log, nil, Config{StallTimeout: 300 * time.Millisecond, IdleCheck: 100 * time.Millisecond,
-		AckWait: 2 * time.Second, PinnedTTL: time.Minute}, Hooks{})
+		AckWait: time.Minute, PinnedTTL: time.Minute}, Hooks{BeforeConfirm: func() { <-release }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { proxy.Forward(); a.Stop(); pdb.Close() })
+	t.Cleanup(func() { unblock(); proxy.Forward(); a.Stop(); pdb.Close() })
 	e.waitFence(e.publish(open(1, 5), ""))
 
 	proxy.Refuse()
-	testenv.WaitFor(t, 30*time.Second, "the stall watch looks at the idle partition several times", func() bool { return a.idleChecks.Load() >= 5 })
+	testenv.WaitFor(t, 30*time.Second, "the stall watch looks at the idle partition several times",
+		func() bool { return a.idleChecks.Load() >= 5 || a.stalled() })
 	if a.stalled() {
 		t.Fatal("an idle partition was given up")
 	}
+	unblock()
 	last := e.publish(req(wire.OpJoin, 1, 1), "")
 	testenv.WaitFor(t, 30*time.Second, "a waiting request makes the allocator give the partition up", a.stalled)
+	// Counted while MySQL is still away, where no probe can end a stall:
+	// one give-up, the waiting request's, none for the idle time before.
+	if got := testutil.ToFloat64(a.m.giveUps); got != 1 {
+		t.Fatalf("give-ups counted: %v, want 1", got)
+	}
 
 	proxy.Forward()
 	testenv.WaitFor(t, 30*time.Second, "the allocator takes part again", func() bool { return !a.stalled() })
 	e.waitFence(last)
-	if got := testutil.ToFloat64(a.m.giveUps); got != 1 {
-		t.Fatalf("give-ups counted: %v, want 1", got)
-	}
+	// (Not counted from here on: the first batch after the stall opens
+	// new sessions and rebuilds the views, which on a loaded machine can
+	// outlast this test's 300ms stall timeout, and the allocator rightly
+	// gives up again until a batch commits in time.)
+	t.Logf("give-ups by the time the waiting request was applied: %v", testutil.ToFloat64(a.m.giveUps))
 }
 
 // TestSessionDSN: the allocator's sessions get ALLOT_STALL_TIMEOUT as

@@ -92,9 +92,13 @@ func (a *Allocator) watchStall(ctx context.Context, inHand bool, abort func()) (
 	}
 }
 
-// requestsWait reports whether the consumer holds requests not yet
-// acknowledged: stored and not delivered, or delivered and not applied.
-// An idle partition is never stalled.
+// requestsWait reports whether requests of the partition wait: stored and
+// not delivered, or delivered and not applied. An idle partition is never
+// stalled. A message this allocator applied whose ack is still on its way
+// (postLoop confirms acks off the apply loop, and a loaded machine can take
+// a while) is pending on the consumer but waits for nothing: delivered
+// messages count only when one lies past the fence this allocator's last
+// commit left.
 func (a *Allocator) requestsWait(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -102,7 +106,7 @@ func (a *Allocator) requestsWait(ctx context.Context) bool {
 	if err != nil {
 		return false // nobody can tell; the broker is away as well
 	}
-	return info.NumPending+uint64(info.NumAckPending) > 0
+	return info.NumPending > 0 || (info.NumAckPending > 0 && info.Delivered.Stream > a.applied.Load())
 }
 
 // giveUp marks the partition given up and says so.

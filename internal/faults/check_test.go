@@ -360,8 +360,32 @@ func kinds(m map[string]int) string {
 	return strings.Join(ks, ",")
 }
 
-// readEvents reads ALLOT_EVENTS from its first to its last message.
+// errEventsFinal marks a failure of readEvents that another read would
+// not change: an event that breaks the format, or a read that stalled.
+var errEventsFinal = errors.New("events")
+
+// readEvents reads ALLOT_EVENTS from its first to its last message. A
+// read that the broker could not serve (a cluster whose stream or
+// ephemeral consumer has no leader yet after a node died or came back:
+// "no responders", timeouts) is tried again from the start, within
+// clusterTimeout; what the events hold is checked on every read.
 func (s *stack) readEvents(ctx context.Context) ([]wire.Event, int, error) {
+	deadline := time.Now().Add(clusterTimeout)
+	for tries := 1; ; tries++ {
+		out, raw, err := s.readEventsOnce(ctx)
+		if err == nil || errors.Is(err, errEventsFinal) || ctx.Err() != nil {
+			return out, raw, err
+		}
+		if time.Now().After(deadline) {
+			return nil, 0, fmt.Errorf("%d reads within %s, the last: %w", tries, clusterTimeout, err)
+		}
+		s.t.Logf("read %s (try %d): %v; trying again", wire.EventStream, tries, err)
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// readEventsOnce is one read of readEvents.
+func (s *stack) readEventsOnce(ctx context.Context) ([]wire.Event, int, error) {
 	st, err := s.js.Stream(ctx, wire.EventStream)
 	if err != nil {
 		return nil, 0, err
@@ -390,13 +414,13 @@ func (s *stack) readEvents(ctx context.Context) ([]wire.Event, int, error) {
 			raw++
 			var e wire.Event
 			if err := json.Unmarshal(m.Data(), &e); err != nil {
-				return nil, 0, fmt.Errorf("event on %s is not JSON: %w", m.Subject(), err)
+				return nil, 0, fmt.Errorf("%w: event on %s is not JSON: %w", errEventsFinal, m.Subject(), err)
 			}
 			if want := wire.EventSubject(e.ActivityID, e.Kind); m.Subject() != want {
-				return nil, 0, fmt.Errorf("event %s on %s, want %s", e.EventID, m.Subject(), want)
+				return nil, 0, fmt.Errorf("%w: event %s on %s, want %s", errEventsFinal, e.EventID, m.Subject(), want)
 			}
 			if id := m.Headers().Get(jetstream.MsgIDHeader); id != e.EventID {
-				return nil, 0, fmt.Errorf("event %s carries Nats-Msg-Id %q", e.EventID, id)
+				return nil, 0, fmt.Errorf("%w: event %s carries Nats-Msg-Id %q", errEventsFinal, e.EventID, id)
 			}
 			out = append(out, e)
 			md, err := m.Metadata()
@@ -411,7 +435,7 @@ func (s *stack) readEvents(ctx context.Context) ([]wire.Event, int, error) {
 			return nil, 0, err
 		}
 	}
-	return nil, 0, fmt.Errorf("read %d of %d messages within 30s", raw, info.State.Msgs)
+	return nil, 0, fmt.Errorf("%w: read %d of %d messages within 30s", errEventsFinal, raw, info.State.Msgs)
 }
 
 func first(ids []string, n int) []string { return ids[:min(n, len(ids))] }

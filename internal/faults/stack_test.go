@@ -192,11 +192,19 @@ func (s *stack) startNATS() error {
 	if _, err := s.natsd.start(); err != nil {
 		return err
 	}
-	return poll(startTimeout, "natsd ready", func() (bool, error) {
+	if err := poll(startTimeout, "natsd ready", func() (bool, error) {
 		if err := s.natsd.exited(); err != nil {
 			return false, fmt.Errorf("%w: %w", errDied, err)
 		}
 		return strings.Contains(s.natsd.current().output.String(), s.natsURL+"\n"), nil
+	}); err != nil || s.nc == nil {
+		return err
+	}
+	// The test's own connection (the checks and the audit read through
+	// it) reconnects on its own time, and it fails requests until then
+	// rather than buffer them (bus.Connect): wait for it too.
+	return poll(startTimeout, "the test's NATS connection back", func() (bool, error) {
+		return s.nc.IsConnected(), fmt.Errorf("connection %s", s.nc.Status())
 	})
 }
 
