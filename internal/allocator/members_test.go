@@ -45,24 +45,8 @@ func TestMemberViewMerge(t *testing.T) {
 // partitions go.)
 func TestMembersViewSurvivesSlowListings(t *testing.T) {
 	t.Parallel()
-	ns := natstest.New(t)
-	_, js := ns.Connect(t)
+	ms := threeMembers(t)
 	ctx := context.Background()
-	log := slog.New(slog.DiscardHandler)
-	var ms []*Members
-	// The setup step's bucket, with keys that outlive the test.
-	if _, err := js.CreateOrUpdateKeyValue(ctx, bus.MembersBucketConfig(1, time.Minute)); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		// A beat far longer than the test: only the refreshes below run.
-		m, err := JoinMembers(ctx, js, log, time.Hour, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Leave)
-		ms = append(ms, m)
-	}
 	for _, m := range ms {
 		if err := m.refresh(ctx); err != nil {
 			t.Fatal(err)
@@ -108,23 +92,8 @@ func (m *Members) snapshot() []string {
 // When every member gave a partition up, it is assigned as if none had.
 func TestGivenUpPartitionsGoToTheOthers(t *testing.T) {
 	t.Parallel()
-	ns := natstest.New(t)
-	_, js := ns.Connect(t)
+	ms := threeMembers(t)
 	ctx := context.Background()
-	log := slog.New(slog.DiscardHandler)
-	var ms []*Members
-	// The setup step's bucket (the allocators only check it).
-	if _, err := js.CreateOrUpdateKeyValue(ctx, bus.MembersBucketConfig(1, time.Minute)); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		m, err := JoinMembers(ctx, js, log, time.Hour, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(m.Leave)
-		ms = append(ms, m)
-	}
 	const partitions = 6
 	// Two rounds: in the first every member writes what it gave up (a
 	// member listing before the next one wrote would see that one's old
@@ -186,4 +155,28 @@ func TestGivenUpPartitionsGoToTheOthers(t *testing.T) {
 	if back := owners(); !slices.Equal(back, before) {
 		t.Error("taking part again did not bring the assignment back")
 	}
+}
+
+// threeMembers joins three members to the setup step's bucket (keys that
+// outlive the test) with a beat far longer than the test, so that only the
+// refreshes a test makes run.
+func threeMembers(t *testing.T) []*Members {
+	t.Helper()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	if _, err := js.CreateOrUpdateKeyValue(ctx, bus.MembersBucketConfig(1, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	var ms []*Members
+	for range 3 {
+		m, err := JoinMembers(ctx, js, log, time.Hour, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(m.Leave)
+		ms = append(ms, m)
+	}
+	return ms
 }

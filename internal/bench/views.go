@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	dto "github.com/prometheus/client_model/go"
 	"log/slog"
 	"time"
 
@@ -156,24 +157,16 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 
 // counter sums the values of the counter name in reg.
 func counter(reg *prometheus.Registry, name string) float64 {
-	mfs, err := reg.Gather()
-	if err != nil {
-		return 0
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
+	return metricSum(reg, name, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
 }
 
 // gauge sums the values of the gauge name in reg.
 func gauge(reg *prometheus.Registry, name string) float64 {
+	return metricSum(reg, name, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
+}
+
+// metricSum sums value over the series of the metric name in reg.
+func metricSum(reg *prometheus.Registry, name string, value func(*dto.Metric) float64) float64 {
 	mfs, err := reg.Gather()
 	if err != nil {
 		return 0
@@ -184,7 +177,7 @@ func gauge(reg *prometheus.Registry, name string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
-			sum += m.GetGauge().GetValue()
+			sum += value(m)
 		}
 	}
 	return sum
