@@ -94,14 +94,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		log.InfoContext(ctx, "schema migrated; exiting (-migrate-only)")
 		return 0
 	}
-	nopts, err := c.NATSOptions()
+	nc, err := c.ConnectNATS(binary, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
-	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return 2
 	}
 	defer nc.Drain() //nolint:errcheck

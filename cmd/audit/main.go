@@ -32,7 +32,6 @@ import (
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/buildinfo"
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
 )
@@ -145,14 +144,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer db.Close()
-	nopts, err := c.NATSOptions()
+	nc, err := c.ConnectNATS(binary, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return exitError
-	}
-	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return exitError
 	}
 	defer nc.Close()

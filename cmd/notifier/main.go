@@ -161,14 +161,9 @@ func run(ctx context.Context, stderr io.Writer) int {
 		return 2
 	}
 	defer tracing.Flush(stopTracing, log)
-	nopts, err := c.NATSOptions()
+	nc, err := c.ConnectNATS(binary, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
-	nc, err := bus.Connect(c.NATSURL, binary, log, nopts...)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — start NATS with JetStream or set ALLOT_NATS_URL\n", binary, err)
 		return 2
 	}
 	defer nc.Drain() //nolint:errcheck

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/allot-dev/allot/internal/buildinfo"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/tracing"
 )
 
@@ -83,6 +84,21 @@ func (c Common) NATSOptions() ([]nats.Option, error) {
 		opts = append(opts, nats.ClientCert(c.NATSTLSCert, c.NATSTLSKeyFile))
 	}
 	return opts, nil
+}
+
+// ConnectNATS connects to ALLOT_NATS_URL as the role name (bus.Connect:
+// its inbox prefix, reconnects) with NATSOptions. A connection that fails
+// says how to get a server.
+func (c Common) ConnectNATS(name string, log *slog.Logger) (*nats.Conn, error) {
+	opts, err := c.NATSOptions()
+	if err != nil {
+		return nil, err
+	}
+	nc, err := bus.Connect(c.NATSURL, name, log, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("%w — start NATS with JetStream or set ALLOT_NATS_URL", err)
+	}
+	return nc, nil
 }
 
 // MaskURL hides the password (or the token) in a URL's userinfo, and in
