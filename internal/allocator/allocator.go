@@ -521,7 +521,7 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 	// No commit for StallTimeout while requests wait: the attempt in
 	// flight is aborted (a hung connection included) and the partition
 	// given up.
-	defer a.watchStall(hctx, len(msgs) > 0, cancel)()
+	defer a.watchStall(hctx, a.unapplied(msgs), cancel)()
 	if a.viewsStale && a.pub != nil {
 		// Off the apply loop: the publisher rebuilds while this batch
 		// is applied; views of later states queued meanwhile win.

@@ -309,7 +309,16 @@ func TestIdlePartitionIsNotStalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { unblock(); proxy.Forward(); a.Stop(); pdb.Close() })
-	e.waitFence(e.publish(open(1, 5), ""))
+	opened := e.publish(open(1, 5), "")
+	e.waitFence(opened)
+	// Idle means delivered as well: the first batch may apply the open by
+	// reading the stream before its delivery comes, and a delivery still
+	// pending (NumPending) is a request the allocator cannot prove applied
+	// while MySQL is away.
+	testenv.WaitFor(t, 30*time.Second, "the open delivered", func() bool {
+		info, err := a.cons.Info(context.Background())
+		return err == nil && info.NumPending == 0 && info.Delivered.Stream >= opened
+	})
 
 	proxy.Refuse()
 	testenv.WaitFor(t, 30*time.Second, "the stall watch looks at the idle partition several times",

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // DefaultStallTimeout is Config.StallTimeout's default.
@@ -107,6 +109,21 @@ func (a *Allocator) requestsWait(ctx context.Context) bool {
 		return false // nobody can tell; the broker is away as well
 	}
 	return info.NumPending > 0 || (info.NumAckPending > 0 && info.Delivered.Stream > a.applied.Load())
+}
+
+// unapplied reports whether msgs hold a request past the fence of this
+// allocator's last commit: a redelivery, or a message the fence already
+// covers (applied through a walk of the stream before its delivery came),
+// waits for nothing, even while MySQL cannot say so.
+func (a *Allocator) unapplied(msgs []jetstream.Msg) bool {
+	applied := a.applied.Load()
+	for _, m := range msgs {
+		md, err := m.Metadata()
+		if err != nil || md.Sequence.Stream > applied {
+			return true
+		}
+	}
+	return false
 }
 
 // giveUp marks the partition given up and says so.
