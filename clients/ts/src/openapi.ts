@@ -236,16 +236,20 @@ export interface components {
         };
         UUID: string;
         /**
-         * @description expire is never sent by clients; its results are readable.
+         * @description expire and void are never sent by clients; their results are
+         *     readable. void is the result of a request id whose write answered
+         *     503 with the id (no PubAck in time) and that was never stored: it
+         *     reads REJECTED with reason "never stored" (docs/lost-pubacks.md).
          * @enum {string}
          */
-        Op: "open" | "join" | "cancel" | "claim" | "confirm" | "expire";
+        Op: "open" | "join" | "cancel" | "claim" | "confirm" | "expire" | "void";
         /**
          * @description open: OPENED, RESIZED, REJECTED. join: CONFIRMED, WAITING,
          *     ALREADY_CONFIRMED, ALREADY_WAITING. cancel: CANCELLED,
          *     NOT_SIGNED_UP. claim: GRANTED, SOLD_OUT, ALREADY_OWNED,
          *     ALREADY_WAITING. Any op: NO_SUCH_ACTIVITY, and REJECTED when the
-         *     request was stored but refused when applied (with `reason`). In an
+         *     request was stored but refused when applied (with `reason`);
+         *     void: REJECTED with reason "never stored". In an
          *     activity with a hold: join and claim HELD; confirm CONFIRMED,
          *     ALREADY_CONFIRMED, NOT_HELD, HOLD_EXPIRED; expire EXPIRED, NOT_HELD.
          * @enum {string}
@@ -263,11 +267,12 @@ export interface components {
             /** @constant */
             state: "done";
             op: components["schemas"]["Op"];
+            /** @description 0 only for op void, which names no activity. */
             activity_id: number;
-            /** @description 0 for open. */
+            /** @description 0 for open, and for a void asked for by someone who did not know the user. */
             user_id: number;
             outcome: components["schemas"]["Outcome"];
-            /** @description Why a stored request was REJECTED when applied (e.g. the data MySQL refused). */
+            /** @description Why a request was REJECTED (e.g. the data MySQL refused; "never stored" for op void). */
             reason?: string;
             /** @description The user's signup status after the request; null for open and when the user has no signup. */
             status: components["schemas"]["Status"] | null;
@@ -423,7 +428,7 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description The instance's (ALLOT_INGEST_RATE_LIMIT) or the user's (ALLOT_INGEST_USER_RATE) write rate is exceeded; nothing was stored. */
+        /** @description The instance's (ALLOT_INGEST_RATE_LIMIT) or the user's (ALLOT_INGEST_USER_RATE) write rate is exceeded, nothing stored; or, on a read, the caller's read rate (ALLOT_INGEST_READ_RATE); or too many requests with invalid tokens came from the client's address (ALLOT_INGEST_BAD_AUTH_RATE). */
         TooManyRequests: {
             headers: {
                 "Retry-After": components["headers"]["Retry-After"];
@@ -532,7 +537,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description The activity's counters, read in one snapshot. */
+            /** @description The activity's counters, read in one snapshot (one row, whatever the waitlist's length). */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -544,6 +549,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["DatabaseDown"];
         };
     };
@@ -618,6 +624,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             503: components["responses"]["DatabaseDown"];
         };
     };
