@@ -342,18 +342,24 @@ func (a *Activity) join(req Request, seq uint64) Decision {
 
 func (a *Activity) claim(req Request, seq uint64) Decision {
 	user := req.UserID
-	if m, ok := a.members[user]; ok {
+	m, ok := a.members[user]
+	var seat Signup
+	if ok {
+		seat = m.signup(user)
+	}
+	if d, decided := ClaimOnFull(a.Capacity, a.Confirmed, seat, ok); decided {
+		return d
+	}
+	if ok {
 		if m.waiting() {
 			// A claim never waits, but neither does it throw away a place
 			// the user already queued for.
 			return a.alreadyWaiting(m)
 		}
+		// A seat of an activity with seats free.
 		return a.unchanged(wire.OutcomeAlreadyOwned, user)
 	}
-	if a.Confirmed < a.Capacity {
-		return a.takeSeat(req, seq, wire.OutcomeGranted, wire.EventGranted)
-	}
-	return Decision{Outcome: wire.OutcomeSoldOut}
+	return a.takeSeat(req, seq, wire.OutcomeGranted, wire.EventGranted)
 }
 
 // takeSeat gives a free seat to a user without a live signup, for join and

@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
-	"strconv"
 	"testing"
 	"time"
 
@@ -884,29 +883,5 @@ func TestHolds(t *testing.T) {
 	}
 	if a.Capacity != 2 || a.Confirmed != 1 || a.Held != 0 || a.Hold != time.Second {
 		t.Fatalf("final counters: capacity %d confirmed %d held %d hold %s", a.Capacity, a.Confirmed, a.Held, a.Hold)
-	}
-}
-
-// TestEventsRoundTripWithHolds: held_until travels as Unix microseconds
-// after the user, and only on the events of a hold.
-func TestEventsRoundTripWithHolds(t *testing.T) {
-	until := micro(at(2 * time.Second))
-	events := []Event{
-		evAt(wire.EventHeld, 1, until), ev(wire.EventSoldOut, 0), ev(wire.EventExpired, 1),
-		evAt(wire.EventPromoted, 2, until), ev(wire.EventConfirmed, 2),
-	}
-	us := strconv.FormatInt(until.UnixMicro(), 10)
-	want := "held:1:" + us + ";sold_out:0;expired:1;promoted:2:" + us + ";confirmed:2"
-	if got := EncodeEvents(events); got != want {
-		t.Fatalf("EncodeEvents = %q, want %q", got, want)
-	}
-	got, err := DecodeEvents(want)
-	if err != nil || !reflect.DeepEqual(got, events) {
-		t.Fatalf("DecodeEvents = %+v, %v; want %+v", got, err, events)
-	}
-	for _, bad := range []string{"held:1:", "held:1:0", "held:1:soon", "held::" + us} {
-		if _, err := DecodeEvents(bad); err == nil {
-			t.Errorf("DecodeEvents(%q) accepted", bad)
-		}
 	}
 }

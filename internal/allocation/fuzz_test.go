@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocation/refmodel"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -485,7 +486,7 @@ func runSteps(t *testing.T, data []byte, outcomes map[wire.Outcome]int) {
 		if !reflect.DeepEqual(d, td) {
 			t.Fatalf("step %d %+v seq %d: decision differs from restored twin:\n got  %+v\n twin %+v", n, req, seq, d, td)
 		}
-		if ev, err := allocation.DecodeEvents(allocation.EncodeEvents(d.Events)); err != nil || !reflect.DeepEqual(ev, d.Events) {
+		if ev, err := store.DecodeEvents(store.EncodeEvents(d.Events)); err != nil || !reflect.DeepEqual(ev, d.Events) {
 			t.Fatalf("step %d: events %+v do not round trip: %+v, %v", n, d.Events, ev, err)
 		}
 		if (got == nil) != (rgot == nil) {

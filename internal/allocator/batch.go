@@ -317,7 +317,9 @@ type valid struct {
 // decide applies work (sorted, all above the fence) through the domain and
 // writes everything in the open transaction.
 func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out outcome) (outcome, error) {
-	now := time.Now().UTC()
+	// The batch's one clock reading, as its results carry it and MySQL
+	// keeps it.
+	now := wire.Instant(time.Now())
 
 	var (
 		reqs     = make([]valid, 0, len(work))
@@ -403,8 +405,7 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 			// order (a repeat was skipped above): it was never stored, and
 			// a copy stored later is a repeat of this result.
 			done[r.req.RequestID] = true
-			res := allocation.VoidResult(r.req, r.seq)
-			res.AppliedAt = now
+			res := allocation.VoidResult(r.req, r.seq, now)
 			out.results = append(out.results, res)
 			a.m.decisions.WithLabelValues(string(r.req.Op), string(res.Outcome)).Inc()
 			rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition})
@@ -445,13 +446,12 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 				HeldUntil: s.HeldUntil, HoldSeq: s.HoldSeq,
 			}
 		}
-		res := allocation.ResultOf(r.req, r.seq, d, after)
-		res.AppliedAt = now
+		res := allocation.ResultOf(r.req, r.seq, d, after, now)
 		a.traceDecision(ctx, r.item, res, len(d.Events))
 		out.results = append(out.results, res)
 		a.m.decisions.WithLabelValues(string(r.req.Op), string(d.Outcome)).Inc()
 		a.m.acceptToApply.Observe(now.Sub(r.req.ReceivedAt).Seconds())
-		rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition, Events: allocation.EncodeEvents(d.Events)})
+		rowsOut = append(rowsOut, store.ResultRow{Result: res, Partition: a.cfg.Partition, Events: store.EncodeEvents(d.Events)})
 		out.events += len(d.Events)
 	}
 
@@ -654,7 +654,7 @@ func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause 
 			return nil
 		}
 		next := work[0]
-		now := time.Now().UTC()
+		now := wire.Instant(time.Now())
 		req, _ := wire.DecodeRequest(next.subject, next.data) // what can be read of it names the rejection
 		reason := "cannot be applied: " + cause.Error()
 		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason, Request: req}}, now); err != nil {
@@ -673,12 +673,9 @@ func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause 
 // it), the REJECTED result its waiting client is told, as a poll reads it.
 func (o *outcome) reject(seq uint64, req wire.Request, reason string, at time.Time) {
 	o.rejected[seq] = reason
-	if !store.ValidRequestID(req.RequestID) {
-		return
+	if res, ok := store.RefusedResult(store.RejectedRow{Seq: seq, Reason: reason, Request: req}, at); ok {
+		o.results = append(o.results, res)
 	}
-	o.results = append(o.results, wire.Result{RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
-		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: wire.OutcomeRejected, Seq: seq,
-		AppliedAt: at, Reason: store.RejectedReason(reason)})
 }
 
 // afterCommit acknowledges what the commit covered, terminates rejected

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -212,7 +211,7 @@ func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) 
 	out := make([]wire.Event, 0, len(entries))
 	var bad []string
 	for i, entry := range entries {
-		es, err := allocation.DecodeEvents(entry)
+		es, err := store.DecodeEvents(entry)
 		if err != nil || len(es) != 1 {
 			bad = append(bad, fmt.Sprintf("%q", entry))
 			continue

@@ -14,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -213,7 +213,7 @@ func checkEvents(t *testing.T, e *env) {
 		if err := rows.Scan(&id, &enc); err != nil {
 			t.Fatal(err)
 		}
-		evs, err := allocation.DecodeEvents(enc)
+		evs, err := store.DecodeEvents(enc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -163,11 +164,11 @@ func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 	const act = 7
 	e.publish(open(act, 1), "")
 	e.waitFence(e.publish(req(wire.OpClaim, act, 1), ""))
-	full := e.waitStored(act, "full", func(v wire.View, ok bool) bool { return ok && v.Sheddable() })
+	full := e.waitStored(act, "full", func(v wire.View, ok bool) bool { return ok && allocation.ViewDecides(v) })
 	_, fullRev, _ := e.storedView(act)
 
 	e.waitFence(e.publish(req(wire.OpCancel, act, 1), ""))
-	cleared := e.waitStored(act, "cleared", func(v wire.View, ok bool) bool { return ok && !v.Sheddable() })
+	cleared := e.waitStored(act, "cleared", func(v wire.View, ok bool) bool { return ok && !allocation.ViewDecides(v) })
 	if cleared.Seq <= full.Seq {
 		t.Fatalf("cleared view at seq %d, full one at %d", cleared.Seq, full.Seq)
 	}
@@ -185,7 +186,7 @@ func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 		for len(stale.pending) > 0 {
 			stale.round(ctx)
 		}
-		if v, _, ok := e.storedView(act); !ok || v.Sheddable() || v.Seq != cleared.Seq {
+		if v, _, ok := e.storedView(act); !ok || allocation.ViewDecides(v) || v.Seq != cleared.Seq {
 			t.Fatalf("a late put (expecting revision %d) replaced the clear: %+v", rev, v)
 		}
 	}
@@ -208,7 +209,7 @@ func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 
 	// The owner's own next full view goes in over the expired clear.
 	e.waitFence(e.publish(req(wire.OpClaim, act, 2), ""))
-	again := e.waitStored(act, "full again", func(v wire.View, ok bool) bool { return ok && v.Sheddable() })
+	again := e.waitStored(act, "full again", func(v wire.View, ok bool) bool { return ok && allocation.ViewDecides(v) })
 	if len(again.Holders) != 1 || again.Holders[0] != 2 || again.Seq <= cleared.Seq {
 		t.Fatalf("the view after the second claim: %+v", again)
 	}
@@ -225,7 +226,7 @@ func TestRebuiltViewIsOneSnapshot(t *testing.T) {
 	e.publish(open(act, 2), "")
 	e.publish(req(wire.OpClaim, act, 1), "")
 	e.waitFence(e.publish(req(wire.OpClaim, act, 2), ""))
-	before := e.waitStored(act, "full", func(v wire.View, ok bool) bool { return ok && v.Sheddable() })
+	before := e.waitStored(act, "full", func(v wire.View, ok bool) bool { return ok && allocation.ViewDecides(v) })
 	a.Stop()
 	// The next owner finds no view and must write it from MySQL.
 	ctx := context.Background()
@@ -266,7 +267,7 @@ func TestRebuiltViewIsOneSnapshot(t *testing.T) {
 		})
 	}})
 	got := e.waitStored(act, "rebuilt", func(v wire.View, ok bool) bool { return ok })
-	if got.Seq != before.Seq || !slices.Equal(sorted(got.Holders), sorted(before.Holders)) || !got.Sheddable() {
+	if got.Seq != before.Seq || !slices.Equal(sorted(got.Holders), sorted(before.Holders)) || !allocation.ViewDecides(got) {
 		t.Fatalf("rebuilt view %+v, want the state at its sequence %+v", got, before)
 	}
 }

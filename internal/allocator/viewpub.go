@@ -531,7 +531,7 @@ func (p *viewPub) current(ctx context.Context, id int64) (storedView, bool, erro
 		return storedView{present: true, rev: m.Sequence}, false, nil
 	}
 	sv.present, sv.seq = true, v.Seq
-	return sv, v.Sheddable(), nil
+	return sv, allocation.ViewDecides(v), nil
 }
 
 // listed is one key of this partition found in the bucket.
@@ -606,7 +606,7 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 		l := listed{rev: e.Revision(), created: e.Created()}
 		var v wire.View
 		if json.Unmarshal(e.Value(), &v) == nil {
-			l.seq, l.sheddable = v.Seq, v.Sheddable()
+			l.seq, l.sheddable = v.Seq, allocation.ViewDecides(v)
 		} else {
 			l.sheddable = true // unreadable: cleared below
 		}

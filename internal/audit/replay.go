@@ -206,7 +206,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		a.unexpectedRejected(seq, req.RequestID, rej, "the request has a result as well")
 	}
 	a.rep.Compared++
-	want := allocation.ResultOf(req, seq, d, after)
+	want := allocation.ResultOf(req, seq, d, after, time.Time{}) // applied_at is not compared
 	if got == nil {
 		a.diverge(Divergence{
 			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing,
@@ -216,7 +216,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		return nil
 	}
 	a.compareResult(want, got)
-	if exp, act := allocation.EncodeEvents(d.Events), got.Events.String; exp != act {
+	if exp, act := store.EncodeEvents(d.Events), got.Events.String; exp != act {
 		a.diverge(Divergence{
 			Seq: seq, RequestID: req.RequestID, Kind: KindResult, ActivityID: req.ActivityID, UserID: req.UserID,
 			Field: "events", Expected: exp, Actual: act,
@@ -250,7 +250,7 @@ func (a *auditor) void(seq uint64, req wire.Request, got *resultRow, rej rejecte
 		a.unexpectedRejected(seq, req.RequestID, rej, "a void is recorded as a result, not rejected")
 	}
 	a.rep.Compared++
-	want := allocation.VoidResult(req, seq)
+	want := allocation.VoidResult(req, seq, time.Time{})
 	if got == nil {
 		a.diverge(Divergence{
 			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing, UserID: req.UserID,

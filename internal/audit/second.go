@@ -8,6 +8,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocation/refmodel"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -119,7 +120,7 @@ func describeDecision(d allocation.Decision, err error) string {
 		fmt.Fprintf(&b, " promoted %v", d.PromotedUserIDs)
 	}
 	if len(d.Events) > 0 {
-		b.WriteString(" events " + allocation.EncodeEvents(d.Events))
+		b.WriteString(" events " + store.EncodeEvents(d.Events))
 	}
 	return b.String()
 }

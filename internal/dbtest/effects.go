@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -59,7 +58,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 				return nil, err
 			}
 		}
-		evs, err := allocation.DecodeEvents(enc)
+		evs, err := store.DecodeEvents(enc)
 		if err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("dbtest: request %s: %w", id, err)

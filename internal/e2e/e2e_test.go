@@ -18,12 +18,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/stacktest"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -172,7 +172,7 @@ func (s *stack) outboxEvents(activity int) int {
 		if err := rows.Scan(&enc); err != nil {
 			s.t.Fatal(err)
 		}
-		evs, err := allocation.DecodeEvents(enc)
+		evs, err := store.DecodeEvents(enc)
 		if err != nil {
 			s.t.Fatal(err)
 		}

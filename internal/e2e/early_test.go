@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
@@ -252,7 +253,7 @@ func TestEarlyAnswerAfterHandover(t *testing.T) {
 	if err := json.Unmarshal(entry.Value(), &v); err != nil {
 		t.Fatal(err)
 	}
-	if v.Sheddable() && v.Capacity != 3 {
+	if allocation.ViewDecides(v) && v.Capacity != 3 {
 		t.Fatalf("a sheddable view of an older state survived the handover: %+v", v)
 	}
 	f.db.CheckInvariants(t)
@@ -276,11 +277,11 @@ func TestLateViewAfterClearIsIgnored(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.cancel(act, 1) // frees the seat: the view is cleared
-	waitView(t, kv, act, func(v wire.View) bool { return !v.Sheddable() })
+	waitView(t, kv, act, func(v wire.View) bool { return !allocation.ViewDecides(v) })
 	if _, err := kv.Put(ctx, wire.ViewKey(act), old.Value()); err != nil { // the late put
 		t.Fatal(err)
 	}
-	waitView(t, kv, act, func(v wire.View) bool { return v.Sheddable() })
+	waitView(t, kv, act, func(v wire.View) bool { return allocation.ViewDecides(v) })
 	m := s.done("POST", fmt.Sprintf("/v1/activities/%d/claims/7", act), "")
 	want(t, "claim after the late put", m, "outcome", string(wire.OutcomeGranted))
 	if m["shed"] == true {

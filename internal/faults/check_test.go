@@ -12,8 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -285,7 +285,7 @@ func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, ra
 	want := make(map[string]wire.Event)
 	wantKinds := map[string]int{}
 	for _, r := range rows {
-		evs, err := allocation.DecodeEvents(r.events)
+		evs, err := store.DecodeEvents(r.events)
 		if err != nil {
 			t.Errorf("request %s: %v", r.requestID, err)
 			continue

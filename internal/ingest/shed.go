@@ -13,6 +13,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -44,9 +45,9 @@ import (
 // shedView is the decoded view of one full activity.
 type shedView struct {
 	v wire.View
-	// holders maps every user holding a seat to the end of the user's
-	// hold: zero for a CONFIRMED seat.
-	holders map[int64]time.Time
+	// holders maps every user holding a seat to the seat
+	// (allocation.ViewSeats): what allocation.ClaimOnFull decides from.
+	holders map[int64]allocation.Signup
 }
 
 // viewEntry is ingest's copy of one activity's key: the highest sequence a
@@ -99,20 +100,8 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 // cannot decide a claim clears the activity's.
 func (vs *views) put(v wire.View) {
 	var sv *shedView
-	if v.Sheddable() {
-		sv = &shedView{v: v, holders: make(map[int64]time.Time, len(v.Holders)+len(v.Held))}
-		for _, u := range v.Holders {
-			sv.holders[u] = time.Time{}
-		}
-		for _, h := range v.Held {
-			if h.HeldUntil.IsZero() {
-				// Not a hold the allocator could have given: never
-				// answer from such a view.
-				sv = nil
-				break
-			}
-			sv.holders[h.UserID] = h.HeldUntil.UTC()
-		}
+	if seats, ok := allocation.ViewSeats(v); ok {
+		sv = &shedView{v: v, holders: seats}
 	}
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
@@ -181,16 +170,15 @@ func (s *Service) answerEarly(ctx context.Context, id string, activity, user int
 		s.metrics.earlyMissed.WithLabelValues("changed").Inc()
 		return wire.Result{}, false
 	}
-	res := wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: activity, UserID: user,
-		Outcome: wire.OutcomeSoldOut, Seq: seq, AppliedAt: time.Now().UTC().Truncate(time.Microsecond), Shed: true}
-	if until, ok := sv.holders[user]; ok {
-		st := wire.StatusConfirmed
-		if !until.IsZero() {
-			st = wire.StatusHeld
-			res.HeldUntil = &until
-		}
-		res.Outcome, res.Status = wire.OutcomeAlreadyOwned, &st
+	seat, holds := sv.holders[user]
+	d, decided := allocation.ClaimOnFull(sv.v.Capacity, sv.v.Confirmed, seat, holds)
+	if !decided {
+		s.metrics.earlyMissed.WithLabelValues("changed").Inc()
+		return wire.Result{}, false
 	}
+	req := wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: activity, UserID: user}
+	res := allocation.ResultOf(req, seq, d, nil, time.Now())
+	res.Shed = true
 	s.early.Add(id, res)
 	s.metrics.shed.WithLabelValues(string(res.Outcome)).Inc()
 	return res, true

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -106,11 +105,8 @@ func (s *Service) onResults(m *nats.Msg) {
 		if r.RequestID == "" {
 			continue
 		}
-		// Answer as a MySQL read would: done, cancel's single promoted
-		// user, and the microsecond time DATETIME(6) keeps.
-		r.State = wire.StateDone
-		r.AppliedAt = r.AppliedAt.UTC().Truncate(time.Microsecond)
-		store.SetPromotedUser(&r)
+		// The allocator sends the result a MySQL read gives back
+		// (allocation.ResultOf): it is answered as it is.
 		s.waiters.deliver(r)
 	}
 }

@@ -68,7 +68,7 @@ func TestResultLargerThanAPacket(t *testing.T) {
 		ids[i] = int64(1_000_000 + i)
 		events = append(events, allocation.Event{Kind: wire.EventPromoted, UserID: ids[i]})
 	}
-	encoded := allocation.EncodeEvents(events)
+	encoded := store.EncodeEvents(events)
 	promoted, _ := json.Marshal(ids)
 	if size := len(encoded) + len(promoted); size <= packet {
 		t.Fatalf("the result is %d bytes, not more than max_allowed_packet (%d): the test proves nothing", size, packet)
@@ -119,7 +119,7 @@ func TestResultLargerThanAPacket(t *testing.T) {
 		if err := rows.Scan(&data, &first); err != nil {
 			t.Fatal(err)
 		}
-		evs, err := allocation.DecodeEvents(data)
+		evs, err := store.DecodeEvents(data)
 		if err != nil || evs[0] != events[first] {
 			t.Fatalf("piece starting at event %d decodes to %v (err %v), want %v first", first, evs[:1], err, events[first])
 		}

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -111,23 +110,10 @@ func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 	if capacity.Valid {
 		r.Capacity = &capacity.Int64
 	}
-	if promoted.Valid && promoted.String != "" {
-		if err := json.Unmarshal([]byte(promoted.String), &r.PromotedUserIDs); err != nil {
-			return r, fmt.Errorf("decode promoted_user_ids: %w", err)
-		}
+	if err := setPromoted(&r, promoted.String); err != nil {
+		return r, err
 	}
-	SetPromotedUser(&r)
 	return r, nil
-}
-
-// SetPromotedUser fills the single promoted_user_id of a cancel, confirm or
-// expire result from its list, the one form of the field its client reads.
-func SetPromotedUser(r *wire.Result) {
-	if (r.Op == wire.OpCancel || r.Op == wire.OpConfirm || r.Op == wire.OpExpire) && len(r.PromotedUserIDs) == 1 {
-		id := r.PromotedUserIDs[0]
-		r.PromotedUserID = &id
-		r.PromotedUserIDs = nil
-	}
 }
 
 // GetActivity reads the state of activity id: one primary-key read, the

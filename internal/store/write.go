@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -52,7 +51,7 @@ type RejectedRow struct {
 }
 
 // ResultRow is a processed_request row: the result, the partition that
-// applied it, and the events it caused (see EncodeEvents), which make the
+// applied it, and the events it caused (EncodeEvents, outbox.go), which make the
 // row the transactional outbox as well.
 type ResultRow struct {
 	wire.Result
@@ -305,15 +304,7 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow, pieceMax int
 	heads := make([]head, len(rs))
 	var parts []partRow
 	for i, r := range rs {
-		ids := r.PromotedUserIDs
-		if r.PromotedUserID != nil {
-			ids = []int64{*r.PromotedUserID}
-		}
-		h := head{events: r.Events}
-		if len(ids) > 0 {
-			b, _ := json.Marshal(ids)
-			h.promoted = string(b)
-		}
+		h := head{events: r.Events, promoted: promotedColumn(r.Result)}
 		if len(h.promoted) > n {
 			pieces := splitBytes(h.promoted, n)
 			h.promoted, h.promotedN = pieces[0], len(pieces)-1
@@ -340,7 +331,7 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow, pieceMax int
 			}
 			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
 				nullString(r.Status), nullInt(r.Position), nullIfEmpty(h.promoted), nullInt(r.Capacity), r.AppliedAt,
-				nullIfEmpty(truncate(r.Reason, 255)), until, r.Partition, nullIfEmpty(h.events), h.promotedN, h.eventsN)
+				nullIfEmpty(wire.CutReason(r.Reason)), until, r.Partition, nullIfEmpty(h.events), h.promotedN, h.eventsN)
 		})
 	var me *mysql.MySQLError
 	if errors.As(err, &me) && me.Number == errDuplicateEntry && strings.Contains(me.Message, "uk_processed_request") {
@@ -385,14 +376,14 @@ func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.T
 			r := rs[i]
 			var id, op, activity, user any
 			if q := r.Request; ValidRequestID(q.RequestID) {
-				id, op, activity, user = q.RequestID, truncate(string(q.Op), 8), q.ActivityID, q.UserID
+				id, op, activity, user = q.RequestID, rejectedOp(q.Op), q.ActivityID, q.UserID
 			}
-			return append(args, r.Seq, truncate(r.Subject, 255), RejectedReason(r.Reason), at, id, op, activity, user)
+			return append(args, r.Seq, truncate(r.Subject, 255), RejectedReason(r.Reason), wire.Instant(at), id, op, activity, user)
 		})
 }
 
 // RejectedReason is reason as rejected_message keeps it.
-func RejectedReason(reason string) string { return truncate(reason, 255) }
+func RejectedReason(reason string) string { return wire.CutReason(reason) }
 
 // ValidRequestID reports whether id fits the request_id columns: a
 // canonical uuid, the only form ingest issues. A rejection is recorded with

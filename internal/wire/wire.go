@@ -133,15 +133,20 @@ type Request struct {
 }
 
 // Result is a request's final, recorded result: the poll answer when done.
+// It has one shape on the result subject, in MySQL and in an answer (see
+// result.go).
 type Result struct {
-	RequestID       string  `json:"request_id"`
-	State           string  `json:"state"`
-	Op              Op      `json:"op"`
-	ActivityID      int64   `json:"activity_id"`
-	UserID          int64   `json:"user_id"`
-	Outcome         Outcome `json:"outcome"`
-	Status          *Status `json:"status"`
-	Position        *int64  `json:"position"`
+	RequestID  string  `json:"request_id"`
+	State      string  `json:"state"`
+	Op         Op      `json:"op"`
+	ActivityID int64   `json:"activity_id"`
+	UserID     int64   `json:"user_id"`
+	Outcome    Outcome `json:"outcome"`
+	Status     *Status `json:"status"`
+	Position   *int64  `json:"position"`
+	// PromotedUserID is the waiter a cancel, confirm or expire promoted;
+	// PromotedUserIDs the waiters an open promoted, in queue order. A
+	// result uses the one its op names (SinglePromotion), never both.
 	PromotedUserID  *int64  `json:"promoted_user_id"`
 	PromotedUserIDs []int64 `json:"promoted_user_ids,omitempty"`
 	Capacity        *int64  `json:"capacity,omitempty"`
@@ -150,8 +155,9 @@ type Result struct {
 	// the user has.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
 	Seq       uint64     `json:"seq"`
-	AppliedAt time.Time  `json:"applied_at"`
-	// Reason says why a REJECTED request changed nothing.
+	// AppliedAt is an Instant: UTC, whole microseconds.
+	AppliedAt time.Time `json:"applied_at"`
+	// Reason says why a REJECTED request changed nothing (CutReason).
 	Reason string `json:"reason,omitempty"`
 	// Shed marks a claim that ingest answered before the allocator applied
 	// it, because the answer was already decided at the claim's place in
@@ -211,14 +217,12 @@ const ViewBucket = "ALLOT_VIEW"
 
 // MaxViewHolders bounds the holders a view lists; a full activity with more
 // live signups is published without them (Complete false) and not shed.
+// Whether a view decides a claim, and what it answers, is
+// allocation.ViewDecides and allocation.ClaimOnFull.
 const MaxViewHolders = 10_000
 
 // ViewKey is the key of activity's view in ViewBucket.
 func ViewKey(activity int64) string { return "a." + strconv.FormatInt(activity, 10) }
-
-// Sheddable reports whether a claim can be decided from the view alone: no
-// free seat, and every holder listed.
-func (v View) Sheddable() bool { return (v.Complete || v.HoldsListed) && v.Confirmed >= v.Capacity }
 
 // View is the value of a full activity's key: its counters and, when
 // Complete or HoldsListed, every user holding a seat (HELD ones apart, with
