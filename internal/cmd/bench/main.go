@@ -56,6 +56,10 @@ type opts struct {
 	readsOnly         bool
 	tracing           bool
 	natsSync          time.Duration
+	openLoopOnly      bool
+	openRates         string
+	openDurations     string
+	openItems         string
 }
 
 func main() {
@@ -68,7 +72,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 2000, "allocator batch size")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each drain and seed measurement; the median is reported")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
-	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts")
+	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts and the open loop")
 	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
 	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
@@ -82,6 +86,10 @@ func main() {
 	flag.DurationVar(&o.reads.Window, "reads-window", 10*time.Second, "each measured drain window of the reads benchmark")
 	flag.DurationVar(&o.natsSync, "nats-sync", 0, "fsync interval of the benchmarks' JetStream server (0: every write, as production); another value shows what fsync costs")
 	flag.BoolVar(&o.tracing, "tracing", false, "run only the tracing benchmark: the end-to-end burst and a drain, each with tracing off and on (every span sampled, exported to an in-process receiver); -repeat rounds, alternating")
+	flag.BoolVar(&o.openLoopOnly, "open-loop-only", false, "run only the open-loop benchmark: claims at a fixed arrival rate (vegeta), each a distinct user, against allot and the Redis-gated seed design")
+	flag.StringVar(&o.openRates, "open-rate", "4000,6000", "claims per second of each open-loop run (a comma-separated list, paired with -open-duration and -open-items)")
+	flag.StringVar(&o.openDurations, "open-duration", "5s,10s", "duration of each open-loop run")
+	flag.StringVar(&o.openItems, "open-items", "100,500", "items of each open-loop run")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN
@@ -139,6 +147,9 @@ type row struct {
 func run(ctx context.Context, o opts) error {
 	if o.e2eOnly {
 		return e2e(ctx, o)
+	}
+	if o.openLoopOnly {
+		return openLoop(ctx, o)
 	}
 	if o.tracing {
 		return tracingBench(ctx, o)
@@ -223,7 +234,10 @@ func run(ctx context.Context, o opts) error {
 	if o.skipE2E {
 		return nil
 	}
-	return e2e(ctx, o)
+	if err := e2e(ctx, o); err != nil {
+		return err
+	}
+	return openLoop(ctx, o)
 }
 
 // reads runs the reads benchmark: a drain of joins to an activity with a
@@ -433,6 +447,8 @@ func freePort() (int, error) {
 // server is a system under test running as its own process.
 type server struct {
 	cmd *exec.Cmd
+	// natsURL is the embedded JetStream server of a stack, "" for others.
+	natsURL string
 }
 
 func start(ctx context.Context, bin string, args []string, env []string, ready string) (*server, error) {
@@ -507,6 +523,7 @@ func startStack(ctx context.Context, o opts, env []string) (*server, string, fun
 		done()
 		return nil, "", nil, err
 	}
+	s.natsURL = "nats://127.0.0.1:" + strconv.Itoa(np)
 	return s, url, done, nil
 }
 
@@ -531,17 +548,33 @@ func e2e(ctx context.Context, o opts) error {
 		rep    loadgen.Report
 		cpu    cpuSample
 		server time.Duration
+		// broker is what the stack's JetStream held before and after the
+		// burst (a stack only).
+		broker    [2]brokerSample
+		hasBroker bool
 	}
 	var bursts []burst
 	measure := func(name string, s *server, url string) error {
+		var b burst
+		if s.natsURL != "" {
+			var err error
+			if b.broker[0], err = sampleBroker(ctx, s.natsURL, url); err != nil {
+				return fmt.Errorf("%s: the broker before the burst: %w", name, err)
+			}
+		}
 		before := sampleCPU()
 		rep, err := lg(url)
 		cpu := sampleCPU().sub(before)
+		if err == nil && s.natsURL != "" {
+			b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
+			b.hasBroker = err == nil
+		}
 		s.stop()
 		if err != nil {
 			return fmt.Errorf("loadgen against %s: %w", name, err)
 		}
-		bursts = append(bursts, burst{name: name, rep: rep, cpu: cpu, server: s.cpu()})
+		b.name, b.rep, b.cpu, b.server = name, rep, cpu, s.cpu()
+		bursts = append(bursts, b)
 		return nil
 	}
 
@@ -572,8 +605,8 @@ func e2e(ctx context.Context, o opts) error {
 		return err
 	}
 
-	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine ==\n",
-		o.n, o.n*9/10, o.httpConc)
+	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine (%s) ==\n",
+		o.n, o.n*9/10, o.httpConc, loadAverage())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
 	for _, b := range bursts {
@@ -590,5 +623,12 @@ func e2e(ctx context.Context, o opts) error {
 	tw.Flush()
 	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",
 		bursts[0].rep.ToLastResult.Seconds()/bursts[1].rep.ToLastResult.Seconds())
+	for _, b := range bursts {
+		if b.hasBroker {
+			fmt.Printf("%s: ", b.name)
+			printBroker(os.Stdout, b.broker[0], b.broker[1], b.rep.Requests+1)
+		}
+	}
+	fmt.Println("the gated seed stores nothing in a broker: Redis decides, MariaDB records the grants")
 	return nil
 }
