@@ -106,7 +106,7 @@ func printBroker(w io.Writer, before, after brokerSample, writes int) {
 		if a.LastSeq == b.LastSeq {
 			continue
 		}
-		fmt.Fprintf(w, "  %-16s %d → %d messages, last seq %d → %d: %d stored, %.1f MB\n", n, b.Msgs, a.Msgs,
+		fmt.Fprintf(w, "  %-20s %d → %d messages, last seq %d → %d: %d stored, %.1f MB\n", n, b.Msgs, a.Msgs,
 			b.LastSeq, a.LastSeq, a.LastSeq-b.LastSeq, float64(int64(a.Bytes)-int64(b.Bytes))/1e6)
 	}
 	stored := after.streams[wire.RequestStream].LastSeq - before.streams[wire.RequestStream].LastSeq

@@ -11,6 +11,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -449,7 +450,13 @@ type server struct {
 	cmd *exec.Cmd
 	// natsURL is the embedded JetStream server of a stack, "" for others.
 	natsURL string
+	// exited is closed once the process has exited.
+	exited chan struct{}
 }
+
+// errExited is returned by start for a process that exited before it was
+// ready (e.g. a port picked in advance was taken meanwhile).
+var errExited = errors.New("exited before it was ready")
 
 func start(ctx context.Context, bin string, args []string, env []string, ready string) (*server, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -459,14 +466,21 @@ func start(ctx context.Context, bin string, args []string, env []string, ready s
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w (run make build first)", bin, err)
 	}
+	s := &server{cmd: cmd, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(s.exited) }() //nolint:errcheck // ProcessState says
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(ready)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode < 500 {
-				return &server{cmd: cmd}, nil
+				return s, nil
 			}
+		}
+		select {
+		case <-s.exited:
+			return nil, fmt.Errorf("%s %w; its log: %s", bin, errExited, logf.Name())
+		default:
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill() //nolint:errcheck
@@ -487,12 +501,11 @@ func (s *server) cpu() time.Duration {
 
 func (s *server) stop() {
 	s.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
-	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }() //nolint:errcheck
 	select {
-	case <-done:
+	case <-s.exited:
 	case <-time.After(20 * time.Second):
 		s.cmd.Process.Kill() //nolint:errcheck
+		<-s.exited
 	}
 }
 
@@ -512,12 +525,13 @@ func startStack(ctx context.Context, o opts, env []string) (*server, string, fun
 	done := func() { os.RemoveAll(dir); drop() }
 	hp, _ := freePort()
 	np, _ := freePort()
-	mp, _ := freePort()
 	url := "http://127.0.0.1:" + strconv.Itoa(hp)
 	s, err := start(ctx, filepath.Join(o.bin, "stack"), nil, append([]string{
 		"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=", "ALLOT_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(hp),
 		"ALLOT_EMBEDDED_NATS_PORT=" + strconv.Itoa(np), "ALLOT_EMBEDDED_NATS_STORE=" + dir,
-		"ALLOT_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(mp), "ALLOT_LOG_LEVEL=warn",
+		// Any free port: nothing reads the allocator's metrics, and a port
+		// picked in advance can be taken by then.
+		"ALLOT_METRICS_ADDR=127.0.0.1:0", "ALLOT_LOG_LEVEL=warn",
 	}, env...), url+"/readyz")
 	if err != nil {
 		done()

@@ -41,6 +41,9 @@ func openPoints(rates, durations, items string) ([]openPoint, error) {
 	return pts, nil
 }
 
+// errNotRun wraps the error of an open-loop run that sent no claim.
+var errNotRun = errors.New("no claim sent")
+
 // openRun is one system's open-loop run.
 type openRun struct {
 	name   string
@@ -69,6 +72,9 @@ func openLoop(ctx context.Context, o opts) error {
 			cpu := sampleCPU().sub(before)
 			s.stop()
 			if err != nil {
+				if res.Sent == 0 {
+					err = fmt.Errorf("%w: %w", errNotRun, err)
+				}
 				return openRun{}, fmt.Errorf("open loop against %s: %w", name, err)
 			}
 			return openRun{name: name, res: res, cpu: cpu, server: s.cpu()}, nil
@@ -78,14 +84,22 @@ func openLoop(ctx context.Context, o opts) error {
 		// allot: the whole stack as one process. Every claim is a distinct
 		// user, and neither the per-user nor the per-instance write limit
 		// may refuse the attack.
-		s, url, done, err := startStack(ctx, o, []string{"ALLOT_INGEST_USER_RATE=0", "ALLOT_INGEST_RATE_LIMIT=0"})
-		if err != nil {
-			return err
-		}
-		r, err := measure("allot (ingest+allocator+JetStream)", s, url)
-		done()
-		if err != nil {
-			return err
+		// A stack that did not come up (a port picked in advance taken
+		// meanwhile) is started again, twice at most.
+		var r openRun
+		for attempt := 1; ; attempt++ {
+			s, url, done, err := startStack(ctx, o, []string{"ALLOT_INGEST_USER_RATE=0", "ALLOT_INGEST_RATE_LIMIT=0"})
+			if err == nil {
+				r, err = measure("allot (ingest+allocator+JetStream)", s, url)
+				done()
+			}
+			if err == nil {
+				break
+			}
+			if attempt == 3 || ctx.Err() != nil || !(errors.Is(err, errNotRun) || errors.Is(err, errExited)) {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "  open loop: %v; starting the stack again\n", err)
 		}
 		runs = append(runs, r)
 
