@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -180,12 +181,18 @@ func OpenLoop(ctx context.Context, cfg OpenLoopConfig) (OpenLoopResult, error) {
 		t.Method, t.URL = http.MethodPost, prefix+strconv.FormatInt(u, 10)+suffix
 		return nil
 	}
+	// One transport of keep-alive connections, without a cap (open loop),
+	// keeping idle as many as a slow server makes vegeta open, so that a
+	// slow answer does not make every later claim a new connection.
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: max(cfg.Workers, 10000),
+		DisableCompression:  true,
+	}
+	defer tr.CloseIdleConnections()
 	atk := vegeta.NewAttacker(
+		vegeta.Client(&http.Client{Transport: tr, Timeout: cfg.Wait + 30*time.Second}),
 		vegeta.Workers(uint64(cfg.Workers)),
-		vegeta.Connections(max(cfg.Workers, 1024)), // idle connections kept
-		vegeta.MaxConnections(0),                   // no cap: open loop
-		vegeta.KeepAlive(true),
-		vegeta.Timeout(cfg.Wait+30*time.Second),
 		vegeta.MaxBody(64<<10),
 		vegeta.Redirects(vegeta.NoFollow),
 	)

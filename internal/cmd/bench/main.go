@@ -2,7 +2,9 @@
 // side allot's allocator draining a backlog, the seed designs a user would
 // otherwise build under the same request count, their ratio, and an
 // end-to-end burst through HTTP against allot and against the Redis-gated
-// seed design, both driven by the same load generator.
+// seed design, both driven by the same load generator (with what allot's
+// broker stored meanwhile), and an open loop at a fixed arrival rate
+// (vegeta) against the same two.
 package main
 
 import (
