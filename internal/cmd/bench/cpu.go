@@ -103,3 +103,17 @@ func procCPU(names ...string) time.Duration {
 	}
 	return total
 }
+
+// loadAverage is the machine's load average over 1, 5 and 15 minutes, as
+// uptime prints it ("" when /proc/loadavg cannot be read).
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "load average unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "load average unknown"
+	}
+	return "load average " + strings.Join(f[:3], ", ")
+}

@@ -2,7 +2,9 @@
 // side allot's allocator draining a backlog, the seed designs a user would
 // otherwise build under the same request count, their ratio, and an
 // end-to-end burst through HTTP against allot and against the Redis-gated
-// seed design, both driven by the same load generator.
+// seed design, both driven by the same load generator (with what allot's
+// broker stored meanwhile), and an open loop at a fixed arrival rate
+// (vegeta) against the same two.
 package main
 
 import (
@@ -11,6 +13,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -56,6 +59,10 @@ type opts struct {
 	readsOnly         bool
 	tracing           bool
 	natsSync          time.Duration
+	openLoopOnly      bool
+	openRates         string
+	openDurations     string
+	openItems         string
 }
 
 func main() {
@@ -68,7 +75,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 2000, "allocator batch size")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each drain and seed measurement; the median is reported")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
-	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts")
+	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts and the open loop")
 	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
 	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
@@ -82,6 +89,10 @@ func main() {
 	flag.DurationVar(&o.reads.Window, "reads-window", 10*time.Second, "each measured drain window of the reads benchmark")
 	flag.DurationVar(&o.natsSync, "nats-sync", 0, "fsync interval of the benchmarks' JetStream server (0: every write, as production); another value shows what fsync costs")
 	flag.BoolVar(&o.tracing, "tracing", false, "run only the tracing benchmark: the end-to-end burst and a drain, each with tracing off and on (every span sampled, exported to an in-process receiver); -repeat rounds, alternating")
+	flag.BoolVar(&o.openLoopOnly, "open-loop-only", false, "run only the open-loop benchmark: claims at a fixed arrival rate (vegeta), each a distinct user, against allot and the Redis-gated seed design")
+	flag.StringVar(&o.openRates, "open-rate", "4000,6000", "claims per second of each open-loop run (a comma-separated list, paired with -open-duration and -open-items)")
+	flag.StringVar(&o.openDurations, "open-duration", "5s,10s", "duration of each open-loop run")
+	flag.StringVar(&o.openItems, "open-items", "100,500", "items of each open-loop run")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN
@@ -139,6 +150,9 @@ type row struct {
 func run(ctx context.Context, o opts) error {
 	if o.e2eOnly {
 		return e2e(ctx, o)
+	}
+	if o.openLoopOnly {
+		return openLoop(ctx, o)
 	}
 	if o.tracing {
 		return tracingBench(ctx, o)
@@ -223,7 +237,10 @@ func run(ctx context.Context, o opts) error {
 	if o.skipE2E {
 		return nil
 	}
-	return e2e(ctx, o)
+	if err := e2e(ctx, o); err != nil {
+		return err
+	}
+	return openLoop(ctx, o)
 }
 
 // reads runs the reads benchmark: a drain of joins to an activity with a
@@ -433,7 +450,15 @@ func freePort() (int, error) {
 // server is a system under test running as its own process.
 type server struct {
 	cmd *exec.Cmd
+	// natsURL is the embedded JetStream server of a stack, "" for others.
+	natsURL string
+	// exited is closed once the process has exited.
+	exited chan struct{}
 }
+
+// errExited is returned by start for a process that exited before it was
+// ready (e.g. a port picked in advance was taken meanwhile).
+var errExited = errors.New("exited before it was ready")
 
 func start(ctx context.Context, bin string, args []string, env []string, ready string) (*server, error) {
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -443,14 +468,21 @@ func start(ctx context.Context, bin string, args []string, env []string, ready s
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w (run make build first)", bin, err)
 	}
+	s := &server{cmd: cmd, exited: make(chan struct{})}
+	go func() { cmd.Wait(); close(s.exited) }() //nolint:errcheck // ProcessState says
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		resp, err := http.Get(ready)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode < 500 {
-				return &server{cmd: cmd}, nil
+				return s, nil
 			}
+		}
+		select {
+		case <-s.exited:
+			return nil, fmt.Errorf("%s %w; its log: %s", bin, errExited, logf.Name())
+		default:
 		}
 		if time.Now().After(deadline) {
 			cmd.Process.Kill() //nolint:errcheck
@@ -471,12 +503,11 @@ func (s *server) cpu() time.Duration {
 
 func (s *server) stop() {
 	s.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
-	done := make(chan struct{})
-	go func() { s.cmd.Wait(); close(done) }() //nolint:errcheck
 	select {
-	case <-done:
+	case <-s.exited:
 	case <-time.After(20 * time.Second):
 		s.cmd.Process.Kill() //nolint:errcheck
+		<-s.exited
 	}
 }
 
@@ -496,17 +527,19 @@ func startStack(ctx context.Context, o opts, env []string) (*server, string, fun
 	done := func() { os.RemoveAll(dir); drop() }
 	hp, _ := freePort()
 	np, _ := freePort()
-	mp, _ := freePort()
 	url := "http://127.0.0.1:" + strconv.Itoa(hp)
 	s, err := start(ctx, filepath.Join(o.bin, "stack"), nil, append([]string{
 		"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_NATS_URL=", "ALLOT_HTTP_ADDR=127.0.0.1:" + strconv.Itoa(hp),
 		"ALLOT_EMBEDDED_NATS_PORT=" + strconv.Itoa(np), "ALLOT_EMBEDDED_NATS_STORE=" + dir,
-		"ALLOT_METRICS_ADDR=127.0.0.1:" + strconv.Itoa(mp), "ALLOT_LOG_LEVEL=warn",
+		// Any free port: nothing reads the allocator's metrics, and a port
+		// picked in advance can be taken by then.
+		"ALLOT_METRICS_ADDR=127.0.0.1:0", "ALLOT_LOG_LEVEL=warn",
 	}, env...), url+"/readyz")
 	if err != nil {
 		done()
 		return nil, "", nil, err
 	}
+	s.natsURL = "nats://127.0.0.1:" + strconv.Itoa(np)
 	return s, url, done, nil
 }
 
@@ -531,17 +564,33 @@ func e2e(ctx context.Context, o opts) error {
 		rep    loadgen.Report
 		cpu    cpuSample
 		server time.Duration
+		// broker is what the stack's JetStream held before and after the
+		// burst (a stack only).
+		broker    [2]brokerSample
+		hasBroker bool
 	}
 	var bursts []burst
 	measure := func(name string, s *server, url string) error {
+		var b burst
+		if s.natsURL != "" {
+			var err error
+			if b.broker[0], err = sampleBroker(ctx, s.natsURL, url); err != nil {
+				return fmt.Errorf("%s: the broker before the burst: %w", name, err)
+			}
+		}
 		before := sampleCPU()
 		rep, err := lg(url)
 		cpu := sampleCPU().sub(before)
+		if err == nil && s.natsURL != "" {
+			b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
+			b.hasBroker = err == nil
+		}
 		s.stop()
 		if err != nil {
 			return fmt.Errorf("loadgen against %s: %w", name, err)
 		}
-		bursts = append(bursts, burst{name: name, rep: rep, cpu: cpu, server: s.cpu()})
+		b.name, b.rep, b.cpu, b.server = name, rep, cpu, s.cpu()
+		bursts = append(bursts, b)
 		return nil
 	}
 
@@ -572,8 +621,8 @@ func e2e(ctx context.Context, o opts) error {
 		return err
 	}
 
-	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine ==\n",
-		o.n, o.n*9/10, o.httpConc)
+	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine (%s) ==\n",
+		o.n, o.n*9/10, o.httpConc, loadAverage())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
 	for _, b := range bursts {
@@ -590,5 +639,12 @@ func e2e(ctx context.Context, o opts) error {
 	tw.Flush()
 	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",
 		bursts[0].rep.ToLastResult.Seconds()/bursts[1].rep.ToLastResult.Seconds())
+	for _, b := range bursts {
+		if b.hasBroker {
+			fmt.Printf("%s: ", b.name)
+			printBroker(os.Stdout, b.broker[0], b.broker[1], b.rep.Requests+1)
+		}
+	}
+	fmt.Println("the gated seed stores nothing in a broker: Redis decides, MariaDB records the grants")
 	return nil
 }
