@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ func TestReadsMatchAFullCount(t *testing.T) {
 	}
 	capacity := map[int64]int64{1: 20, 2: 20}
 	r := rand.New(rand.NewPCG(19, 5))
+	pos := store.NewPositions(e.db.DB) // warm across rounds, as ingest's
 	for round := range 4 {
 		for range 1500 {
 			a := int64(1 + r.IntN(2))
@@ -75,7 +77,7 @@ func TestReadsMatchAFullCount(t *testing.T) {
 			last = max(last, e.publish(x, ""))
 		}
 		e.waitFence(last)
-		compareReads(t, e, round, []int64{1, 2})
+		compareReads(t, e, pos, round, []int64{1, 2})
 		t.Logf("round %d: %d and %d waiting, %d buckets", round,
 			e.db.Count(t, "SELECT waiting_count FROM activity WHERE id = 1"), e.db.Count(t, "SELECT waiting_count FROM activity WHERE id = 2"),
 			e.db.Count(t, "SELECT COUNT(*) FROM waitlist_bucket"))
@@ -86,9 +88,9 @@ func TestReadsMatchAFullCount(t *testing.T) {
 	e.db.CheckInvariants(t)
 }
 
-// compareReads checks the counters and every waiter's position against
-// full counts.
-func compareReads(t *testing.T, e *env, round int, acts []int64) {
+// compareReads checks the counters and every waiter's position, read
+// uncached and through pos, against full counts.
+func compareReads(t *testing.T, e *env, pos *store.Positions, round int, acts []int64) {
 	t.Helper()
 	ctx := context.Background()
 	for _, a := range acts {
@@ -121,13 +123,19 @@ func compareReads(t *testing.T, e *env, round int, acts []int64) {
 			if err != nil || !ok {
 				t.Fatalf("round %d: signup %d/%d: found %v, err %v", round, a, u, ok, err)
 			}
+			cached, ok, err := pos.Get(ctx, a, u)
+			if err != nil || !ok {
+				t.Fatalf("round %d: cached signup %d/%d: found %v, err %v", round, a, u, ok, err)
+			}
 			want, _, err := store.GetSignupByCount(ctx, e.db, a, u)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got.Status != want.Status || (got.Position == nil) != (want.Position == nil) || got.Position != nil && *got.Position != *want.Position {
-				t.Fatalf("round %d: signup %d/%d reads %s at %v, the full count says %s at %v", round, a, u,
-					got.Status, deref(got.Position), want.Status, deref(want.Position))
+			for _, got := range []store.SignupState{got, cached} {
+				if got.Status != want.Status || (got.Position == nil) != (want.Position == nil) || got.Position != nil && *got.Position != *want.Position {
+					t.Fatalf("round %d: signup %d/%d reads %s at %v, the full count says %s at %v", round, a, u,
+						got.Status, deref(got.Position), want.Status, deref(want.Position))
+				}
 			}
 			if got.Status == wire.StatusWaiting {
 				waiting++
@@ -161,5 +169,147 @@ func TestWaitlistBucketsRepairedOnLoad(t *testing.T) {
 	e.start(Config{bucketSize: 4}, Hooks{})
 	e.waitFence(e.publish(req(wire.OpCancel, 1, 5), ""))
 	e.db.CheckInvariants(t)
-	compareReads(t, e, 0, []int64{1})
+	compareReads(t, e, store.NewPositions(e.db.DB), 0, []int64{1})
+}
+
+// TestCachedPositionsFollowTheLine: positions read through a warm
+// store.Positions stay exact when joins start buckets the cache has not
+// seen (joins do not move waitlist_version: no position ahead changes),
+// and a waiter leaving from ahead, once its result is recorded, is seen by
+// the next read (the version moved with it).
+func TestCachedPositionsFollowTheLine(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(Config{bucketSize: 4}, Hooks{})
+	ctx := context.Background()
+	last := e.publish(open(1, 1), "")
+	for u := int64(1); u <= 40; u++ {
+		last = e.publish(req(wire.OpJoin, 1, u), "")
+	}
+	e.waitFence(last)
+	pos := store.NewPositions(e.db.DB)
+	compareReads(t, e, pos, 0, []int64{1})
+	version := func() int64 { return e.db.Count(t, "SELECT waitlist_version FROM activity WHERE id = 1") }
+	v0 := version()
+
+	for u := int64(41); u <= 70; u++ {
+		last = e.publish(req(wire.OpJoin, 1, u), "")
+	}
+	e.waitFence(last)
+	if v := version(); v != v0 {
+		t.Fatalf("joins moved waitlist_version from %d to %d", v0, v)
+	}
+	compareReads(t, e, pos, 1, []int64{1})
+
+	read := func(u int64) store.SignupState {
+		t.Helper()
+		s, ok, err := pos.Get(ctx, 1, u)
+		if err != nil || !ok {
+			t.Fatalf("signup 1/%d: found %v, err %v", u, ok, err)
+		}
+		return s
+	}
+	before := *read(70).Position
+	e.waitFence(e.publish(req(wire.OpCancel, 1, 3), "")) // a waiter ahead leaves
+	if v := version(); v <= v0 {
+		t.Fatalf("a waiter left and waitlist_version stayed at %d", v)
+	}
+	if got := *read(70).Position; got != before-1 {
+		t.Fatalf("user 70 reads position %d after a waiter ahead left, was %d", got, before)
+	}
+	e.waitFence(e.publish(req(wire.OpCancel, 1, 1), "")) // the seat's holder: user 2 is promoted
+	if s := read(2); s.Status != wire.StatusConfirmed {
+		t.Fatalf("user 2 reads %s after its promotion was recorded", s.Status)
+	}
+	if got := *read(70).Position; got != before-2 {
+		t.Fatalf("user 70 reads position %d after two left ahead, was %d", got, before)
+	}
+	compareReads(t, e, pos, 2, []int64{1})
+	e.db.CheckInvariants(t)
+}
+
+// TestCachedPositionsNeverGoBack: readers polling through one warm
+// store.Positions while waiters leave from the front and others join
+// behind never see a waiter's position rise (a stale prefix would), and
+// after the last result every position is exact.
+func TestCachedPositionsNeverGoBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(Config{bucketSize: 8}, Hooks{})
+	ctx := context.Background()
+	last := e.publish(open(1, 1), "")
+	for u := int64(1); u <= 200; u++ {
+		last = e.publish(req(wire.OpJoin, 1, u), "")
+	}
+	e.waitFence(last)
+	pos := store.NewPositions(e.db.DB)
+	watched := []int64{100, 150, 199, 200}
+	stop := make(chan struct{})
+	errs := make(chan error, len(watched))
+	for _, u := range watched {
+		go func() {
+			prev := int64(1 << 62)
+			for {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				s, ok, err := pos.Get(ctx, 1, u)
+				if err != nil || !ok || s.Position == nil {
+					errs <- fmt.Errorf("signup 1/%d: found %v, err %v, %+v", u, ok, err, s)
+					return
+				}
+				if *s.Position > prev {
+					errs <- fmt.Errorf("user %d read position %d after %d", u, *s.Position, prev)
+					return
+				}
+				prev = *s.Position
+			}
+		}()
+	}
+	for u := int64(2); u <= 60; u++ {
+		e.publish(req(wire.OpCancel, 1, u), "")
+		last = e.publish(req(wire.OpJoin, 1, 1000+u), "")
+		if u%10 == 0 {
+			e.waitFence(last)
+		}
+	}
+	e.waitFence(last)
+	close(stop)
+	for range watched {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	compareReads(t, e, pos, 0, []int64{1})
+	e.db.CheckInvariants(t)
+}
+
+// TestCachedPositionsAfterAVersionWrittenLower: a waitlist_version written
+// lower by hand, seen by one read, drops what was cached at the versions
+// above it, so when departures bring the version back up no position
+// cached then is answered again.
+func TestCachedPositionsAfterAVersionWrittenLower(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(Config{bucketSize: 4}, Hooks{})
+	ctx := context.Background()
+	last := e.publish(open(1, 1), "")
+	for u := int64(1); u <= 30; u++ {
+		last = e.publish(req(wire.OpJoin, 1, u), "")
+	}
+	e.waitFence(last)
+	e.waitFence(e.publish(req(wire.OpCancel, 1, 10), "")) // the version is 1 or more
+	pos := store.NewPositions(e.db.DB)
+	compareReads(t, e, pos, 0, []int64{1})
+	if _, err := e.db.ExecContext(ctx, "UPDATE activity SET waitlist_version = waitlist_version - 1 WHERE id = 1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := pos.Get(ctx, 1, 30); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFence(e.publish(req(wire.OpCancel, 1, 3), "")) // back to the version the cache saw
+	compareReads(t, e, pos, 1, []int64{1})
 }

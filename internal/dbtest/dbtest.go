@@ -121,7 +121,8 @@ func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
 // The others restate the schema's constraints, which MySQL enforces on every
 // write; they are kept as a check that the constraints exist (a migration
 // dropping one would otherwise go unnoticed), not as a check of the code:
-// confirmed_count between 0 and capacity (chk_activity_confirmed), one
+// confirmed_count between 0 and capacity (chk_activity_confirmed),
+// waitlist_version not negative (chk_activity_waitlist_version), one
 // result per request (uk_processed_request), one signup row per user and
 // activity (uk_activity_user).
 func (d *DB) CheckInvariants(t testing.TB) {
@@ -149,6 +150,7 @@ func (d *DB) CheckInvariants(t testing.TB) {
 			(outcome <> 'REJECTED' OR activity_id <> 0 OR COALESCE(events, '') <> '' OR status IS NOT NULL)`},
 		// The database's: schema constraints, checked as present.
 		{"confirmed_count <= capacity (chk_activity_confirmed)", `SELECT COUNT(*) FROM activity WHERE confirmed_count > capacity OR confirmed_count < 0`},
+		{"waitlist_version >= 0 (chk_activity_waitlist_version)", `SELECT COUNT(*) FROM activity WHERE waitlist_version < 0`},
 		{"one result per request (uk_processed_request)", `SELECT COUNT(*) - COUNT(DISTINCT request_id) FROM processed_request`},
 		{"one signup row per user (uk_activity_user)", `SELECT COUNT(*) FROM (SELECT activity_id, user_id FROM activity_signup
 			GROUP BY activity_id, user_id HAVING COUNT(*) > 1) x`},

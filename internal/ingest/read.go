@@ -149,7 +149,7 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
 	defer cancel()
-	st, found, err := store.GetSignup(qctx, s.db, activity, user)
+	st, found, err := s.posns.Get(qctx, activity, user)
 	if err != nil {
 		s.dbError(ctx, w, "read signup", err, slog.Int64("activity_id", activity), slog.Int64("user_id", user))
 		return

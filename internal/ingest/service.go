@@ -26,6 +26,7 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/ingest/ui"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -220,6 +221,7 @@ type Service struct {
 	tail   *tail
 	commit *committer // nil when CommitMinBatch < 0
 	reader *resultReader
+	posns  *store.Positions // signup reads
 	settle *settler
 	dbUp   *dbProbe
 	opens  *rate.Limiter // nil when OpenRate < 0
@@ -286,6 +288,7 @@ func New(db *sql.DB, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, re
 		ids:     newIDIssuer(opts.IDSecret),
 		tail:    newTail(opts.ActivityCache),
 		reader:  newResultReader(db, opts.QueryTimeout, m.resultQueries.Inc),
+		posns:   store.NewPositions(db),
 		dbUp:    &dbProbe{db: db, timeout: min(opts.QueryTimeout, 2*time.Second)},
 		flight:  make(chan struct{}, opts.MaxInFlight),
 		waiters: newWaiters(m.waiters),

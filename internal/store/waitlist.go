@@ -49,6 +49,11 @@ type Waitlist struct {
 	// rewrite is set when every row of the activity is to be replaced
 	// (the buckets were rebuilt from the signups).
 	rewrite bool
+	// departed is set when a waiter left since the last Flush (or the
+	// buckets were rebuilt): the flush bumps the activity's
+	// waitlist_version, which tells position caches that the counts ahead
+	// of some waiters changed (a join, at the end, changes none).
+	departed bool
 	// max is the bucket size; 0: BucketSize (tests choose smaller ones, to
 	// see many buckets in short lines).
 	max int64
@@ -113,6 +118,7 @@ func (w *Waitlist) Leave(seq uint64) error {
 	}
 	w.b[i].Waiting--
 	w.touch(w.b[i].FirstSeq)
+	w.departed = true
 	// Every pair of neighbours held more than a bucket's worth before;
 	// only the pairs around bucket i may not any more.
 	if w.b[i].Waiting == 0 {
@@ -220,6 +226,7 @@ func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) 
 	}
 	var (
 		rewrite []any
+		bump    []any // activities whose waitlist_version goes up
 		put     []row
 		gone    []any // activity, first_seq pairs
 	)
@@ -227,6 +234,9 @@ func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) 
 		w := waits[id]
 		if w == nil || (!w.rewrite && len(w.dirty) == 0) {
 			continue
+		}
+		if w.rewrite || w.departed {
+			bump = append(bump, id)
 		}
 		if w.rewrite {
 			rewrite = append(rewrite, id)
@@ -255,6 +265,12 @@ func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) 
 			return fmt.Errorf("delete waitlist buckets: %w", err)
 		}
 	}
+	for chunk := range chunks(len(bump)) {
+		if _, err := tx.ExecContext(ctx, "UPDATE activity SET waitlist_version = waitlist_version + 1 WHERE id IN ("+
+			placeholders(chunk.hi-chunk.lo, 1)+")", bump[chunk.lo:chunk.hi]...); err != nil {
+			return fmt.Errorf("bump waitlist versions: %w", err)
+		}
+	}
 	err := insertRows(ctx, tx, "INSERT INTO waitlist_bucket (activity_id, first_seq, waiting) VALUES ",
 		" ON DUPLICATE KEY UPDATE waiting = VALUES(waiting)", 3, len(put), func(i int, args []any) []any {
 			return append(args, put[i].activity, put[i].b.FirstSeq, put[i].b.Waiting)
@@ -264,7 +280,7 @@ func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) 
 	}
 	for _, w := range waits {
 		if w != nil {
-			w.dirty, w.rewrite = nil, false
+			w.dirty, w.rewrite, w.departed = nil, false, false
 		}
 	}
 	return nil

@@ -83,7 +83,7 @@ func main() {
 	flag.BoolVar(&o.holdsOnly, "holds-only", false, "run only the holds benchmark")
 	flag.IntVar(&o.reads.Waiters, "reads", 1_000_000, "waiters of the hot activity in the reads benchmark (0: skip it)")
 	flag.BoolVar(&o.readsOnly, "reads-only", false, "run only the reads benchmark")
-	flag.IntVar(&o.reads.Joins, "reads-joins", 300_000, "join backlog drained during the reads benchmark (enough for both windows)")
+	flag.IntVar(&o.reads.Joins, "reads-joins", 800_000, "join backlog drained during the reads benchmark (enough for both windows)")
 	flag.IntVar(&o.reads.Readers, "reads-readers", 200, "concurrent HTTP readers of the reads benchmark")
 	flag.DurationVar(&o.reads.Interval, "reads-interval", 500*time.Millisecond, "each reader's pause between two reads (jittered; 0: none)")
 	flag.DurationVar(&o.reads.Window, "reads-window", 10*time.Second, "each measured drain window of the reads benchmark")
