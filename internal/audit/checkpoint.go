@@ -14,7 +14,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -139,7 +139,7 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 	}
 	f := &fromCheckpoint{ctx: ctx, db: db, partitions: st.partitions, start: make([]uint64, st.partitions), min: ^uint64(0)}
 	for p := range st.partitions {
-		var cp store.Checkpoint
+		var cp checkpoint.Checkpoint
 		err := tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
 			"WHERE partition_id = ? AND seq >= ? ORDER BY seq LIMIT 1", p, need).
 			Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)
@@ -210,9 +210,9 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 // whether the digest matched; a mismatch is a divergence. Its rows stand
 // for the state at sequence at: its own, or a later one up to which the
 // partition was quiet.
-func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Checkpoint, at uint64) (bool, error) {
+func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp checkpoint.Checkpoint, at uint64) (bool, error) {
 	by := change{seq: at}
-	d := store.NewDigester()
+	d := checkpoint.NewDigester()
 	type actRow struct {
 		capacity, confirmed int64
 		next                uint64
@@ -346,7 +346,7 @@ func (a *auditor) verifiedRange() (from, to uint64) {
 // no result of the partition and no rejected message after the checkpoint
 // up to need, so the checkpoint's state (or the empty state) is the state
 // at need. Rejections are not partitioned, so any one makes it not quiet.
-func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp store.Checkpoint, found, quiet bool, err error) {
+func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp checkpoint.Checkpoint, found, quiet bool, err error) {
 	err = tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
 		"WHERE partition_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1", p, need).
 		Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)

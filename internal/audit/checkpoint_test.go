@@ -15,7 +15,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -283,7 +283,7 @@ func TestAuditFromCheckpointPartitioned(t *testing.T) {
 			if err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = ?", p).Scan(&fence); err != nil {
 				t.Fatal(err)
 			}
-			cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, p)
+			cp, ok, err := checkpoint.Latest(ctx, e.db.DB, p)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -124,13 +124,13 @@ func (e *env) publishAll(reqs []wire.Request) []uint64 {
 
 // waitCheckpoint waits up to a minute until partition's newest checkpoint
 // is at fence, and returns it.
-func (e *env) waitCheckpoint(t testing.TB, partition int, fence uint64) store.Checkpoint {
+func (e *env) waitCheckpoint(t testing.TB, partition int, fence uint64) checkpoint.Checkpoint {
 	t.Helper()
-	var cp store.Checkpoint
+	var cp checkpoint.Checkpoint
 	testenv.WaitFor(t, time.Minute, fmt.Sprintf("partition %d checkpointed at its fence %d", partition, fence), func() bool {
 		var ok bool
 		var err error
-		cp, ok, err = store.LatestCheckpoint(context.Background(), e.db.DB, partition)
+		cp, ok, err = checkpoint.Latest(context.Background(), e.db.DB, partition)
 		if err != nil {
 			t.Fatal(err)
 		}
