@@ -38,6 +38,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -360,7 +361,7 @@ func withStackDSN(ctx context.Context, o opts, log *slog.Logger, f func(string, 
 		return err
 	}
 	defer db.Close()
-	if err := store.Migrate(ctx, db); err != nil {
+	if err := schema.Migrate(ctx, db); err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "allot-bench-nats-")
