@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
-	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
@@ -314,10 +313,7 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp checkpoint.
 		a.actLast[id] = by
 		// The second opinion starts from the same state; it judges every
 		// decision after the checkpoint on its own.
-		if a.ref == nil {
-			a.ref = make(map[int64]*refmodel.Activity)
-		}
-		a.ref[id] = refOf(act)
+		a.ref.Seed(act)
 	}
 	return ok, nil
 }

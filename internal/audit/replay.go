@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
-	"github.com/allot-dev/allot/internal/allocation/refmodel"
+	"github.com/allot-dev/allot/internal/audit/second"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -48,9 +48,9 @@ type auditor struct {
 	// refusedAt maps the request ids of rejected_message rows to the first
 	// sequence they were refused at: a void behind it is a repeat.
 	refusedAt map[string]uint64
-	// ref is the reference model's state per activity: the second opinion
-	// on allocation.Apply (second.go).
-	ref map[int64]*refmodel.Activity
+	// ref is the second opinion on allocation.Apply: the reference model's
+	// state per activity (reference.go, internal/audit/second).
+	ref second.Opinion
 
 	rep Report
 	// cp is set when the audit starts from checkpoints.
