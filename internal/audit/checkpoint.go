@@ -17,7 +17,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// ErrNoCheckpoint is returned by Run with Options.FromCheckpoint when a
+// ErrNoCheckpoint is returned by Run with Config.FromCheckpoint when a
 // partition has no checkpoint the request stream still reaches back to:
 // nothing can be verified from there honestly.
 var ErrNoCheckpoint = errors.New("audit: no usable checkpoint")
@@ -38,7 +38,7 @@ type CheckpointUsed struct {
 }
 
 // fromCheckpoint is the state of an audit that starts from checkpoints
-// (Options.FromCheckpoint): per partition, the sequence its state is taken
+// (Config.FromCheckpoint): per partition, the sequence its state is taken
 // at; messages up to it are not replayed.
 type fromCheckpoint struct {
 	ctx context.Context

@@ -157,11 +157,18 @@ func (e *env) waitFence(seq uint64) {
 }
 
 // audit runs the audit in-process.
-func (e *env) audit(opts audit.Options) audit.Report {
+func (e *env) audit(cfg audit.Config) audit.Report {
 	e.t.Helper()
-	rep, err := audit.Run(context.Background(), e.db.DB, e.js, opts)
+	return e.auditDeps(cfg, audit.Deps{})
+}
+
+// auditDeps is audit with deps, whose DB and JS are the env's.
+func (e *env) auditDeps(cfg audit.Config, deps audit.Deps) audit.Report {
+	e.t.Helper()
+	deps.DB, deps.JS = e.db.DB, e.js
+	rep, err := audit.Run(context.Background(), cfg, deps)
 	if err != nil {
-		e.t.Fatalf("audit.Run(%+v): %v", opts, err)
+		e.t.Fatalf("audit.Run(%+v): %v", cfg, err)
 	}
 	return rep
 }
@@ -247,7 +254,7 @@ func (e *env) auditTampered(t testing.TB, tc tamperCase) (audit.Report, audit.Di
 	for _, q := range tc.tamper {
 		e.exec(q)
 	}
-	rep := e.audit(audit.Options{})
+	rep := e.audit(audit.Config{})
 	for _, q := range tc.restore {
 		e.exec(q)
 	}

@@ -13,16 +13,12 @@ import (
 // decision, Actual Apply's.
 const KindReference Kind = "reference"
 
-// domainApply is the code under audit. Tests of the second opinion replace
-// it with a wrong Apply; nothing else does.
-var domainApply = allocation.Apply
-
 // decide applies req at seq to act through allocation.Apply, exactly as the
 // allocator does, and asks the second opinion for its decision on the same
 // request. A disagreement is reported as KindReference (when seq is in the
 // window). The replay always follows Apply.
 func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq uint64, requestID string) (*allocation.Activity, allocation.Decision, error) {
-	after, d, err := domainApply(act, req, seq)
+	after, d, err := a.apply(act, req, seq)
 	if dis := a.ref.Check(act, req, seq, after, d, err); dis != nil && a.inWindow(seq) {
 		a.diverge(Divergence{
 			Seq: seq, RequestID: requestID, Kind: KindReference, ActivityID: req.ActivityID, UserID: req.UserID,

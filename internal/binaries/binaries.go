@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
@@ -43,9 +44,11 @@ type Allotctl struct {
 	bus.SetupEnv
 }
 
-// Audit is cmd/audit's configuration.
+// Audit is cmd/audit's configuration: audit.Config holds what its flags
+// set and reads no variable.
 type Audit struct {
 	config.Common
+	audit.Config
 }
 
 // Notifier is cmd/notifier's configuration.

@@ -164,7 +164,7 @@ func TestScenario11NATSPermissions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := audit.Run(context.Background(), s.db.DB, js, audit.Options{})
+			rep, err := audit.Run(context.Background(), audit.Config{}, audit.Deps{DB: s.db.DB, JS: js})
 			if err != nil {
 				t.Fatalf("the audit as the audit user: %v", err)
 			}
