@@ -143,6 +143,21 @@ func (n *Notifier) Start(ctx context.Context) error {
 	if n.cancel != nil {
 		return ErrStarted
 	}
+	if err := n.setup(ctx); err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = stop
+	n.wg.Go(func() {
+		if err := lifecycle.Run(runCtx, n.workers("")...); err != nil {
+			n.setErr(err)
+		}
+	})
+	return nil
+}
+
+// setup checks the streams and ensures the consumer.
+func (n *Notifier) setup(ctx context.Context) error {
 	setupCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// Only `allotctl setup` creates or changes streams: the notifier
@@ -158,22 +173,19 @@ func (n *Notifier) Start(ctx context.Context) error {
 		return err
 	}
 	n.cons = cons
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	n.cancel = stop
-	// The workers run on lifecycle: the first to fail stops the others,
-	// and its error is the one Wait returns.
-	workers := make([]lifecycle.Part, n.cfg.Workers)
-	for i := range workers {
-		workers[i] = lifecycle.Part{Run: n.work}
-	}
-	n.wg.Go(func() {
-		if err := lifecycle.Run(runCtx, workers...); err != nil {
-			n.setErr(err)
-		}
-	})
 	n.log.InfoContext(ctx, "notifier running", slog.String("filter", n.cfg.Filter),
 		slog.Bool("webhook", n.cfg.URL != ""), slog.Int("workers", n.cfg.Workers))
 	return nil
+}
+
+// workers are the notifier's workers as lifecycle parts named name: the
+// first to fail stops the others, and its error is the one returned.
+func (n *Notifier) workers(name string) []lifecycle.Part {
+	parts := make([]lifecycle.Part, n.cfg.Workers)
+	for i := range parts {
+		parts[i] = lifecycle.Part{Name: name, Run: n.work}
+	}
+	return parts
 }
 
 // Stop stops pulling, lets webhook attempts in flight finish (each is bounded

@@ -29,16 +29,17 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if err != nil {
 		return &StartError{Err: err}
 	}
-	if err := n.Start(ctx); err != nil {
+	if err := n.setup(ctx); err != nil {
 		return &StartError{Err: err}
 	}
-	parts := []lifecycle.Part{{Name: "notifier", Run: func(ctx context.Context) error {
-		defer context.AfterFunc(ctx, func() {
-			deps.Log.Info("notifier stopping: finishing the attempts in flight")
-			n.Stop()
-		})()
-		return n.Wait()
-	}}}
+	// The workers stop when ctx ends (or when one of them fails), let the
+	// attempts in flight finish and hand back the events waiting for a
+	// retry, as Stop does.
+	parts := append(n.workers("notifier"), lifecycle.Part{Name: "notifier", Run: func(ctx context.Context) error {
+		<-ctx.Done()
+		deps.Log.Info("notifier stopping: finishing the attempts in flight")
+		return nil
+	}})
 	if deps.Metrics != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{}))
@@ -48,7 +49,5 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		parts = append(parts, lifecycle.HTTPServer("metrics", srv, deps.Metrics, 5*time.Second, nil))
 	}
-	err = lifecycle.Run(ctx, parts...)
-	n.Stop() // the workers have ended already unless the metrics server failed first
-	return err
+	return lifecycle.Run(ctx, parts...)
 }
