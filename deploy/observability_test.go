@@ -18,6 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -92,7 +93,7 @@ func registeredMetrics(t *testing.T) *recorder {
 	if _, err := allocator.New(db.DB, nc, log, rec, allocator.Config{}, allocator.Hooks{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := notifier.New(nc, log, rec, notifier.Config{}); err != nil {
+	if _, err := notifier.New(config.Defaults[notifier.Config](), notifier.Deps{NC: nc, Log: log, Registry: rec}); err != nil {
 		t.Fatal(err)
 	}
 	// What each binary's Run adds to the constructors' metrics.

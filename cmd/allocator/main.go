@@ -23,6 +23,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
 	"github.com/allot-dev/allot/internal/tracing"
 )
 
@@ -87,7 +88,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	defer db.Close()
 	if c.migrateOnly {
-		if err := store.Migrate(ctx, db); err != nil {
+		if err := schema.Migrate(ctx, db); err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 			return 1
 		}

@@ -45,10 +45,13 @@ const (
 	exitError    = 2
 )
 
-// cfg is the audit's configuration, read from ALLOT_ variables.
+// cfg is the audit's configuration: ALLOT_ variables (config.Common) and
+// the flags (audit.Config).
 type cfg binaries.Audit
 
-// Validate reports the first invalid value as one sentence.
+// Validate reports the first invalid ALLOT_ value as one sentence;
+// audit.Config, which the flags set, is validated once the flags are read
+// (parseFlags).
 func (c *cfg) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
@@ -66,63 +69,52 @@ func main() {
 	os.Exit(code)
 }
 
-// flags are the parsed command line.
-type flags struct {
-	opts   audit.Options
-	asJSON bool
-}
-
-func parseFlags(args []string, stderr io.Writer) (flags, error) {
-	var (
-		f                  flags
-		activities, fromTS string
-	)
+// parseFlags sets c's fields from the command line, then validates c
+// once: the flags override the Config's fields, before Validate. It
+// returns -json.
+func parseFlags(args []string, stderr io.Writer, c *audit.Config) (asJSON bool, err error) {
+	var activities, fromTS string
 	fs := flag.NewFlagSet(binary, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&activities, "activity", "", "comma-separated activity ids to audit (default: all)")
-	fs.Uint64Var(&f.opts.FromSeq, "from-seq", 0, "compare only from this stream sequence on (the state is still replayed from the start)")
+	fs.Uint64Var(&c.FromSeq, "from-seq", c.FromSeq, "compare only from this stream sequence on (the state is still replayed from the start)")
 	fs.StringVar(&fromTS, "from-time", "", "compare only from the first request stored at or after this RFC3339 time")
-	fs.BoolVar(&f.opts.FromCheckpoint, "from-checkpoint", false, "start from the allocator's oldest checkpoint the stream still reaches back to, instead of from sequence 1")
-	fs.BoolVar(&f.asJSON, "json", false, "print the report as one JSON object")
+	fs.BoolVar(&c.FromCheckpoint, "from-checkpoint", c.FromCheckpoint, "start from the allocator's oldest checkpoint the stream still reaches back to, instead of from sequence 1")
+	fs.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	version := buildinfo.Flag(fs)
 	if err := fs.Parse(args); err != nil {
-		return f, err
+		return false, err
 	}
 	if *version {
 		buildinfo.Print(os.Stdout, binary)
-		return f, flag.ErrHelp // exit 0, like -h
+		return false, flag.ErrHelp // exit 0, like -h
 	}
 	if fs.NArg() > 0 {
-		return f, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return false, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	if activities != "" {
 		for _, s := range strings.Split(activities, ",") {
 			id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-			if err != nil || id <= 0 {
-				return f, fmt.Errorf("-activity: %q is not a positive activity id", s)
+			if err != nil {
+				return false, fmt.Errorf("-activity: %q is not a positive activity id", s)
 			}
-			f.opts.Activities = append(f.opts.Activities, id)
+			c.Activities = append(c.Activities, id)
 		}
 	}
 	if fromTS != "" {
 		t, err := time.Parse(time.RFC3339, fromTS)
 		if err != nil {
-			return f, fmt.Errorf("-from-time: %q is not an RFC3339 time (e.g. 2025-01-31T18:00:00Z)", fromTS)
+			return false, fmt.Errorf("-from-time: %q is not an RFC3339 time (e.g. 2025-01-31T18:00:00Z)", fromTS)
 		}
-		f.opts.FromTime = t
+		c.FromTime = t
 	}
-	if f.opts.FromCheckpoint && (f.opts.FromSeq > 0 || !f.opts.FromTime.IsZero()) {
-		return f, errors.New("-from-checkpoint excludes -from-seq and -from-time: give one")
-	}
-	if f.opts.FromSeq > 0 && !f.opts.FromTime.IsZero() {
-		return f, errors.New("-from-seq and -from-time exclude each other: give one")
-	}
-	return f, nil
+	return asJSON, c.Validate()
 }
 
 // run is the whole command; it returns the exit code.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	f, err := parseFlags(args, stderr)
+	var c cfg
+	asJSON, err := parseFlags(args, stderr, &c.Config)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
@@ -130,7 +122,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return exitError
 	}
-	var c cfg
 	err = config.Load(&c)
 	config.Print(stderr, binary, &c)
 	if err != nil {
@@ -155,11 +146,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return exitError
 	}
-	if !f.asJSON && isTerminal(stderr) {
-		f.opts.Progress = stderr
+	deps := audit.Deps{DB: db, JS: js}
+	if !asJSON && isTerminal(stderr) {
+		deps.Progress = stderr
 	}
-	rep, err := audit.Run(ctx, db, js, f.opts)
-	return report(rep, err, f.asJSON, stdout, stderr)
+	rep, err := audit.Run(ctx, c.Config, deps)
+	return report(rep, err, asJSON, stdout, stderr)
 }
 
 // report prints the outcome of an audit and maps it to the exit code.

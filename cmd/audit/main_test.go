@@ -30,17 +30,17 @@ func TestParseFlags(t *testing.T) {
 	tests := []struct {
 		name    string
 		args    []string
-		want    audit.Options
+		want    audit.Config
 		json    bool
 		wantErr string
 	}{
 		{name: "defaults", args: nil},
 		{name: "all flags", args: []string{"-activity", "3, 1,2", "-from-seq", "7", "-json"},
-			want: audit.Options{Activities: []int64{3, 1, 2}, FromSeq: 7}, json: true},
+			want: audit.Config{Activities: []int64{3, 1, 2}, FromSeq: 7}, json: true},
 		{name: "from time", args: []string{"-from-time", "2025-01-31T18:00:00Z"},
-			want: audit.Options{FromTime: time.Date(2025, 1, 31, 18, 0, 0, 0, time.UTC)}},
+			want: audit.Config{FromTime: time.Date(2025, 1, 31, 18, 0, 0, 0, time.UTC)}},
 		{name: "seq and time", args: []string{"-from-seq", "1", "-from-time", "2025-01-31T18:00:00Z"}, wantErr: "exclude each other"},
-		{name: "from checkpoint", args: []string{"-from-checkpoint", "-json"}, want: audit.Options{FromCheckpoint: true}, json: true},
+		{name: "from checkpoint", args: []string{"-from-checkpoint", "-json"}, want: audit.Config{FromCheckpoint: true}, json: true},
 		{name: "checkpoint and seq", args: []string{"-from-checkpoint", "-from-seq", "4"}, wantErr: "-from-checkpoint excludes"},
 		{name: "bad activity", args: []string{"-activity", "1,x"}, wantErr: `"x" is not a positive activity id`},
 		{name: "zero activity", args: []string{"-activity", "0"}, wantErr: "not a positive activity id"},
@@ -51,7 +51,8 @@ func TestParseFlags(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f, err := parseFlags(tt.args, io.Discard)
+			var f audit.Config
+			asJSON, err := parseFlags(tt.args, io.Discard, &f)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
@@ -61,13 +62,13 @@ func TestParseFlags(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if f.asJSON != tt.json || f.opts.FromSeq != tt.want.FromSeq || !f.opts.FromTime.Equal(tt.want.FromTime) ||
-				len(f.opts.Activities) != len(tt.want.Activities) {
-				t.Fatalf("flags = %+v, want %+v json=%v", f, tt.want, tt.json)
+			if asJSON != tt.json || f.FromSeq != tt.want.FromSeq || !f.FromTime.Equal(tt.want.FromTime) ||
+				f.FromCheckpoint != tt.want.FromCheckpoint || len(f.Activities) != len(tt.want.Activities) {
+				t.Fatalf("flags = %+v json=%v, want %+v json=%v", f, asJSON, tt.want, tt.json)
 			}
 			for i := range tt.want.Activities {
-				if f.opts.Activities[i] != tt.want.Activities[i] {
-					t.Fatalf("activities = %v, want %v", f.opts.Activities, tt.want.Activities)
+				if f.Activities[i] != tt.want.Activities[i] {
+					t.Fatalf("activities = %v, want %v", f.Activities, tt.want.Activities)
 				}
 			}
 		})

@@ -64,7 +64,7 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("parseFlags: %v\n%s", err, stderr.String())
 	}
 	c := o.cfg
-	if c.BaseURL != "http://h:1/" || c.Activity != 9 || c.Capacity != 100 || c.Requests != 2000 || c.Users != 2000 ||
+	if c.BaseURL != "http://h:1/" || c.Activity != 9 || c.Capacity != 100 || c.Requests != 2000 || c.UserCount() != 2000 ||
 		c.Concurrency != 32 || c.Mix.Claim != 2 || c.Mix.Join != 1 || c.Mix.Cancel != 0 || !o.json {
 		t.Errorf("parsed %+v json=%v; want the flags, users defaulting to -n", c, o.json)
 	}
@@ -186,8 +186,8 @@ func TestTokens(t *testing.T) {
 	t.Setenv("ALLOT_TOKEN", "")
 	t.Setenv("ALLOT_AUTH_HS256_KEY", "")
 	o, err := parseFlags([]string{"-activity", "1", "-capacity", "1", "-token", "abc"}, io.Discard)
-	if err != nil || o.cfg.Token != "abc" || o.cfg.UserToken != nil {
-		t.Fatalf("-token abc: token %q, per-user %v, err %v; want abc and no per-user tokens", o.cfg.Token, o.cfg.UserToken != nil, err)
+	if err != nil || o.cfg.Token != "abc" || o.userToken != nil {
+		t.Fatalf("-token abc: token %q, per-user %v, err %v; want abc and no per-user tokens", o.cfg.Token, o.userToken != nil, err)
 	}
 	t.Setenv("ALLOT_TOKEN", "from-env")
 	if o, err := parseFlags([]string{"-activity", "1", "-capacity", "1"}, io.Discard); err != nil || o.cfg.Token != "from-env" {
@@ -197,8 +197,8 @@ func TestTokens(t *testing.T) {
 	key := "loadgen-test-key-0123456789abcdef0123"
 	t.Setenv("ALLOT_AUTH_HS256_KEY", key)
 	o, err = parseFlags([]string{"-activity", "1", "-capacity", "1"}, io.Discard)
-	if err != nil || o.cfg.Token == "" || o.cfg.UserToken == nil {
-		t.Fatalf("with a key: token %q, per-user %v, err %v; want both", o.cfg.Token, o.cfg.UserToken != nil, err)
+	if err != nil || o.cfg.Token == "" || o.userToken == nil {
+		t.Fatalf("with a key: token %q, per-user %v, err %v; want both", o.cfg.Token, o.userToken != nil, err)
 	}
 	v, err := auth.New(auth.Config{HS256Key: []byte(key)})
 	if err != nil {
@@ -208,7 +208,7 @@ func TestTokens(t *testing.T) {
 	if id, err := v.Verify(context.Background(), o.cfg.Token); err != nil || !id.Admin {
 		t.Fatalf("the open's token: %+v, %v; want an admin", id, err)
 	}
-	if id, err := v.Verify(context.Background(), o.cfg.UserToken(42)); err != nil || id.User != 42 || id.Admin {
+	if id, err := v.Verify(context.Background(), o.userToken(42)); err != nil || id.User != 42 || id.Admin {
 		t.Fatalf("user 42's token: %+v, %v; want user 42 without scopes", id, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -23,21 +24,9 @@ import (
 
 // valid is the default configuration with a NATS URL: what Validate accepts.
 func valid() cfg {
-	return cfg{
-		Common: config.Common{
-			NATSURL:       "nats://127.0.0.1:4222",
-			MySQLDSN:      "root@tcp(127.0.0.1:3306)/allot?parseTime=true",
-			MySQLMaxConns: 16,
-			LogLevel:      "info",
-		},
-		NotifyFilter:      "alloc.evt.*.promoted",
-		NotifyDurable:     "notifier",
-		NotifyTimeout:     5 * time.Second,
-		NotifyMaxAttempts: 8,
-		NotifyBackoffBase: 500 * time.Millisecond,
-		NotifyBackoffMax:  30 * time.Second,
-		NotifyWorkers:     4,
-	}
+	c := cfg(config.Defaults[binaries.Notifier]())
+	c.NATSURL = "nats://127.0.0.1:4222"
+	return c
 }
 
 func TestValidate(t *testing.T) {
@@ -48,40 +37,40 @@ func TestValidate(t *testing.T) {
 		want   string // a part of the error; empty = valid
 	}{
 		{name: "defaults", change: func(*cfg) {}},
-		{name: "webhook", change: func(c *cfg) { c.NotifyURL = "https://hooks.example.com/allot?token=x" }},
-		{name: "metrics addr", change: func(c *cfg) { c.NotifyMetricsAddr = ":9092" }},
-		{name: "filter on every event", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.>" }},
-		{name: "filter on one activity", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.42.*" }},
-		{name: "filter on expiries", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.expired" }},
-		{name: "filter on promotions and expiries", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.promoted, alloc.evt.*.expired" }},
-		{name: "one attempt, one worker", change: func(c *cfg) { c.NotifyMaxAttempts, c.NotifyWorkers = 1, 1 }},
-		{name: "equal backoffs", change: func(c *cfg) { c.NotifyBackoffMax = c.NotifyBackoffBase }},
+		{name: "webhook", change: func(c *cfg) { c.URL = "https://hooks.example.com/allot?token=x" }},
+		{name: "metrics addr", change: func(c *cfg) { c.MetricsAddr = ":9092" }},
+		{name: "filter on every event", change: func(c *cfg) { c.Filter = "alloc.evt.>" }},
+		{name: "filter on one activity", change: func(c *cfg) { c.Filter = "alloc.evt.42.*" }},
+		{name: "filter on expiries", change: func(c *cfg) { c.Filter = "alloc.evt.*.expired" }},
+		{name: "filter on promotions and expiries", change: func(c *cfg) { c.Filter = "alloc.evt.*.promoted, alloc.evt.*.expired" }},
+		{name: "one attempt, one worker", change: func(c *cfg) { c.MaxAttempts, c.Workers = 1, 1 }},
+		{name: "equal backoffs", change: func(c *cfg) { c.BackoffMax = c.BackoffBase }},
 
 		{name: "no NATS URL", change: func(c *cfg) { c.NATSURL = "" }, want: "ALLOT_NATS_URL is empty"},
 		{name: "common checks still run", change: func(c *cfg) { c.LogLevel = "loud" }, want: "ALLOT_LOG_LEVEL"},
-		{name: "relative webhook", change: func(c *cfg) { c.NotifyURL = "/hook" }, want: "ALLOT_NOTIFY_URL"},
-		{name: "webhook without host", change: func(c *cfg) { c.NotifyURL = "http://" }, want: "ALLOT_NOTIFY_URL"},
-		{name: "webhook other scheme", change: func(c *cfg) { c.NotifyURL = "ftp://example.com/x" }, want: "ALLOT_NOTIFY_URL"},
-		{name: "empty filter", change: func(c *cfg) { c.NotifyFilter = "" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filter outside the event stream", change: func(c *cfg) { c.NotifyFilter = "alloc.req.>" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filter with an empty token", change: func(c *cfg) { c.NotifyFilter = "alloc.evt..promoted" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filter with > not last", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.>.promoted" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filter with a partial wildcard", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.pro*" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filter with a space", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.* .promoted" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filters with an empty one", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.promoted,," }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "filters with one outside", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.expired,alloc.req.>" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "the same filter twice", change: func(c *cfg) { c.NotifyFilter = "alloc.evt.*.held,alloc.evt.*.held" }, want: "ALLOT_NOTIFY_FILTER"},
-		{name: "empty durable", change: func(c *cfg) { c.NotifyDurable = "" }, want: "ALLOT_NOTIFY_DURABLE"},
-		{name: "durable with a dot", change: func(c *cfg) { c.NotifyDurable = "my.notifier" }, want: "ALLOT_NOTIFY_DURABLE"},
-		{name: "zero timeout", change: func(c *cfg) { c.NotifyTimeout = 0 }, want: "ALLOT_NOTIFY_TIMEOUT"},
-		{name: "huge timeout", change: func(c *cfg) { c.NotifyTimeout = time.Hour }, want: "ALLOT_NOTIFY_TIMEOUT"},
-		{name: "zero attempts", change: func(c *cfg) { c.NotifyMaxAttempts = 0 }, want: "ALLOT_NOTIFY_MAX_ATTEMPTS"},
-		{name: "too many attempts", change: func(c *cfg) { c.NotifyMaxAttempts = 1001 }, want: "ALLOT_NOTIFY_MAX_ATTEMPTS"},
-		{name: "zero backoff base", change: func(c *cfg) { c.NotifyBackoffBase = 0 }, want: "ALLOT_NOTIFY_BACKOFF_BASE"},
-		{name: "backoff max below base", change: func(c *cfg) { c.NotifyBackoffMax = time.Millisecond }, want: "ALLOT_NOTIFY_BACKOFF_MAX"},
-		{name: "backoff max above an hour", change: func(c *cfg) { c.NotifyBackoffMax = 2 * time.Hour }, want: "ALLOT_NOTIFY_BACKOFF_MAX"},
-		{name: "zero workers", change: func(c *cfg) { c.NotifyWorkers = 0 }, want: "ALLOT_NOTIFY_WORKERS"},
-		{name: "bad metrics addr", change: func(c *cfg) { c.NotifyMetricsAddr = "9092" }, want: "ALLOT_NOTIFY_METRICS_ADDR"},
+		{name: "relative webhook", change: func(c *cfg) { c.URL = "/hook" }, want: "ALLOT_NOTIFY_URL"},
+		{name: "webhook without host", change: func(c *cfg) { c.URL = "http://" }, want: "ALLOT_NOTIFY_URL"},
+		{name: "webhook other scheme", change: func(c *cfg) { c.URL = "ftp://example.com/x" }, want: "ALLOT_NOTIFY_URL"},
+		{name: "empty filter", change: func(c *cfg) { c.Filter = "" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filter outside the event stream", change: func(c *cfg) { c.Filter = "alloc.req.>" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filter with an empty token", change: func(c *cfg) { c.Filter = "alloc.evt..promoted" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filter with > not last", change: func(c *cfg) { c.Filter = "alloc.evt.>.promoted" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filter with a partial wildcard", change: func(c *cfg) { c.Filter = "alloc.evt.*.pro*" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filter with a space", change: func(c *cfg) { c.Filter = "alloc.evt.* .promoted" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filters with an empty one", change: func(c *cfg) { c.Filter = "alloc.evt.*.promoted,," }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "filters with one outside", change: func(c *cfg) { c.Filter = "alloc.evt.*.expired,alloc.req.>" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "the same filter twice", change: func(c *cfg) { c.Filter = "alloc.evt.*.held,alloc.evt.*.held" }, want: "ALLOT_NOTIFY_FILTER"},
+		{name: "empty durable", change: func(c *cfg) { c.Durable = "" }, want: "ALLOT_NOTIFY_DURABLE"},
+		{name: "durable with a dot", change: func(c *cfg) { c.Durable = "my.notifier" }, want: "ALLOT_NOTIFY_DURABLE"},
+		{name: "zero timeout", change: func(c *cfg) { c.Timeout = 0 }, want: "ALLOT_NOTIFY_TIMEOUT"},
+		{name: "huge timeout", change: func(c *cfg) { c.Timeout = time.Hour }, want: "ALLOT_NOTIFY_TIMEOUT"},
+		{name: "zero attempts", change: func(c *cfg) { c.MaxAttempts = 0 }, want: "ALLOT_NOTIFY_MAX_ATTEMPTS"},
+		{name: "too many attempts", change: func(c *cfg) { c.MaxAttempts = 1001 }, want: "ALLOT_NOTIFY_MAX_ATTEMPTS"},
+		{name: "zero backoff base", change: func(c *cfg) { c.BackoffBase = 0 }, want: "ALLOT_NOTIFY_BACKOFF_BASE"},
+		{name: "backoff max below base", change: func(c *cfg) { c.BackoffMax = time.Millisecond }, want: "ALLOT_NOTIFY_BACKOFF_MAX"},
+		{name: "backoff max above an hour", change: func(c *cfg) { c.BackoffMax = 2 * time.Hour }, want: "ALLOT_NOTIFY_BACKOFF_MAX"},
+		{name: "zero workers", change: func(c *cfg) { c.Workers = 0 }, want: "ALLOT_NOTIFY_WORKERS"},
+		{name: "bad metrics addr", change: func(c *cfg) { c.MetricsAddr = "9092" }, want: "ALLOT_NOTIFY_METRICS_ADDR"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/bus"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 )
 
 // DefaultCheckpointInterval is how often a partition's state is
@@ -16,7 +16,7 @@ import (
 // hours of what the stream holds.
 const DefaultCheckpointInterval = 6 * time.Hour
 
-// checkpoints takes a checkpoint of the partition (store.TakeCheckpoint)
+// checkpoints takes a checkpoint of the partition (checkpoint.Take)
 // whenever its newest one is older than the interval and the fence has
 // moved since, then drops the checkpoints the request stream no longer
 // reaches back to. Every allocator process runs it for every partition;
@@ -44,7 +44,7 @@ func (a *Allocator) checkpoints(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		last, ok, err := store.LatestCheckpoint(ctx, a.db, a.cfg.Partition)
+		last, ok, err := checkpoint.Latest(ctx, a.db, a.cfg.Partition)
 		if err != nil {
 			a.log.WarnContext(ctx, "checkpoint: read the newest", slog.Any("err", err))
 			continue
@@ -53,7 +53,7 @@ func (a *Allocator) checkpoints(ctx context.Context) {
 			continue
 		}
 		start := time.Now()
-		cp, took, err := store.TakeCheckpoint(ctx, a.db, a.cfg.Partition, a.cfg.Partitions, belongs)
+		cp, took, err := checkpoint.Take(ctx, a.db, a.cfg.Partition, a.cfg.Partitions, belongs)
 		if err != nil {
 			if ctx.Err() == nil {
 				a.log.WarnContext(ctx, "checkpoint failed; retrying at the next tick", slog.Any("err", err))
@@ -80,7 +80,7 @@ func (a *Allocator) pruneCheckpoints(ctx context.Context) {
 	if first <= 1 {
 		return
 	}
-	n, err := store.PruneCheckpoints(ctx, a.db, a.cfg.Partition, first-1)
+	n, err := checkpoint.Prune(ctx, a.db, a.cfg.Partition, first-1)
 	if err != nil {
 		a.log.WarnContext(ctx, "checkpoint: prune", slog.Any("err", err))
 		return

@@ -125,7 +125,7 @@ func checkResize(t *testing.T, e *env, a *Allocator, activity int64, resize wire
 		t.Errorf("%d outbox entries skipped, want 0", n)
 	}
 	e.db.CheckInvariants(t)
-	rep, err := audit.Run(context.Background(), e.db.DB, e.js, audit.Options{})
+	rep, err := audit.Run(context.Background(), audit.Config{}, audit.Deps{DB: e.db.DB, JS: e.js})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -251,7 +251,7 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 	}
 	db.CheckInvariants(t)
 	db.CheckEffects(t)
-	rep, err := audit.Run(ctx, db.DB, js, audit.Options{})
+	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: db.DB, JS: js})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/lifecycle"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
 )
 
 // RunConfig is what Run needs beyond its dependencies.
@@ -49,7 +49,7 @@ type RunConfig struct {
 // stops the others, and its error is the one returned (nil after a clean
 // shutdown). The metrics server stops last, once the partitions have.
 func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger) error {
-	if err := store.Migrate(ctx, db); err != nil {
+	if err := schema.Migrate(ctx, db); err != nil {
 		return err
 	}
 	if stall := cfg.withDefaults().StallTimeout; stall > 0 {

@@ -168,7 +168,7 @@ func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
 		t.Fatalf("results = %d, want %d", n, len(reqs))
 	}
 	checkEvents(t, e)
-	rep, err := audit.Run(ctx, e.db.DB, e.js, audit.Options{})
+	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: e.db.DB, JS: e.js})
 	if err != nil {
 		t.Fatal(err)
 	}

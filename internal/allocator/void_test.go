@@ -34,11 +34,11 @@ func (e *env) publishVoid(v wire.Request, msgID string) uint64 {
 	return ack.Sequence
 }
 
-func (e *env) auditClean() { e.auditCleanWith(audit.Options{}) }
+func (e *env) auditClean() { e.auditCleanWith(audit.Config{}) }
 
-func (e *env) auditCleanWith(opts audit.Options) {
+func (e *env) auditCleanWith(opts audit.Config) {
 	e.t.Helper()
-	rep, err := audit.Run(context.Background(), e.db.DB, e.js, opts)
+	rep, err := audit.Run(context.Background(), opts, audit.Deps{DB: e.db.DB, JS: e.js})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -105,8 +105,8 @@ func TestVoidSettlesARequestIDForGood(t *testing.T) {
 	e.auditClean()
 	// An audit of the carrier's activity alone reads the voids on its
 	// subject but not their results (activity_id 0): no divergence.
-	e.auditCleanWith(audit.Options{Activities: []int64{1}})
-	e.auditCleanWith(audit.Options{Activities: []int64{2}})
+	e.auditCleanWith(audit.Config{Activities: []int64{1}})
+	e.auditCleanWith(audit.Config{Activities: []int64{2}})
 }
 
 // TestVoidOnTheWrongSubjectIsRefused: a void names no activity; stored

@@ -49,11 +49,11 @@
 //
 // # Filters
 //
-// Options.Activities reads only the subjects alloc.req.<id> of those
+// Config.Activities reads only the subjects alloc.req.<id> of those
 // activities (activities are independent, so nothing is lost) and checks only
 // their rows: results by activity_id, rejected messages by subject.
 //
-// Options.FromSeq and Options.FromTime open a window: requests before it are
+// Config.FromSeq and Config.FromTime open a window: requests before it are
 // replayed to build the state but not compared. Everything that carries a
 // stream sequence (results, rejected messages, activity and signup rows,
 // through the request that last changed them) is compared only from the
@@ -67,68 +67,16 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"io"
 	"math"
-	"slices"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
 )
-
-// ErrInvalidOptions is returned by Run for options it cannot honour, such as
-// FromSeq and FromTime together or an activity id that is not positive.
-var ErrInvalidOptions = errors.New("audit: invalid options")
 
 // ErrIncompleteStream is returned by Run when the request stream no longer
 // holds every message from sequence 1 up to the allocator's fence (messages
 // removed by limits, deleted, or a purged or recreated stream): the state
 // cannot be rebuilt, so nothing could be compared honestly.
 var ErrIncompleteStream = errors.New("audit: the request stream is incomplete")
-
-// Options narrow an audit. The zero value audits every activity over the
-// whole stream.
-type Options struct {
-	// Activities, when non-empty, limits the audit to these activity ids.
-	Activities []int64
-	// FromSeq, when non-zero, compares only from this stream sequence on.
-	FromSeq uint64
-	// FromTime, when non-zero, compares only from the first message stored
-	// at or after it. Exclusive with FromSeq.
-	FromTime time.Time
-	// FromCheckpoint starts from each partition's oldest checkpoint the
-	// request stream still reaches back to, instead of from sequence 1: the
-	// checkpoint's state is checked against its digest and the requests
-	// after it are replayed and compared. It is how an audit runs once
-	// retention has removed older requests. Exclusive with FromSeq and
-	// FromTime.
-	FromCheckpoint bool
-	// Progress, when non-nil, receives a progress bar while replaying (the
-	// command passes stderr when it is a terminal).
-	Progress io.Writer
-}
-
-func (o Options) validate() (Options, error) {
-	if o.FromSeq != 0 && !o.FromTime.IsZero() {
-		return o, fmt.Errorf("%w: -from-seq and -from-time exclude each other", ErrInvalidOptions)
-	}
-	if o.FromCheckpoint && (o.FromSeq != 0 || !o.FromTime.IsZero()) {
-		return o, fmt.Errorf("%w: -from-checkpoint excludes -from-seq and -from-time", ErrInvalidOptions)
-	}
-	if o.FromSeq == math.MaxUint64 {
-		return o, fmt.Errorf("%w: from-seq %d is out of range", ErrInvalidOptions, o.FromSeq)
-	}
-	ids := slices.Clone(o.Activities)
-	for _, id := range ids {
-		if id <= 0 {
-			return o, fmt.Errorf("%w: activity id %d is not positive", ErrInvalidOptions, id)
-		}
-	}
-	slices.Sort(ids)
-	o.Activities = slices.Compact(ids)
-	return o, nil
-}
 
 // Report is what an audit found. The counts cover the whole replay up to the
 // fence; Compared and the divergences are limited to the window.
@@ -221,18 +169,15 @@ type Divergence struct {
 // found. An error means the audit could not be carried out (bad options,
 // NATS or MySQL unreachable, an incomplete stream); divergences are not
 // errors, they are in the Report.
-func Run(ctx context.Context, db *sql.DB, js jetstream.JetStream, opts Options) (Report, error) {
-	opts, err := opts.validate()
-	if err != nil {
-		return Report{}, err
-	}
+func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
+	db, js := deps.DB, deps.JS
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
 		return Report{}, fmt.Errorf("audit: begin mysql snapshot: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only: nothing to keep
 
-	a := newAuditor(opts)
+	a := newAuditor(cfg, deps)
 	from := uint64(0)
 	// The fence first: it starts the snapshot, and every message it covers
 	// was stored before the stream's last sequence is read below.
@@ -240,7 +185,7 @@ func Run(ctx context.Context, db *sql.DB, js jetstream.JetStream, opts Options) 
 		return Report{}, err
 	}
 	var st stream
-	if opts.FromCheckpoint {
+	if cfg.FromCheckpoint {
 		st, err = a.openFromCheckpoint(ctx, tx, db, js)
 	} else {
 		st, err = openStream(ctx, js, a.fence)
@@ -263,11 +208,11 @@ func Run(ctx context.Context, db *sql.DB, js jetstream.JetStream, opts Options) 
 		from = a.cp.min
 	}
 
-	if opts.FromSeq > 0 {
-		from = opts.FromSeq - 1
+	if cfg.FromSeq > 0 {
+		from = cfg.FromSeq - 1
 	}
 	pagerCtx, cancelPager := context.WithCancel(ctx)
-	a.results = startResults(pagerCtx, tx, from, opts.Activities)
+	a.results = startResults(pagerCtx, tx, from, a.activities)
 	defer func() {
 		cancelPager()
 		a.results.wait()
@@ -286,25 +231,28 @@ func Run(ctx context.Context, db *sql.DB, js jetstream.JetStream, opts Options) 
 	return a.report(), nil
 }
 
-// newAuditor prepares the replay state for opts.
-func newAuditor(opts Options) *auditor {
+// newAuditor prepares the replay state for cfg.
+func newAuditor(cfg Config, deps Deps) *auditor {
 	a := &auditor{
-		opts:     opts,
-		winStart: math.MaxUint64,
-		acts:     make(map[int64]*allocation.Activity),
-		actLast:  make(map[int64]change),
-		signups:  make(map[signupKey]*signupTrack),
-		seen:     make(map[string]uint64),
+		cfg:        cfg,
+		activities: cfg.activities(),
+		progress:   deps.Progress,
+		apply:      deps.Test.apply(),
+		winStart:   math.MaxUint64,
+		acts:       make(map[int64]*allocation.Activity),
+		actLast:    make(map[int64]change),
+		signups:    make(map[signupKey]*signupTrack),
+		seen:       make(map[string]uint64),
 	}
 	switch {
-	case opts.FromSeq > 0:
-		a.winStart = opts.FromSeq
-	case opts.FromTime.IsZero():
+	case cfg.FromSeq > 0:
+		a.winStart = cfg.FromSeq
+	case cfg.FromTime.IsZero():
 		a.winStart = 1
 	}
-	if len(opts.Activities) > 0 {
-		a.subjects = make(map[string]bool, len(opts.Activities))
-		for _, id := range opts.Activities {
+	if len(a.activities) > 0 {
+		a.subjects = make(map[string]bool, len(a.activities))
+		for _, id := range a.activities {
 			a.subjects[activityKey(id)] = true
 		}
 	}

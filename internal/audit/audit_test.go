@@ -98,7 +98,7 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 		}
 	}
 
-	rep := e.audit(audit.Options{})
+	rep := e.audit(audit.Config{})
 	if !rep.OK || len(rep.Divergences) != 0 {
 		t.Fatalf("clean traffic: want no divergence, got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
 	}
@@ -137,7 +137,7 @@ func TestTamperingIsReported(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	tr := applyTraffic(e, 1000, 3)
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("before tampering: %s", divergences(rep.Divergences))
 	}
 	mid := tr.reqs[len(tr.reqs)/2]
@@ -253,7 +253,7 @@ func TestTamperingIsReported(t *testing.T) {
 			}
 		})
 	}
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("after restoring: %s", divergences(rep.Divergences))
 	}
 }
@@ -287,28 +287,28 @@ func TestFiltersLimitWhatIsCompared(t *testing.T) {
 	count := func(q string, args ...any) int { return int(e.db.Count(t, q, args...)) }
 	tests := []struct {
 		name     string
-		opts     audit.Options
+		opts     audit.Config
 		want     []string // request ids of the expected result divergences
 		extra    bool     // the hand-made signup row is reported
 		compared int
 	}{
-		{"all", audit.Options{}, []string{early.RequestID, late.RequestID}, true, len(tr.reqs)},
-		{"activity 1", audit.Options{Activities: []int64{1}}, []string{early.RequestID}, false,
+		{"all", audit.Config{}, []string{early.RequestID, late.RequestID}, true, len(tr.reqs)},
+		{"activity 1", audit.Config{Activities: []int64{1}}, []string{early.RequestID}, false,
 			count("SELECT COUNT(*) FROM processed_request WHERE activity_id = 1")},
-		{"activity 2", audit.Options{Activities: []int64{2, 2}}, []string{late.RequestID}, false,
+		{"activity 2", audit.Config{Activities: []int64{2, 2}}, []string{late.RequestID}, false,
 			count("SELECT COUNT(*) FROM processed_request WHERE activity_id = 2")},
-		{"activity 3", audit.Options{Activities: []int64{3}}, nil, true,
+		{"activity 3", audit.Config{Activities: []int64{3}}, nil, true,
 			count("SELECT COUNT(*) FROM processed_request WHERE activity_id = 3")},
-		{"never opened", audit.Options{Activities: []int64{12345}}, nil, false, 0},
-		{"from after the early one", audit.Options{FromSeq: tr.seqs[early.RequestID] + 1}, []string{late.RequestID}, true,
+		{"never opened", audit.Config{Activities: []int64{12345}}, nil, false, 0},
+		{"from after the early one", audit.Config{FromSeq: tr.seqs[early.RequestID] + 1}, []string{late.RequestID}, true,
 			count("SELECT COUNT(*) FROM processed_request WHERE seq > ?", tr.seqs[early.RequestID])},
-		{"from after the late one", audit.Options{FromSeq: tr.seqs[late.RequestID] + 1}, nil, true,
+		{"from after the late one", audit.Config{FromSeq: tr.seqs[late.RequestID] + 1}, nil, true,
 			count("SELECT COUNT(*) FROM processed_request WHERE seq > ?", tr.seqs[late.RequestID])},
-		{"activity 2 from after the early one", audit.Options{Activities: []int64{2}, FromSeq: tr.seqs[early.RequestID] + 1},
+		{"activity 2 from after the early one", audit.Config{Activities: []int64{2}, FromSeq: tr.seqs[early.RequestID] + 1},
 			[]string{late.RequestID}, false,
 			count("SELECT COUNT(*) FROM processed_request WHERE activity_id = 2 AND seq > ?", tr.seqs[early.RequestID])},
-		{"from a time in the future", audit.Options{FromTime: time.Now().Add(time.Hour)}, nil, true, 0},
-		{"from a time in the past", audit.Options{FromTime: time.Now().Add(-time.Hour)}, []string{early.RequestID, late.RequestID}, true, len(tr.reqs)},
+		{"from a time in the future", audit.Config{FromTime: time.Now().Add(time.Hour)}, nil, true, 0},
+		{"from a time in the past", audit.Config{FromTime: time.Now().Add(-time.Hour)}, []string{early.RequestID, late.RequestID}, true, len(tr.reqs)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -356,7 +356,7 @@ func TestPendingAndBadInput(t *testing.T) {
 		e.publish(newReq(wire.OpJoin, 1, u), "")
 	}
 	var bar bytes.Buffer
-	rep := e.audit(audit.Options{Progress: &bar})
+	rep := e.auditDeps(audit.Config{}, audit.Deps{Progress: &bar})
 	if bar.Len() == 0 {
 		t.Error("no progress bar drawn on the Progress writer")
 	}
@@ -369,11 +369,11 @@ func TestPendingAndBadInput(t *testing.T) {
 	}
 
 	ctx := context.Background()
-	if _, err := audit.Run(ctx, e.db.DB, e.js, audit.Options{FromSeq: 2, FromTime: time.Now()}); !errors.Is(err, audit.ErrInvalidOptions) {
-		t.Fatalf("from-seq with from-time: err = %v, want ErrInvalidOptions", err)
+	if err := (audit.Config{FromSeq: 2, FromTime: time.Now()}).Validate(); !errors.Is(err, audit.ErrInvalidConfig) {
+		t.Fatalf("from-seq with from-time: err = %v, want ErrInvalidConfig", err)
 	}
-	if _, err := audit.Run(ctx, e.db.DB, e.js, audit.Options{Activities: []int64{0}}); !errors.Is(err, audit.ErrInvalidOptions) {
-		t.Fatalf("activity 0: err = %v, want ErrInvalidOptions", err)
+	if err := (audit.Config{Activities: []int64{0}}).Validate(); !errors.Is(err, audit.ErrInvalidConfig) {
+		t.Fatalf("activity 0: err = %v, want ErrInvalidConfig", err)
 	}
 	st, err := e.js.Stream(ctx, wire.RequestStream)
 	if err != nil {
@@ -382,7 +382,7 @@ func TestPendingAndBadInput(t *testing.T) {
 	if err := st.Purge(ctx, jetstream.WithPurgeSequence(2)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = audit.Run(ctx, e.db.DB, e.js, audit.Options{})
+	_, err = audit.Run(ctx, audit.Config{}, audit.Deps{DB: e.db.DB, JS: e.js})
 	if !errors.Is(err, audit.ErrIncompleteStream) || !strings.Contains(err.Error(), "starts at sequence 2") {
 		t.Fatalf("stream without its first message: err = %v, want ErrIncompleteStream naming sequence 2", err)
 	}

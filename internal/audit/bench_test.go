@@ -24,7 +24,7 @@ func BenchmarkReplay100k(b *testing.B) {
 	var rep audit.Report
 	n := 0
 	for b.Loop() {
-		rep = e.audit(audit.Options{})
+		rep = e.audit(audit.Config{})
 		n++
 	}
 	if !rep.OK || rep.Replayed != len(reqs) || rep.Compared != len(reqs) {

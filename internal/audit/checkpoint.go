@@ -12,13 +12,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
-	"github.com/allot-dev/allot/internal/allocation/refmodel"
 	"github.com/allot-dev/allot/internal/bus"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// ErrNoCheckpoint is returned by Run with Options.FromCheckpoint when a
+// ErrNoCheckpoint is returned by Run with Config.FromCheckpoint when a
 // partition has no checkpoint the request stream still reaches back to:
 // nothing can be verified from there honestly.
 var ErrNoCheckpoint = errors.New("audit: no usable checkpoint")
@@ -39,7 +38,7 @@ type CheckpointUsed struct {
 }
 
 // fromCheckpoint is the state of an audit that starts from checkpoints
-// (Options.FromCheckpoint): per partition, the sequence its state is taken
+// (Config.FromCheckpoint): per partition, the sequence its state is taken
 // at; messages up to it are not replayed.
 type fromCheckpoint struct {
 	ctx context.Context
@@ -139,7 +138,7 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 	}
 	f := &fromCheckpoint{ctx: ctx, db: db, partitions: st.partitions, start: make([]uint64, st.partitions), min: ^uint64(0)}
 	for p := range st.partitions {
-		var cp store.Checkpoint
+		var cp checkpoint.Checkpoint
 		err := tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
 			"WHERE partition_id = ? AND seq >= ? ORDER BY seq LIMIT 1", p, need).
 			Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)
@@ -210,9 +209,9 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 // whether the digest matched; a mismatch is a divergence. Its rows stand
 // for the state at sequence at: its own, or a later one up to which the
 // partition was quiet.
-func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Checkpoint, at uint64) (bool, error) {
+func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp checkpoint.Checkpoint, at uint64) (bool, error) {
 	by := change{seq: at}
-	d := store.NewDigester()
+	d := checkpoint.NewDigester()
 	type actRow struct {
 		capacity, confirmed int64
 		next                uint64
@@ -314,10 +313,7 @@ func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp store.Check
 		a.actLast[id] = by
 		// The second opinion starts from the same state; it judges every
 		// decision after the checkpoint on its own.
-		if a.ref == nil {
-			a.ref = make(map[int64]*refmodel.Activity)
-		}
-		a.ref[id] = refOf(act)
+		a.ref.Seed(act)
 	}
 	return ok, nil
 }
@@ -346,7 +342,7 @@ func (a *auditor) verifiedRange() (from, to uint64) {
 // no result of the partition and no rejected message after the checkpoint
 // up to need, so the checkpoint's state (or the empty state) is the state
 // at need. Rejections are not partitioned, so any one makes it not quiet.
-func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp store.Checkpoint, found, quiet bool, err error) {
+func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp checkpoint.Checkpoint, found, quiet bool, err error) {
 	err = tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
 		"WHERE partition_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1", p, need).
 		Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)

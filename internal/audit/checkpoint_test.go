@@ -15,7 +15,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -116,10 +116,10 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 		t.Fatalf("stream starts at %d, want %d (just after the checkpoint)", first, ckptSeq+1)
 	}
 
-	if _, err := audit.Run(ctx, e.db.DB, e.js, audit.Options{}); !errors.Is(err, audit.ErrIncompleteStream) {
+	if _, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: e.db.DB, JS: e.js}); !errors.Is(err, audit.ErrIncompleteStream) {
 		t.Fatalf("full audit after retention: err %v, want ErrIncompleteStream", err)
 	}
-	rep := e.audit(audit.Options{FromCheckpoint: true})
+	rep := e.audit(audit.Config{FromCheckpoint: true})
 	if !rep.OK {
 		t.Fatalf("audit from checkpoint of an untouched system diverges:%s", divergences(rep.Divergences))
 	}
@@ -132,7 +132,7 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 	if rep.Compared != len(after)-1 || rep.Skipped != 1 {
 		t.Errorf("compared %d requests and skipped %d, want the %d after the checkpoint and the repeat", rep.Compared, rep.Skipped, len(after)-1)
 	}
-	if rep := e.audit(audit.Options{FromCheckpoint: true, Activities: []int64{1, 3}}); !rep.OK || rep.ActivitiesChecked != 2 {
+	if rep := e.audit(audit.Config{FromCheckpoint: true, Activities: []int64{1, 3}}); !rep.OK || rep.ActivitiesChecked != 2 {
 		t.Errorf("audit from checkpoint of activities 1 and 3: ok %v, %d checked:%s", rep.OK, rep.ActivitiesChecked, divergences(rep.Divergences))
 	}
 	var text bytes.Buffer
@@ -149,7 +149,7 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 	a.Stop()
 	check := func(name string, want func(d audit.Divergence) bool) {
 		t.Helper()
-		rep := e.audit(audit.Options{FromCheckpoint: true})
+		rep := e.audit(audit.Config{FromCheckpoint: true})
 		for _, d := range rep.Divergences {
 			if want(d) {
 				return
@@ -164,7 +164,7 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 	check("a result tampered after the checkpoint", func(d audit.Divergence) bool {
 		return d.Seq == tampered && d.Kind == audit.KindResult && d.Field == "outcome"
 	})
-	rep = e.audit(audit.Options{FromCheckpoint: true})
+	rep = e.audit(audit.Config{FromCheckpoint: true})
 	e.exec("UPDATE processed_request SET outcome = ? WHERE seq = ?", wantOutcome(t, rep, tampered), tampered)
 
 	// A live row the checkpoint vouches for: activity 3 is untouched since.
@@ -173,13 +173,13 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 		return d.Seq == ckptSeq && d.Kind == audit.KindActivity && d.ActivityID == 3 && d.Field == "capacity"
 	})
 	e.exec("UPDATE activity SET capacity = capacity - 1 WHERE id = 3")
-	if rep := e.audit(audit.Options{FromCheckpoint: true}); !rep.OK {
+	if rep := e.audit(audit.Config{FromCheckpoint: true}); !rep.OK {
 		t.Fatalf("after undoing the tampering:%s", divergences(rep.Divergences))
 	}
 
 	// The checkpoint's own rows: the digest no longer matches.
 	e.exec("UPDATE allocator_checkpoint_signup SET queue_seq = queue_seq + 100000 WHERE seq = ? AND activity_id = 3 ORDER BY user_id LIMIT 1", ckptSeq)
-	rep = e.audit(audit.Options{FromCheckpoint: true})
+	rep = e.audit(audit.Config{FromCheckpoint: true})
 	if rep.OK || len(rep.Checkpoints) != 1 || rep.Checkpoints[0].DigestOK {
 		t.Fatalf("a tampered checkpoint row: ok %v, checkpoints %+v, want a digest mismatch", rep.OK, rep.Checkpoints)
 	}
@@ -220,12 +220,12 @@ func TestFromCheckpointNeedsOne(t *testing.T) {
 	if err := st.Purge(context.Background(), jetstream.WithPurgeSequence(seqs[10])); err != nil {
 		t.Fatal(err)
 	}
-	_, err = audit.Run(context.Background(), e.db.DB, e.js, audit.Options{FromCheckpoint: true})
+	_, err = audit.Run(context.Background(), audit.Config{FromCheckpoint: true}, audit.Deps{DB: e.db.DB, JS: e.js})
 	if !errors.Is(err, audit.ErrNoCheckpoint) {
 		t.Fatalf("err %v, want ErrNoCheckpoint", err)
 	}
-	if _, err := audit.Run(context.Background(), e.db.DB, e.js, audit.Options{FromCheckpoint: true, FromSeq: 3}); !errors.Is(err, audit.ErrInvalidOptions) {
-		t.Fatalf("-from-checkpoint with -from-seq: err %v, want ErrInvalidOptions", err)
+	if err := (audit.Config{FromCheckpoint: true, FromSeq: 3}).Validate(); !errors.Is(err, audit.ErrInvalidConfig) {
+		t.Fatalf("-from-checkpoint with -from-seq: err %v, want ErrInvalidConfig", err)
 	}
 }
 
@@ -283,7 +283,7 @@ func TestAuditFromCheckpointPartitioned(t *testing.T) {
 			if err := e.db.QueryRow("SELECT last_seq FROM allocator_partition WHERE partition_id = ?", p).Scan(&fence); err != nil {
 				t.Fatal(err)
 			}
-			cp, ok, err := store.LatestCheckpoint(ctx, e.db.DB, p)
+			cp, ok, err := checkpoint.Latest(ctx, e.db.DB, p)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -322,7 +322,7 @@ func TestAuditFromCheckpointPartitioned(t *testing.T) {
 	seqs := e.publishAll(second)
 	applied(int64(len(first) + len(second)))
 
-	rep := e.audit(audit.Options{FromCheckpoint: true})
+	rep := e.audit(audit.Config{FromCheckpoint: true})
 	if !rep.OK {
 		t.Fatalf("audit from three checkpoints diverges:%s", divergences(rep.Divergences))
 	}
@@ -383,7 +383,7 @@ func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
 	if err := st.Purge(ctx, jetstream.WithPurgeSequence(last+1)); err != nil {
 		t.Fatal(err)
 	}
-	rep := e.audit(audit.Options{FromCheckpoint: true})
+	rep := e.audit(audit.Config{FromCheckpoint: true})
 	if !rep.OK {
 		t.Fatalf("audit from checkpoints with quiet partitions diverges:%s", divergences(rep.Divergences))
 	}
@@ -396,7 +396,7 @@ func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
 	}
 	// Tampering with the quiet partition's rows is still caught.
 	e.exec("UPDATE activity SET capacity = 3 WHERE id = ?", acts[1])
-	if rep := e.audit(audit.Options{FromCheckpoint: true}); rep.OK {
+	if rep := e.audit(audit.Config{FromCheckpoint: true}); rep.OK {
 		t.Fatal("a changed row of the quiet partition went unreported")
 	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -124,13 +124,13 @@ func (e *env) publishAll(reqs []wire.Request) []uint64 {
 
 // waitCheckpoint waits up to a minute until partition's newest checkpoint
 // is at fence, and returns it.
-func (e *env) waitCheckpoint(t testing.TB, partition int, fence uint64) store.Checkpoint {
+func (e *env) waitCheckpoint(t testing.TB, partition int, fence uint64) checkpoint.Checkpoint {
 	t.Helper()
-	var cp store.Checkpoint
+	var cp checkpoint.Checkpoint
 	testenv.WaitFor(t, time.Minute, fmt.Sprintf("partition %d checkpointed at its fence %d", partition, fence), func() bool {
 		var ok bool
 		var err error
-		cp, ok, err = store.LatestCheckpoint(context.Background(), e.db.DB, partition)
+		cp, ok, err = checkpoint.Latest(context.Background(), e.db.DB, partition)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,11 +157,18 @@ func (e *env) waitFence(seq uint64) {
 }
 
 // audit runs the audit in-process.
-func (e *env) audit(opts audit.Options) audit.Report {
+func (e *env) audit(cfg audit.Config) audit.Report {
 	e.t.Helper()
-	rep, err := audit.Run(context.Background(), e.db.DB, e.js, opts)
+	return e.auditDeps(cfg, audit.Deps{})
+}
+
+// auditDeps is audit with deps, whose DB and JS are the env's.
+func (e *env) auditDeps(cfg audit.Config, deps audit.Deps) audit.Report {
+	e.t.Helper()
+	deps.DB, deps.JS = e.db.DB, e.js
+	rep, err := audit.Run(context.Background(), cfg, deps)
 	if err != nil {
-		e.t.Fatalf("audit.Run(%+v): %v", opts, err)
+		e.t.Fatalf("audit.Run(%+v): %v", cfg, err)
 	}
 	return rep
 }
@@ -247,7 +254,7 @@ func (e *env) auditTampered(t testing.TB, tc tamperCase) (audit.Report, audit.Di
 	for _, q := range tc.tamper {
 		e.exec(q)
 	}
-	rep := e.audit(audit.Options{})
+	rep := e.audit(audit.Config{})
 	for _, q := range tc.restore {
 		e.exec(q)
 	}

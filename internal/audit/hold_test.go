@@ -213,7 +213,7 @@ func TestHoldsAuditClean(t *testing.T) {
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE status = 'HELD'"); n != 1 {
 		t.Errorf("%d HELD rows at the end, want 1 (user 6 of activity 61)", n)
 	}
-	rep := e.audit(audit.Options{})
+	rep := e.audit(audit.Config{})
 	if !rep.OK {
 		t.Fatalf("holds: want no divergence, got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
 	}
@@ -231,7 +231,7 @@ func TestHoldTamperingIsReported(t *testing.T) {
 	e := newEnv(t)
 	holdTraffic(e)
 	e.stopAllocator()
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("before tampering: %s", divergences(rep.Divergences))
 	}
 	// User 6 of activity 61 holds a seat by its join.
@@ -293,7 +293,7 @@ func TestHoldTamperingIsReported(t *testing.T) {
 			for _, q := range tt.tamper {
 				e.exec(q.q, q.args...)
 			}
-			rep := e.audit(audit.Options{})
+			rep := e.audit(audit.Config{})
 			for _, q := range tt.restore {
 				e.exec(q.q, q.args...)
 			}
@@ -308,7 +308,7 @@ func TestHoldTamperingIsReported(t *testing.T) {
 			}
 		})
 	}
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("after restoring: %s", divergences(rep.Divergences))
 	}
 }
@@ -368,7 +368,7 @@ func TestHoldsAuditFromCheckpoint(t *testing.T) {
 		t.Fatalf("outcomes after the checkpoint: %s", got)
 	}
 
-	rep := e.audit(audit.Options{FromCheckpoint: true})
+	rep := e.audit(audit.Config{FromCheckpoint: true})
 	if !rep.OK {
 		t.Fatalf("audit from a checkpoint with holds diverges:%s", divergences(rep.Divergences))
 	}
@@ -380,7 +380,7 @@ func TestHoldsAuditFromCheckpoint(t *testing.T) {
 	// A hold changed in the checkpoint's rows.
 	a.Stop()
 	e.exec("UPDATE allocator_checkpoint_signup SET held_until = held_until + INTERVAL 1 SECOND WHERE seq = ? AND activity_id = 70 AND user_id = 2", ckptSeq)
-	rep = e.audit(audit.Options{FromCheckpoint: true})
+	rep = e.audit(audit.Config{FromCheckpoint: true})
 	found := false
 	for _, d := range rep.Divergences {
 		found = found || d.Kind == audit.KindCheckpoint && d.Field == "digest" && d.Seq == ckptSeq
@@ -394,12 +394,12 @@ func TestHoldsAuditFromCheckpoint(t *testing.T) {
 // the held_until of the seat an expiry hands to the next in line) and
 // MySQL holds the same wrong value, the reference model objects.
 //
-// Not parallel: it swaps the audit's domain function.
+// Its wrong Apply is a test hook of this audit alone.
 func TestSecondOpinionOnHolds(t *testing.T) {
 	e := newEnv(t)
 	holdTraffic(e)
 	e.stopAllocator()
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("before the fault: %s", divergences(rep.Divergences))
 	}
 	id := wire.ExpireRequestID(60, 1, 2)
@@ -411,17 +411,16 @@ func TestSecondOpinionOnHolds(t *testing.T) {
 		t.Fatal(err)
 	}
 	wrong := until.Add(time.Second)
-	restore := audit.SetDomainApply(func(a *allocation.Activity, req allocation.Request, s uint64) (*allocation.Activity, allocation.Decision, error) {
+	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, s uint64) (*allocation.Activity, allocation.Decision, error) {
 		after, d, err := allocation.Apply(a, req, s)
 		if s == seq {
 			d.HeldUntil = wrong // a wrong answer; the state change is right
 		}
 		return after, d, err
-	})
-	defer restore()
+	}}
 	e.exec("UPDATE processed_request SET held_until = ? WHERE request_id = ?", wrong, id)
 
-	rep := e.audit(audit.Options{})
+	rep := e.auditDeps(audit.Config{}, audit.Deps{Test: hooks})
 	if rep.OK || len(rep.Divergences) != 1 {
 		t.Fatalf("want exactly one divergence (the second opinion's), got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
 	}

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"math"
 	"slices"
@@ -14,7 +15,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
-	"github.com/allot-dev/allot/internal/allocation/refmodel"
+	"github.com/allot-dev/allot/internal/audit/second"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -22,7 +23,14 @@ import (
 
 // auditor is one audit's replay state and findings.
 type auditor struct {
-	opts  Options
+	cfg Config
+	// activities are cfg.Activities in ascending order, each once.
+	activities []int64
+	// progress gets the progress bar (Deps.Progress).
+	progress io.Writer
+	// apply is the domain under audit: allocation.Apply but in tests
+	// (TestHooks.Apply).
+	apply func(*allocation.Activity, allocation.Request, uint64) (*allocation.Activity, allocation.Decision, error)
 	fence uint64
 	last  uint64
 	// subjects are the audited activities, by their subject token; nil
@@ -48,9 +56,9 @@ type auditor struct {
 	// refusedAt maps the request ids of rejected_message rows to the first
 	// sequence they were refused at: a void behind it is a repeat.
 	refusedAt map[string]uint64
-	// ref is the reference model's state per activity: the second opinion
-	// on allocation.Apply (second.go).
-	ref map[int64]*refmodel.Activity
+	// ref is the second opinion on allocation.Apply: the reference model's
+	// state per activity (reference.go, internal/audit/second).
+	ref second.Opinion
 
 	rep Report
 	// cp is set when the audit starts from checkpoints.
@@ -99,7 +107,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 	if a.cp != nil && a.cp.covers(seq, subject) {
 		return a.skipCovered(seq)
 	}
-	if a.winStart == math.MaxUint64 && !a.opts.FromTime.IsZero() && !stored.Before(a.opts.FromTime) {
+	if a.winStart == math.MaxUint64 && !a.cfg.FromTime.IsZero() && !stored.Before(a.cfg.FromTime) {
 		a.winStart = seq
 	}
 	got, err := a.resultAt(seq)
@@ -421,16 +429,16 @@ func (a *auditor) compareResult(want wire.Result, got *resultRow) {
 
 // compareRows compares the final activity and signup rows with the replay.
 func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
-	rows, err := readActivities(ctx, tx, a.opts.Activities)
+	rows, err := readActivities(ctx, tx, a.activities)
 	if err != nil {
 		return err
 	}
-	buckets, err := readBuckets(ctx, tx, a.opts.Activities)
+	buckets, err := readBuckets(ctx, tx, a.activities)
 	if err != nil {
 		return err
 	}
 	checked := make(map[int64]bool, len(a.acts)+len(rows))
-	for _, id := range a.opts.Activities {
+	for _, id := range a.activities {
 		checked[id] = true
 	}
 	inRow := make(map[int64]bool, len(rows))
@@ -503,7 +511,7 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	a.rep.ActivitiesChecked = len(checked)
 
-	err = eachSignup(ctx, tx, a.opts.Activities, func(k signupKey, r signupRow) {
+	err = eachSignup(ctx, tx, a.activities, func(k signupKey, r signupRow) {
 		t := a.signups[k]
 		if t == nil {
 			a.diverge(Divergence{

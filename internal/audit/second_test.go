@@ -18,25 +18,24 @@ import (
 // (the audit's copy, standing for the allocator's) answers one join with
 // another outcome, and MySQL holds that outcome too.
 //
-// Not parallel: it swaps the audit's domain function.
+// Its wrong Apply is a test hook of this audit alone.
 func TestSecondOpinionCatchesAWrongApply(t *testing.T) {
 	e := newEnv(t)
 	tr := applyTraffic(e, 300, 2)
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("before the fault: %s", divergences(rep.Divergences))
 	}
 	j3Seq := tr.seqs[tr.j3.RequestID]
-	restore := audit.SetDomainApply(func(a *allocation.Activity, req allocation.Request, seq uint64) (*allocation.Activity, allocation.Decision, error) {
+	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, seq uint64) (*allocation.Activity, allocation.Decision, error) {
 		after, d, err := allocation.Apply(a, req, seq)
 		if seq == j3Seq {
 			d.Outcome = wire.OutcomeAlreadyConfirmed // a wrong answer; the state change is right
 		}
 		return after, d, err
-	})
-	defer restore()
+	}}
 	e.exec("UPDATE processed_request SET outcome = ? WHERE request_id = ?", wire.OutcomeAlreadyConfirmed, tr.j3.RequestID)
 
-	rep := e.audit(audit.Options{})
+	rep := e.auditDeps(audit.Config{}, audit.Deps{Test: hooks})
 	if rep.OK || len(rep.Divergences) != 1 {
 		t.Fatalf("want exactly one divergence (the second opinion's), got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
 	}
@@ -59,7 +58,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	tr := applyTraffic(e, 300, 2)
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("before tampering: %s", divergences(rep.Divergences))
 	}
 	stray := uuid.Must(uuid.NewV7()).String()
@@ -109,7 +108,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 			}
 		})
 	}
-	if rep := e.audit(audit.Options{}); !rep.OK {
+	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("after restoring: %s", divergences(rep.Divergences))
 	}
 }

@@ -63,9 +63,9 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 		return nil
 	}
 	filters := []string{wire.RequestSubjectPrefix + ">"}
-	if len(a.opts.Activities) > 0 {
+	if len(a.activities) > 0 {
 		filters = filters[:0]
-		for _, id := range a.opts.Activities {
+		for _, id := range a.activities {
 			// Stored as published, or behind its partition's token.
 			filters = append(filters, subjectOf(id), wire.RequestSubjectPrefix+"*."+strconv.FormatInt(id, 10))
 		}
@@ -112,9 +112,9 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 	}()
 
 	var bar *progressbar.ProgressBar
-	if a.opts.Progress != nil {
+	if a.progress != nil {
 		bar = progressbar.NewOptions64(int64(st.last),
-			progressbar.OptionSetWriter(a.opts.Progress),
+			progressbar.OptionSetWriter(a.progress),
 			progressbar.OptionSetDescription("replaying "+wire.RequestStream),
 			progressbar.OptionShowCount(),
 			progressbar.OptionThrottle(100*time.Millisecond),

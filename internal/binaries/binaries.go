@@ -6,12 +6,12 @@
 // reading Go source.
 //
 // It imports the packages whose settings the binaries embed (config,
-// ingest, allocator); none of them may import it.
+// ingest, allocator, notifier, audit, loadgen, bus); none of them may
+// import it.
 package binaries
 
 import (
 	"encoding"
-	"net/url"
 	"os"
 	"reflect"
 	"regexp"
@@ -19,9 +19,11 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/notifier"
 )
 
 // Ingest is cmd/ingest's configuration.
@@ -42,44 +44,17 @@ type Allotctl struct {
 	bus.SetupEnv
 }
 
-// Audit is cmd/audit's configuration.
+// Audit is cmd/audit's configuration: audit.Config holds what its flags
+// set and reads no variable.
 type Audit struct {
 	config.Common
-}
-
-// SecretURL is a webhook URL that prints with its password and query values
-// masked: webhook URLs often carry their credentials.
-type SecretURL string
-
-func (u SecretURL) String() string {
-	if u == "" {
-		return ""
-	}
-	p, err := url.Parse(string(u))
-	if err != nil {
-		return "*****"
-	}
-	if q := p.Query(); len(q) > 0 {
-		for k := range q {
-			q[k] = []string{"*****"}
-		}
-		p.RawQuery = q.Encode()
-	}
-	return p.Redacted()
+	audit.Config
 }
 
 // Notifier is cmd/notifier's configuration.
 type Notifier struct {
 	config.Common
-	NotifyURL         SecretURL     `envconfig:"NOTIFY_URL" desc:"webhook URL events are POSTed to; empty = log them only"`
-	NotifyFilter      string        `envconfig:"NOTIFY_FILTER" default:"alloc.evt.*.promoted" desc:"subject filter within alloc.evt.>, or several separated by commas (e.g. alloc.evt.*.promoted,alloc.evt.*.expired)"`
-	NotifyDurable     string        `envconfig:"NOTIFY_DURABLE" default:"notifier" desc:"durable consumer name"`
-	NotifyTimeout     time.Duration `envconfig:"NOTIFY_TIMEOUT" default:"5s" desc:"one webhook attempt"`
-	NotifyMaxAttempts int           `envconfig:"NOTIFY_MAX_ATTEMPTS" default:"8" desc:"attempts before an event is dead-lettered"`
-	NotifyBackoffBase time.Duration `envconfig:"NOTIFY_BACKOFF_BASE" default:"500ms" desc:"first retry waits up to this"`
-	NotifyBackoffMax  time.Duration `envconfig:"NOTIFY_BACKOFF_MAX" default:"30s" desc:"no retry waits longer"`
-	NotifyWorkers     int           `envconfig:"NOTIFY_WORKERS" default:"4" desc:"events delivered concurrently; 1 keeps stream order"`
-	NotifyMetricsAddr string        `envconfig:"NOTIFY_METRICS_ADDR" desc:"serve /metrics and /healthz here; empty = off"`
+	notifier.Config
 }
 
 // IngestEnv and AllocatorEnv are the settings of the development stack's

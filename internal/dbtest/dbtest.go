@@ -14,6 +14,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
 )
 
 // DefaultDSN is the server tests use when ALLOT_TEST_MYSQL_DSN is unset.
@@ -86,7 +87,7 @@ func create(t testing.TB, base string, migrate bool) *DB {
 		}
 	})
 	if migrate {
-		if err := store.Migrate(ctx, db); err != nil {
+		if err := schema.Migrate(ctx, db); err != nil {
 			t.Fatalf("dbtest: migrate: %v", err)
 		}
 	}

@@ -352,7 +352,7 @@ func waitApplied(t *testing.T, db *dbtest.DB, seq float64) {
 
 func requireCleanAudit(t *testing.T, s *stack) {
 	t.Helper()
-	rep, err := audit.Run(context.Background(), s.db.DB, s.js, audit.Options{})
+	rep, err := audit.Run(context.Background(), audit.Config{}, audit.Deps{DB: s.db.DB, JS: s.js})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -194,7 +194,7 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	sum.events, sum.eventsRaw = s.checkEvents(ctx, rows)
 
 	// The audit replays the stream and agrees with MySQL.
-	rep, err := audit.Run(ctx, s.db.DB, s.js, audit.Options{})
+	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: s.db.DB, JS: s.js})
 	if err != nil {
 		t.Errorf("audit: %v", err)
 	} else {

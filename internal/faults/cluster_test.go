@@ -246,7 +246,7 @@ func TestScenario10ClusterKillStreamLeader(t *testing.T) {
 			}
 			want("after the burst")
 			// The audit from the allocators' checkpoints agrees as well.
-			rep, err := audit.Run(context.Background(), s.db.DB, s.js, audit.Options{FromCheckpoint: true})
+			rep, err := audit.Run(context.Background(), audit.Config{FromCheckpoint: true}, audit.Deps{DB: s.db.DB, JS: s.js})
 			switch {
 			case err != nil:
 				t.Errorf("audit -from-checkpoint: %v", err)

@@ -196,7 +196,7 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 	s.db.CheckInvariants(t)
 	// The audit replays the holds, the expiries the restarted relay
 	// scheduled late and the promotions they made, and agrees.
-	rep, err := audit.Run(ctx, s.db.DB, s.js, audit.Options{})
+	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: s.db.DB, JS: s.js})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/notifier"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -163,7 +164,7 @@ func TestScenario11NATSPermissions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			rep, err := audit.Run(context.Background(), s.db.DB, js, audit.Options{})
+			rep, err := audit.Run(context.Background(), audit.Config{}, audit.Deps{DB: s.db.DB, JS: js})
 			if err != nil {
 				t.Fatalf("the audit as the audit user: %v", err)
 			}
@@ -366,8 +367,10 @@ func (s *stack) notifyAsNotifier(t *testing.T) int {
 		t.Fatalf("connect as notifier: %v", err)
 	}
 	defer nc.Close()
-	n, err := notifier.New(nc, slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), notifier.Config{
-		URL: hook.URL, Filter: "alloc.evt.>", MaxAttempts: 1, BackoffBase: time.Millisecond, PollWait: 100 * time.Millisecond})
+	ncfg := config.Defaults[notifier.Config]()
+	ncfg.URL, ncfg.Filter, ncfg.MaxAttempts, ncfg.BackoffBase = notifier.SecretURL(hook.URL), "alloc.evt.>", 1, time.Millisecond
+	n, err := notifier.New(ncfg, notifier.Deps{NC: nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registry: prometheus.NewRegistry(),
+		Test: notifier.TestHooks{PollWait: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatalf("notifier as the notifier user: %v", err)
 	}

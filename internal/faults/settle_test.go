@@ -107,7 +107,7 @@ func TestScenario13LostPubAckSettles(t *testing.T) {
 
 			s.db.CheckInvariants(t)
 			s.db.CheckEffects(t)
-			rep, err := audit.Run(ctx, s.db.DB, s.js, audit.Options{})
+			rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: s.db.DB, JS: s.js})
 			if err != nil {
 				t.Fatal(err)
 			}

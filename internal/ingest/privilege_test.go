@@ -17,6 +17,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -110,7 +111,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 		return db
 	}
 	alloc := open("allocator")
-	if err := store.Migrate(ctx, alloc); err != nil {
+	if err := schema.Migrate(ctx, alloc); err != nil {
 		t.Fatalf("Migrate as the allocator with everything applied: %v", err)
 	}
 	if _, err := alloc.ExecContext(ctx, "INSERT INTO activity (id, capacity, confirmed_count) VALUES (1, 2, 1)"); err != nil {
@@ -166,7 +167,7 @@ func TestMigrationsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer alloc.Close()
-	if err := store.Migrate(ctx, alloc); !denied(err) {
+	if err := schema.Migrate(ctx, alloc); !denied(err) {
 		t.Fatalf("Migrate as the allocator on an empty database: %v, want a privilege error", err)
 	}
 	mig, err := store.Open(ctx, dsns["migrate"], 2)
@@ -174,10 +175,10 @@ func TestMigrationsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mig.Close()
-	if err := store.Migrate(ctx, mig); err != nil {
+	if err := schema.Migrate(ctx, mig); err != nil {
 		t.Fatalf("Migrate as allot_migrate: %v", err)
 	}
-	if err := store.Migrate(ctx, alloc); err != nil {
+	if err := schema.Migrate(ctx, alloc); err != nil {
 		t.Fatalf("Migrate as the allocator once migrated: %v", err)
 	}
 }

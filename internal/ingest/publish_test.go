@@ -357,7 +357,7 @@ func TestVoidLandsInTheRequestsPartition(t *testing.T) {
 	if n := h.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE request_id = ? AND partition_id = ?", id, p); n != 1 {
 		t.Errorf("the void is not recorded in partition %d", p)
 	}
-	rep, err := audit.Run(context.Background(), h.db.DB, h.js, audit.Options{})
+	rep, err := audit.Run(context.Background(), audit.Config{}, audit.Deps{DB: h.db.DB, JS: h.js})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/baseline"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/store"
@@ -57,9 +58,14 @@ func TestRunAgainstGatedBaseline(t *testing.T) {
 	srv := baselineServer(t, baseline.DesignGated, 32)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep, err := loadgen.Run(ctx, loadgen.Config{
-		BaseURL: srv.URL, Activity: 9001, Capacity: 100, Requests: 2000, Users: 1800, Concurrency: 64,
-	})
+	lcfg := config.Defaults[loadgen.Config]()
+	lcfg.BaseURL = srv.URL
+	lcfg.Activity = 9001
+	lcfg.Capacity = 100
+	lcfg.Requests = 2000
+	lcfg.Users = 1800
+	lcfg.Concurrency = 64
+	rep, err := loadgen.Run(ctx, lcfg, loadgen.Deps{})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -106,10 +112,15 @@ func TestRunAgainstGatedBaseline(t *testing.T) {
 // cancels, which exercises promotions through HTTP.
 func TestRunAgainstJoinBaseline(t *testing.T) {
 	srv := baselineServer(t, baseline.DesignJoin, 16)
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{
-		BaseURL: srv.URL, Activity: 7, Capacity: 20, Requests: 400, Users: 100, Concurrency: 16,
-		Mix: loadgen.Mix{Join: 3, Cancel: 1},
-	})
+	lcfg := config.Defaults[loadgen.Config]()
+	lcfg.BaseURL = srv.URL
+	lcfg.Activity = 7
+	lcfg.Capacity = 20
+	lcfg.Requests = 400
+	lcfg.Users = 100
+	lcfg.Concurrency = 16
+	lcfg.Mix = loadgen.Mix{Join: 3, Cancel: 1}
+	rep, err := loadgen.Run(context.Background(), lcfg, loadgen.Deps{})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -132,9 +143,14 @@ func BenchmarkGatedBaselineHTTP(b *testing.B) {
 	srv := baselineServer(b, baseline.DesignGated, baseline.DefaultMaxConns)
 	b.ReportAllocs()
 	b.ResetTimer()
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{
-		BaseURL: srv.URL, Activity: 9001, Capacity: 100, Requests: b.N, Users: max(b.N*9/10, 1), Concurrency: 256,
-	})
+	lcfg := config.Defaults[loadgen.Config]()
+	lcfg.BaseURL = srv.URL
+	lcfg.Activity = 9001
+	lcfg.Capacity = 100
+	lcfg.Requests = b.N
+	lcfg.Users = max(b.N*9/10, 1)
+	lcfg.Concurrency = 256
+	rep, err := loadgen.Run(context.Background(), lcfg, loadgen.Deps{})
 	b.StopTimer()
 	if err != nil {
 		b.Fatal(err)

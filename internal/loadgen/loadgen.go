@@ -26,68 +26,105 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Config is one rehearsal.
+// Config is a rehearsal: what cmd/loadgen's flags set (each field names its
+// flag). Defaults live in the default tags only: start from
+// config.Defaults[loadgen.Config](). Validate checks it once, before Run.
 type Config struct {
-	// BaseURL is the server, e.g. http://127.0.0.1:8080.
-	BaseURL string
-	// Activity is the activity the burst targets.
+	// BaseURL is the server, e.g. http://127.0.0.1:8080 (-url).
+	BaseURL string `default:"http://127.0.0.1:8080"`
+	// Activity is the activity the burst targets (-activity, required).
 	Activity int64
-	// Capacity is the capacity the activity is opened with.
+	// Capacity is the capacity the activity is opened with (-capacity).
 	Capacity int64
-	// Requests is the size of the burst.
-	Requests int
-	// Users is the number of distinct users; fewer users than requests
-	// means repeat taps.
+	// Requests is the size of the burst (-n).
+	Requests int `default:"1000"`
+	// Users is the number of distinct users (-users); fewer users than
+	// requests means repeat taps. 0 means one per request (UserCount).
 	Users int
 	// Concurrency is the number of workers, each with one request in
-	// flight.
-	Concurrency int
-	// Mix weighs the ops; the zero Mix is DefaultMix.
+	// flight (-c); never more than Requests (Workers).
+	Concurrency int `default:"64"`
+	// Mix weighs the ops (-mix).
 	Mix Mix
-	// Wait is the ?wait= of every write and poll (default 30s, the most
+	// Wait is the ?wait= of every write and poll (-wait; 30s, the most
 	// the API honours).
-	Wait time.Duration
-	// OpenWait is the ?wait= of the open (default 10s).
-	OpenWait time.Duration
-	// NoOpen skips the open: the activity is used as it is.
+	Wait time.Duration `default:"30s"`
+	// OpenWait is the ?wait= of the open (-open-wait).
+	OpenWait time.Duration `default:"10s"`
+	// NoOpen skips the open: the activity is used as it is (-no-open).
 	NoOpen bool
-	// Seed fixes the users and ops of each request (default 1).
-	Seed uint64
+	// Seed fixes the users and ops of each request (-seed).
+	Seed uint64 `default:"1"`
 	// MaxRetries bounds the 429/503 retries of one HTTP exchange
-	// (default 100).
-	MaxRetries int
-	// RequestTimeout bounds one HTTP exchange (default Wait + 30s).
-	RequestTimeout time.Duration
+	// (-retries).
+	MaxRetries int `default:"100"`
 	// Token, when set, is sent as a bearer token on the open and the state
-	// reads, and on every write and poll that UserToken does not cover.
-	// Against an ingest that requires tokens it needs allot:admin.
+	// reads, and on every write and poll that Deps.UserToken does not
+	// cover (-token, else ALLOT_TOKEN). Against an ingest that requires
+	// tokens it needs allot:admin.
 	Token string
+
+	// Hold opens the activity with this hold (-hold; 0: none): a seat
+	// taken is HELD until its user confirms it, or lapses at held_until.
+	// With NoOpen the activity's own hold is used.
+	Hold time.Duration
+	// NoShow is the fraction of users, drawn per user by Seed, who never
+	// confirm a seat held for them (-no-show); every other user confirms
+	// each seat as soon as loadgen sees it HELD. Only for an activity with
+	// a hold.
+	NoShow float64
+	// SettleTimeout bounds the wait after the burst, in an activity with a
+	// hold, for every hold to be confirmed or to lapse (the activity's held
+	// count at 0) (-settle-timeout); 0 means 30s + 20 holds.
+	SettleTimeout time.Duration
+}
+
+// UserCount is the number of distinct users: Users, or Requests when Users
+// is 0.
+func (c Config) UserCount() int {
+	if c.Users == 0 {
+		return c.Requests
+	}
+	return c.Users
+}
+
+// Workers is the number of workers: Concurrency, but no more than there
+// are requests.
+func (c Config) Workers() int { return min(c.Concurrency, c.Requests) }
+
+// RequestTimeout bounds one HTTP exchange: Wait + 30s.
+func (c Config) RequestTimeout() time.Duration { return c.Wait + 30*time.Second }
+
+// baseURL is BaseURL without a trailing slash.
+func (c Config) baseURL() string { return strings.TrimRight(c.BaseURL, "/") }
+
+// Deps is what a rehearsal runs with besides its Config.
+type Deps struct {
+	// Client overrides the HTTP client; by default one is built whose
+	// transport keeps Workers idle connections to the server.
+	Client *http.Client
 	// UserToken, when set, gives the bearer token of user's writes and
 	// polls: each simulated user then spends its own rate limit, as real
 	// users do.
 	UserToken func(user int64) string
-	// Client overrides the HTTP client; by default one is built whose
-	// transport keeps Concurrency idle connections to the server.
-	Client *http.Client
 	// Progress, when set, is called from one goroutine with the number of
-	// requests finished, every ProgressEvery while firing and once at the
-	// end.
+	// requests finished, every 100ms while firing and once at the end.
 	Progress func(done int)
-	// ProgressEvery is the period of Progress (default 100ms).
-	ProgressEvery time.Duration
+	// Test holds the seams of the tests; the zero value is production.
+	Test TestHooks
+}
 
-	// Hold opens the activity with this hold (0: none): a seat taken is
-	// HELD until its user confirms it, or lapses at held_until. With NoOpen
-	// the activity's own hold is used.
-	Hold time.Duration
-	// NoShow is the fraction of users, drawn per user by Seed, who never
-	// confirm a seat held for them; every other user confirms each seat as
-	// soon as loadgen sees it HELD. Only for an activity with a hold.
-	NoShow float64
-	// SettleTimeout bounds the wait after the burst, in an activity with a
-	// hold, for every hold to be confirmed or to lapse (the activity's held
-	// count at 0); default 30s + 20 holds.
-	SettleTimeout time.Duration
+// TestHooks are loadgen's test seams.
+type TestHooks struct {
+	// ProgressEvery, when set, replaces the 100ms period of Progress.
+	ProgressEvery time.Duration
+}
+
+func (h TestHooks) progressEvery() time.Duration {
+	if h.ProgressEvery > 0 {
+		return h.ProgressEvery
+	}
+	return 100 * time.Millisecond
 }
 
 // ErrConfig is wrapped by the errors of an invalid Config: a usage error.
@@ -101,6 +138,9 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
 	}
+	if c.Activity == 0 {
+		return bad("-activity is required: the rehearsal opens (resets the capacity of) that activity")
+	}
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return bad("-url must be an http(s) URL such as http://127.0.0.1:8080, got %q", c.BaseURL)
@@ -112,14 +152,14 @@ func (c Config) Validate() error {
 		return bad("-capacity must be from 0 to %d, got %d", wire.MaxCapacity, c.Capacity)
 	case c.Requests < 1 || c.Requests > MaxRequests:
 		return bad("-n must be from 1 to %d, got %d", MaxRequests, c.Requests)
-	case c.Users < 1:
+	case c.Users < 0:
 		return bad("-users must be at least 1, got %d", c.Users)
 	case c.Concurrency < 1 || c.Concurrency > 100_000:
 		return bad("-c must be from 1 to 100000, got %d", c.Concurrency)
-	case c.Mix != (Mix{}) && !c.Mix.valid():
+	case !c.Mix.valid():
 		return bad("the mix %s has a negative weight or only zero weights", c.Mix)
-	case c.Wait < 0 || c.OpenWait < 0:
-		return bad("-wait must not be negative")
+	case c.Wait <= 0 || c.OpenWait <= 0:
+		return bad("-wait and -open-wait must be positive")
 	case c.MaxRetries < 0:
 		return bad("-retries must not be negative")
 	case c.Hold < 0 || c.Hold > wire.MaxHold:
@@ -130,34 +170,12 @@ func (c Config) Validate() error {
 		return bad("-no-show needs an op other than confirm in the mix: no-shows never confirm")
 	case c.SettleTimeout < 0:
 		return bad("-settle-timeout must not be negative")
+	case c.Hold != 0 && c.NoOpen:
+		return bad("-hold is the hold loadgen opens the activity with; with -no-open the activity's own hold is used")
+	case c.NoShow != 0 && c.Hold == 0 && !c.NoOpen:
+		return bad("-no-show needs -hold (or -no-open on an activity with a hold)")
 	}
 	return nil
-}
-
-func (c *Config) defaults() {
-	c.BaseURL = strings.TrimRight(c.BaseURL, "/")
-	if c.Mix == (Mix{}) {
-		c.Mix = DefaultMix
-	}
-	if c.Wait == 0 {
-		c.Wait = 30 * time.Second
-	}
-	if c.OpenWait == 0 {
-		c.OpenWait = 10 * time.Second
-	}
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
-	if c.MaxRetries == 0 {
-		c.MaxRetries = 100
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = c.Wait + 30*time.Second
-	}
-	if c.ProgressEvery <= 0 {
-		c.ProgressEvery = 100 * time.Millisecond
-	}
-	c.Concurrency = min(c.Concurrency, c.Requests)
 }
 
 // NewClient returns an HTTP client for conc workers: keep-alive connections,
@@ -183,20 +201,16 @@ var ErrOpen = errors.New("open the activity")
 // config, open refused, server unreachable) or was cut short by ctx; in the
 // second case the report holds what was measured. Whether the outcome is
 // right is Report.Verdict's business.
-func Run(ctx context.Context, cfg Config) (Report, error) {
-	if err := cfg.Validate(); err != nil {
-		return Report{}, err
-	}
-	cfg.defaults()
-	client := cfg.Client
+func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
+	client := deps.Client
 	if client == nil {
-		client = NewClient(cfg.Concurrency, cfg.RequestTimeout)
+		client = NewClient(cfg.Workers(), cfg.RequestTimeout())
 		defer client.CloseIdleConnections()
 	}
-	r := newRunner(cfg, client)
+	r := newRunner(cfg, deps, client)
 	rep := Report{
-		URL: cfg.BaseURL, Activity: cfg.Activity, Capacity: cfg.Capacity, Requests: cfg.Requests,
-		Users: cfg.Users, Concurrency: cfg.Concurrency, Mix: cfg.Mix, Seed: cfg.Seed,
+		URL: cfg.baseURL(), Activity: cfg.Activity, Capacity: cfg.Capacity, Requests: cfg.Requests,
+		Users: cfg.UserCount(), Concurrency: cfg.Workers(), Mix: cfg.Mix, Seed: cfg.Seed,
 	}
 	setup := r.newWorker(0)
 	if !cfg.NoOpen {
@@ -259,6 +273,7 @@ func holdOf(cfg Config, st *State) time.Duration {
 // runner is one burst in flight.
 type runner struct {
 	cfg    Config
+	deps   Deps
 	client *http.Client // shared by the workers' API clients
 	plan   plan
 
@@ -280,8 +295,8 @@ type runner struct {
 	holdDoubles []int64
 }
 
-func newRunner(cfg Config, client *http.Client) *runner {
-	return &runner{cfg: cfg, client: client}
+func newRunner(cfg Config, deps Deps, client *http.Client) *runner {
+	return &runner{cfg: cfg, deps: deps, client: client}
 }
 
 // maxSamples bounds the error messages a report keeps.
@@ -298,11 +313,11 @@ func (r *runner) sample(msg string) {
 // fire runs the burst over the workers.
 func (r *runner) fire(ctx context.Context) error {
 	n := r.cfg.Requests
-	r.plan = makePlan(n, r.cfg.Users, r.cfg.Mix, r.cfg.Seed)
+	r.plan = makePlan(n, r.cfg.UserCount(), r.cfg.Mix, r.cfg.Seed)
 	r.plan.dropNoShowConfirms(r.cfg.Mix, r.cfg.Seed, r.cfg.NoShow)
 	r.lat = make([]time.Duration, n)
 	r.outc = make([]uint8, n)
-	r.workers = make([]*worker, r.cfg.Concurrency)
+	r.workers = make([]*worker, r.cfg.Workers())
 	for i := range r.workers {
 		r.workers[i] = r.newWorker(uint64(i) + 1)
 	}
@@ -322,21 +337,21 @@ func (r *runner) fire(ctx context.Context) error {
 }
 
 func (r *runner) startProgress() (stop func()) {
-	if r.cfg.Progress == nil {
+	if r.deps.Progress == nil {
 		return func() {}
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		t := time.NewTicker(r.cfg.ProgressEvery)
+		t := time.NewTicker(r.deps.Test.progressEvery())
 		defer t.Stop()
 		for {
 			select {
 			case <-done:
-				r.cfg.Progress(int(r.finished.Load()))
+				r.deps.Progress(int(r.finished.Load()))
 				return
 			case <-t.C:
-				r.cfg.Progress(int(r.finished.Load()))
+				r.deps.Progress(int(r.finished.Load()))
 			}
 		}
 	})

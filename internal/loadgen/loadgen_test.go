@@ -10,10 +10,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
+// burst is the default Config with a burst's size.
+func burst(capacity int64, requests, users, conc int) Config {
+	c := config.Defaults[Config]()
+	c.Capacity, c.Requests, c.Users, c.Concurrency = capacity, requests, users, conc
+	return c
+}
+
 func fakeRun(t *testing.T, f *fakeServer, cfg Config) Report {
+	t.Helper()
+	return fakeRunDeps(t, f, cfg, Deps{})
+}
+
+func fakeRunDeps(t *testing.T, f *fakeServer, cfg Config, deps Deps) Report {
 	t.Helper()
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
@@ -23,7 +36,7 @@ func fakeRun(t *testing.T, f *fakeServer, cfg Config) Report {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rep, err := Run(ctx, cfg)
+	rep, err := Run(ctx, cfg, deps)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -34,8 +47,8 @@ func TestRunAsyncWithThrottling(t *testing.T) {
 	f := newFake("")
 	f.async, f.throttleOf = true, 7
 	var progress []int
-	rep := fakeRun(t, f, Config{Capacity: 50, Requests: 600, Users: 500, Concurrency: 16,
-		Progress: func(done int) { progress = append(progress, done) }, ProgressEvery: time.Millisecond})
+	rep := fakeRunDeps(t, f, burst(50, 600, 500, 16), Deps{
+		Progress: func(done int) { progress = append(progress, done) }, Test: TestHooks{ProgressEvery: time.Millisecond}})
 	if err := rep.Verdict(); err != nil {
 		t.Fatalf("verdict: %v\n%+v", err, rep)
 	}
@@ -69,7 +82,7 @@ func TestRunDetectsBrokenServers(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.bug, func(t *testing.T) {
-			rep := fakeRun(t, newFake(tt.bug), Config{Capacity: tt.capacity, Requests: 300, Users: 100, Concurrency: 8})
+			rep := fakeRun(t, newFake(tt.bug), burst(tt.capacity, 300, 100, 8))
 			if err := rep.Verdict(); !errors.Is(err, tt.want) {
 				t.Fatalf("verdict = %v, want %v", err, tt.want)
 			}
@@ -81,8 +94,9 @@ func TestRunOpenRefused(t *testing.T) {
 	srv := httptest.NewServer(newFake(""))
 	defer srv.Close()
 	// The fake has no join route: every request is a 404, an error.
-	rep, err := Run(context.Background(), Config{BaseURL: srv.URL, Activity: 1, Capacity: 5, Requests: 20, Users: 20,
-		Concurrency: 4, Mix: Mix{Join: 1}})
+	c := burst(5, 20, 20, 4)
+	c.BaseURL, c.Activity, c.Mix = srv.URL, 1, Mix{Join: 1}
+	rep, err := Run(context.Background(), c, Deps{})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -92,14 +106,16 @@ func TestRunOpenRefused(t *testing.T) {
 	if err := rep.Verdict(); !errors.Is(err, ErrIncomplete) {
 		t.Errorf("verdict = %v, want ErrIncomplete", err)
 	}
-	_, err = Run(context.Background(), Config{BaseURL: "http://127.0.0.1:1", Activity: 1, Capacity: 5, Requests: 1, Users: 1, Concurrency: 1})
+	c = burst(5, 1, 1, 1)
+	c.BaseURL, c.Activity = "http://127.0.0.1:1", 1
+	_, err = Run(context.Background(), c, Deps{})
 	if !errors.Is(err, ErrOpen) {
 		t.Errorf("Run against a closed port: %v, want ErrOpen", err)
 	}
 }
 
 func TestReportJSON(t *testing.T) {
-	rep := fakeRun(t, newFake(""), Config{Capacity: 10, Requests: 50, Users: 40, Concurrency: 4})
+	rep := fakeRun(t, newFake(""), burst(10, 50, 40, 4))
 	data, err := json.Marshal(rep)
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +147,8 @@ func TestReportJSON(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	ok := Config{BaseURL: "http://x:1", Activity: 1, Capacity: 1, Requests: 1, Users: 1, Concurrency: 1}
+	ok := burst(1, 1, 1, 1)
+	ok.BaseURL, ok.Activity = "http://x:1", 1
 	tests := []struct {
 		name   string
 		change func(*Config)
@@ -140,7 +157,11 @@ func TestConfigValidate(t *testing.T) {
 		{"activity", func(c *Config) { c.Activity = 0 }},
 		{"capacity", func(c *Config) { c.Capacity = -1 }},
 		{"requests", func(c *Config) { c.Requests = 0 }},
-		{"users", func(c *Config) { c.Users = 0 }},
+		{"users", func(c *Config) { c.Users = -1 }},
+		{"no mix", func(c *Config) { c.Mix = Mix{} }},
+		{"wait", func(c *Config) { c.Wait = 0 }},
+		{"hold without an open", func(c *Config) { c.Hold, c.NoOpen = time.Second, true }},
+		{"no-show without a hold", func(c *Config) { c.NoShow = 0.5 }},
 		{"concurrency", func(c *Config) { c.Concurrency = 0 }},
 		{"mix", func(c *Config) { c.Mix = Mix{Claim: -1, Join: 2} }},
 		{"hold", func(c *Config) { c.Hold = -time.Second }},
@@ -168,9 +189,9 @@ func holdRun(t *testing.T, bug string, settle time.Duration) Report {
 	t.Helper()
 	f := newFake(bug)
 	t.Cleanup(f.stopTimers)
-	return fakeRun(t, f, Config{Capacity: 20, Requests: 400, Users: 120, Concurrency: 8,
-		Mix: Mix{Claim: 1, Join: 2, Cancel: 0.2, Confirm: 0.5}, Hold: 300 * time.Millisecond, NoShow: 0.3,
-		SettleTimeout: settle})
+	c := burst(20, 400, 120, 8)
+	c.Mix, c.Hold, c.NoShow, c.SettleTimeout = Mix{Claim: 1, Join: 2, Cancel: 0.2, Confirm: 0.5}, 300*time.Millisecond, 0.3, settle
+	return fakeRun(t, f, c)
 }
 
 // TestRunHolds: every held seat ends confirmed or back in line: the

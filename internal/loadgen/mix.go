@@ -10,7 +10,7 @@ import (
 
 // Mix weighs the operations of a burst; the weights need not sum to 1.
 type Mix struct {
-	Claim  float64 `json:"claim"`
+	Claim  float64 `json:"claim" default:"1"`
 	Join   float64 `json:"join"`
 	Cancel float64 `json:"cancel"`
 	// Confirm weighs confirm taps (POST …/signups/{u}/confirm) drawn like
@@ -19,7 +19,8 @@ type Mix struct {
 	Confirm float64 `json:"confirm,omitempty"`
 }
 
-// DefaultMix is a pure claim burst, the flash sale.
+// DefaultMix is a pure claim burst, the flash sale: Config.Mix's default
+// (its default tags).
 var DefaultMix = Mix{Claim: 1}
 
 // ErrBadMix is wrapped by ParseMix's errors.

@@ -151,7 +151,7 @@ func (r *runner) report(rep *Report) {
 // (The converse does not hold: a cancel from the waitlist hides nothing
 // here, it can only make the check miss one.)
 func (r *runner) seats(rep *Report, promoted []int64) {
-	users := r.cfg.Users
+	users := r.cfg.UserCount()
 	net := make([]int32, users+1)
 	for i, c := range r.outc {
 		u := r.plan.users[i]

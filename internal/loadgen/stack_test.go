@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -22,12 +23,16 @@ func TestRunAgainstTheRealStack(t *testing.T) {
 	const act, capacity, requests = 4242, 40, 1500
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	rep, err := loadgen.Run(ctx, loadgen.Config{
-		BaseURL: st.URL, Activity: act, Capacity: capacity,
-		Requests: requests, Users: 1000, Concurrency: 32,
-		Mix:  loadgen.Mix{Join: 0.5, Cancel: 0.2, Claim: 0.3},
-		Wait: 10 * time.Second,
-	})
+	lcfg := config.Defaults[loadgen.Config]()
+	lcfg.BaseURL = st.URL
+	lcfg.Activity = act
+	lcfg.Capacity = capacity
+	lcfg.Requests = requests
+	lcfg.Users = 1000
+	lcfg.Concurrency = 32
+	lcfg.Mix = loadgen.Mix{Join: 0.5, Cancel: 0.2, Claim: 0.3}
+	lcfg.Wait = 10 * time.Second
+	rep, err := loadgen.Run(ctx, lcfg, loadgen.Deps{})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -66,13 +71,18 @@ func TestRunHoldsAgainstTheRealStack(t *testing.T) {
 	const act, capacity, requests = 4343, 20, 600
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	rep, err := loadgen.Run(ctx, loadgen.Config{
-		BaseURL: st.URL, Activity: act, Capacity: capacity,
-		Requests: requests, Users: 200, Concurrency: 16,
-		Mix:  loadgen.Mix{Claim: 1, Join: 2, Cancel: 0.2, Confirm: 0.5},
-		Hold: time.Second, NoShow: 0.3,
-		Wait: 10 * time.Second,
-	})
+	lcfg := config.Defaults[loadgen.Config]()
+	lcfg.BaseURL = st.URL
+	lcfg.Activity = act
+	lcfg.Capacity = capacity
+	lcfg.Requests = requests
+	lcfg.Users = 200
+	lcfg.Concurrency = 16
+	lcfg.Mix = loadgen.Mix{Claim: 1, Join: 2, Cancel: 0.2, Confirm: 0.5}
+	lcfg.Hold = time.Second
+	lcfg.NoShow = 0.3
+	lcfg.Wait = 10 * time.Second
+	rep, err := loadgen.Run(ctx, lcfg, loadgen.Deps{})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}

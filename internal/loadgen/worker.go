@@ -49,8 +49,8 @@ func (r *runner) newWorker(uint64) *worker {
 	w.opts = []client.Option{hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.Wait)}
 	token := client.WithToken(r.cfg.Token)
 	// The URL was validated by Config.Validate.
-	w.c, _ = client.New(r.cfg.BaseURL, append(w.opts, token)...)
-	w.o, _ = client.New(r.cfg.BaseURL, hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.OpenWait), token)
+	w.c, _ = client.New(r.cfg.baseURL(), append(w.opts, token)...)
+	w.o, _ = client.New(r.cfg.baseURL(), hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.OpenWait), token)
 	return w
 }
 
@@ -58,7 +58,7 @@ func (r *runner) newWorker(uint64) *worker {
 // Config.UserToken, one per user (made on first use) carrying the user's
 // own token, so that each simulated user spends its own rate limit.
 func (w *worker) clientFor(user int64) *client.Client {
-	if w.r.cfg.UserToken == nil {
+	if w.r.deps.UserToken == nil {
 		return w.c
 	}
 	if c, ok := w.users[user]; ok {
@@ -67,7 +67,7 @@ func (w *worker) clientFor(user int64) *client.Client {
 	if w.users == nil {
 		w.users = make(map[int64]*client.Client)
 	}
-	c, _ := client.New(w.r.cfg.BaseURL, append(w.opts, client.WithToken(w.r.cfg.UserToken(user)))...)
+	c, _ := client.New(w.r.cfg.baseURL(), append(w.opts, client.WithToken(w.r.deps.UserToken(user)))...)
 	w.users[user] = c
 	return c
 }

@@ -154,7 +154,7 @@ func (n *Notifier) post(ctx context.Context, eventID string, body []byte) (err e
 	}()
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(actx, http.MethodPost, n.cfg.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(actx, http.MethodPost, string(n.cfg.URL), bytes.NewReader(body))
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrPermanent, err)
 	}
@@ -262,7 +262,7 @@ func (n *Notifier) heartbeat(msg jetstream.Msg) (stop func()) {
 	finished := make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(n.cfg.AckWait / 3)
+		t := time.NewTicker(n.hooks.ackWait() / 3)
 		defer t.Stop()
 		for {
 			select {

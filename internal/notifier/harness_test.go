@@ -19,6 +19,7 @@ import (
 
 	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
@@ -48,27 +49,35 @@ func newEnv(t *testing.T) *env {
 
 // testConfig is fast enough for tests; each test adjusts what it exercises.
 func testConfig(url string) Config {
-	return Config{
-		URL:         url,
-		Timeout:     2 * time.Second,
-		MaxAttempts: 20,
-		BackoffBase: time.Millisecond,
-		BackoffMax:  20 * time.Millisecond,
-		Workers:     4,
-		AckWait:     2 * time.Second,
-		PollWait:    100 * time.Millisecond,
-	}
+	cfg := config.Defaults[Config]()
+	cfg.URL = SecretURL(url)
+	cfg.Timeout = 2 * time.Second
+	cfg.MaxAttempts = 20
+	cfg.BackoffBase = time.Millisecond
+	cfg.BackoffMax = 20 * time.Millisecond
+	return cfg
 }
+
+// testHooks are the consumer's timings of the tests.
+var testHooks = TestHooks{AckWait: 2 * time.Second, PollWait: 100 * time.Millisecond}
+
+// defaultDurable is ALLOT_NOTIFY_DURABLE's default.
+var defaultDurable = config.Defaults[Config]().Durable
 
 // start runs a notifier on a connection of its own (so a test can kill it)
 // until the test ends.
 func (e *env) start(cfg Config, log *slog.Logger) (*Notifier, *nats.Conn) {
+	return e.startHooks(cfg, testHooks, log)
+}
+
+// startHooks is start with the given test hooks.
+func (e *env) startHooks(cfg Config, hooks TestHooks, log *slog.Logger) (*Notifier, *nats.Conn) {
 	e.t.Helper()
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	nc, _ := e.ns.Connect(e.t)
-	n, err := New(nc, log, nil, cfg)
+	n, err := New(cfg, Deps{NC: nc, Log: log, Test: hooks})
 	if err != nil {
 		e.t.Fatalf("New: %v", err)
 	}

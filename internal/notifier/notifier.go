@@ -21,8 +21,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -32,116 +32,56 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Defaults of Config.
-const (
-	DefaultFilter        = wire.EventSubjectPrefix + "*." + string(wire.EventPromoted)
-	DefaultDurable       = "notifier"
-	DefaultTimeout       = 5 * time.Second
-	DefaultMaxAttempts   = 8
-	DefaultBackoffBase   = 500 * time.Millisecond
-	DefaultBackoffMax    = 30 * time.Second
-	DefaultWorkers       = 4
-	DefaultMaxAckPending = 64
-	DefaultAckWait       = 30 * time.Second
-	DefaultPollWait      = time.Second
-)
+// Deps is what a Notifier runs with besides its Config.
+type Deps struct {
+	// NC is the connection the consumer pulls on and dead letters are
+	// published on.
+	NC *nats.Conn
+	// Log gets the notifier's lines.
+	Log *slog.Logger
+	// Registry gets the notifier's metrics (one Notifier per registry); nil
+	// means a private registry.
+	Registry prometheus.Registerer
+	// Metrics, when set, is where Run serves /metrics (from Gatherer) and
+	// /healthz until the notifier has stopped.
+	Metrics  net.Listener
+	Gatherer prometheus.Gatherer
+	// Test holds the seams of the tests; the zero value is production.
+	Test TestHooks
+}
 
-// Config tunes a Notifier. Zero values take the defaults.
-type Config struct {
-	// URL is the webhook each event is POSTed to (body: the event JSON as
-	// stored; headers: Content-Type: application/json, Idempotency-Key:
-	// event_id). User info in it is sent as basic auth; redirects are not
-	// followed. Empty means log each event instead.
-	URL string
-	// Filter is the consumer's subject filter, within alloc.evt.>, or
-	// several separated by commas (they must not overlap), e.g.
-	// "alloc.evt.*.promoted,alloc.evt.*.expired" for an activity with
-	// holds: who got a seat to confirm, and whose hold lapsed.
-	Filter string
-	// Durable is the consumer's durable name: a new process with the same
-	// name resumes where the previous one stopped.
-	Durable string
-	// Timeout bounds one webhook attempt, reading the answer included.
-	Timeout time.Duration
-	// MaxAttempts is how many times one delivery tries the webhook before the
-	// event is dead-lettered. The budget is per delivery: a redelivery after
-	// a restart starts again from 1.
-	MaxAttempts int
-	// BackoffBase and BackoffMax shape the wait before attempt n+1: a random
-	// duration in [0, min(BackoffMax, BackoffBase·2^(n-1))] (full jitter).
-	BackoffBase time.Duration
-	BackoffMax  time.Duration
-	// Workers is how many events are delivered concurrently.
-	Workers int
-	// MaxAckPending caps the consumer's unacknowledged messages.
-	MaxAckPending int
-	// AckWait is the consumer's redelivery timeout. Workers extend it every
-	// AckWait/3 while they hold a message, so it only matters when a
+// TestHooks shorten the consumer's timings for tests. Zero values are the
+// production ones.
+type TestHooks struct {
+	// AckWait is the consumer's redelivery timeout (30s). Workers extend it
+	// every AckWait/3 while they hold a message, so it only matters when a
 	// process dies: it is how soon another one gets the message.
 	AckWait time.Duration
-	// PollWait is how long an idle worker's pull request waits; it bounds
-	// how long Stop waits for idle workers.
+	// PollWait is how long an idle worker's pull request waits (1s); it
+	// bounds how long Stop waits for idle workers.
 	PollWait time.Duration
 }
 
-func (c Config) withDefaults() Config {
-	if c.Filter == "" {
-		c.Filter = DefaultFilter
+func (h TestHooks) ackWait() time.Duration {
+	if h.AckWait > 0 {
+		return h.AckWait
 	}
-	if c.Durable == "" {
-		c.Durable = DefaultDurable
-	}
-	if c.Timeout <= 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxAttempts <= 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.BackoffBase <= 0 {
-		c.BackoffBase = DefaultBackoffBase
-	}
-	if c.BackoffMax <= 0 {
-		c.BackoffMax = max(DefaultBackoffMax, c.BackoffBase)
-	}
-	if c.Workers <= 0 {
-		c.Workers = DefaultWorkers
-	}
-	if c.MaxAckPending <= 0 {
-		c.MaxAckPending = DefaultMaxAckPending
-	}
-	c.MaxAckPending = max(c.MaxAckPending, c.Workers)
-	if c.AckWait <= 0 {
-		c.AckWait = DefaultAckWait
-	}
-	if c.PollWait <= 0 {
-		c.PollWait = DefaultPollWait
-	}
-	return c
+	return defaultAckWait
 }
 
-func (c Config) validate() error {
-	if c.URL != "" {
-		u, err := url.Parse(c.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("%w: webhook URL must be an absolute http or https URL", ErrInvalidConfig)
-		}
+func (h TestHooks) pollWait() time.Duration {
+	if h.PollWait > 0 {
+		return h.PollWait
 	}
-	if c.BackoffMax < c.BackoffBase {
-		return fmt.Errorf("%w: backoff max %s is below backoff base %s", ErrInvalidConfig, c.BackoffMax, c.BackoffBase)
-	}
-	if c.AckWait < 100*time.Millisecond {
-		return fmt.Errorf("%w: ack wait %s is below 100ms", ErrInvalidConfig, c.AckWait)
-	}
-	return nil
+	return defaultPollWait
 }
 
 // Errors a Notifier returns.
 var (
-	// ErrInvalidConfig means New was given a Config it cannot run with.
-	ErrInvalidConfig = errors.New("invalid notifier config")
 	// ErrStarted means Start was called twice.
 	ErrStarted = errors.New("notifier already started")
 )
@@ -149,6 +89,7 @@ var (
 // Notifier delivers the events its durable consumer selects.
 type Notifier struct {
 	cfg    Config
+	hooks  TestHooks
 	js     jetstream.JetStream
 	log    *slog.Logger
 	m      *metrics
@@ -168,25 +109,23 @@ type Notifier struct {
 	err    error
 }
 
-// New returns a notifier on nc; Start runs it. Its metrics are registered on
-// reg (one Notifier per registry), or on a private registry when reg is nil.
-func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Notifier, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc)
+// New returns a notifier on deps.NC with cfg, which Config.Validate has
+// accepted; Start runs it (or Run does it all). Its metrics are registered
+// on deps.Registry, or on a private registry when that is nil.
+func New(cfg Config, deps Deps) (*Notifier, error) {
+	js, err := jetstream.New(deps.NC)
 	if err != nil {
 		return nil, fmt.Errorf("notifier: %w", err)
 	}
+	reg := deps.Registry
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = cfg.Workers
 	return &Notifier{
-		cfg: cfg, js: js, m: newMetrics(reg),
-		log: log.With(slog.String("durable", cfg.Durable)),
+		cfg: cfg, hooks: deps.Test, js: js, m: newMetrics(reg),
+		log: deps.Log.With(slog.String("durable", cfg.Durable)),
 		client: &http.Client{
 			Transport: transport,
 			// A POST must reach the configured URL itself: following a
@@ -204,6 +143,21 @@ func (n *Notifier) Start(ctx context.Context) error {
 	if n.cancel != nil {
 		return ErrStarted
 	}
+	if err := n.setup(ctx); err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = stop
+	n.wg.Go(func() {
+		if err := lifecycle.Run(runCtx, n.workers("")...); err != nil {
+			n.setErr(err)
+		}
+	})
+	return nil
+}
+
+// setup checks the streams and ensures the consumer.
+func (n *Notifier) setup(ctx context.Context) error {
 	setupCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// Only `allotctl setup` creates or changes streams: the notifier
@@ -219,18 +173,19 @@ func (n *Notifier) Start(ctx context.Context) error {
 		return err
 	}
 	n.cons = cons
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	n.cancel = stop
-	for range n.cfg.Workers {
-		n.wg.Go(func() {
-			if err := n.work(runCtx); err != nil {
-				n.setErr(err)
-			}
-		})
-	}
 	n.log.InfoContext(ctx, "notifier running", slog.String("filter", n.cfg.Filter),
 		slog.Bool("webhook", n.cfg.URL != ""), slog.Int("workers", n.cfg.Workers))
 	return nil
+}
+
+// workers are the notifier's workers as lifecycle parts named name: the
+// first to fail stops the others, and its error is the one returned.
+func (n *Notifier) workers(name string) []lifecycle.Part {
+	parts := make([]lifecycle.Part, n.cfg.Workers)
+	for i := range parts {
+		parts[i] = lifecycle.Part{Name: name, Run: n.work}
+	}
+	return parts
 }
 
 // Stop stops pulling, lets webhook attempts in flight finish (each is bounded
@@ -280,11 +235,11 @@ func (n *Notifier) ensureConsumer(ctx context.Context) (jetstream.Consumer, erro
 		// deployed after the first events still delivers them.
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       n.cfg.AckWait,
+		AckWait:       n.hooks.ackWait(),
 		// Attempts are counted by the notifier, which dead-letters; the
 		// broker must never drop a message on its own.
 		MaxDeliver:    -1,
-		MaxAckPending: n.cfg.MaxAckPending,
+		MaxAckPending: n.cfg.MaxAckPending(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: ensure consumer %s: %w", bus.ErrUnavailable, n.cfg.Durable, err)
@@ -307,7 +262,7 @@ func Filters(filter string) []string {
 // connection is closed for good.
 func (n *Notifier) work(ctx context.Context) error {
 	for ctx.Err() == nil {
-		msg, err := n.cons.Next(jetstream.FetchMaxWait(n.cfg.PollWait))
+		msg, err := n.cons.Next(jetstream.FetchMaxWait(n.hooks.pollWait()))
 		switch {
 		case err == nil:
 		case errors.Is(err, nats.ErrTimeout), errors.Is(err, jetstream.ErrNoMessages):
@@ -321,7 +276,7 @@ func (n *Notifier) work(ctx context.Context) error {
 					n.log.WarnContext(ctx, "recreate consumer", slog.Any("err", err))
 				}
 			}
-			sleep(ctx, n.cfg.PollWait)
+			sleep(ctx, n.hooks.pollWait())
 			continue
 		}
 		if ctx.Err() != nil {

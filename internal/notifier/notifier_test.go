@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"hash/fnv"
-	"io"
 	"log/slog"
 	"slices"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/client"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/syncbuf"
 	"github.com/allot-dev/allot/internal/wire"
@@ -61,7 +61,7 @@ func TestIntermittentReceiverGetsEveryPromotion(t *testing.T) {
 	nt, _ := e.start(cfg, nil)
 
 	waitFor(t, 30*time.Second, "every promotion accepted", func() bool { return rcv.acceptedCount() >= n })
-	e.waitDrained(DefaultDurable)
+	e.waitDrained(defaultDurable)
 
 	rcv.check(e, promoted)
 	if got, want := rcv.acceptedIDs(), sorted(promoted); !slices.Equal(got, want) {
@@ -138,7 +138,7 @@ func TestFailingReceiverFillsDeadLetterStream(t *testing.T) {
 			waitFor(t, 30*time.Second, "every event dead-lettered", func() bool {
 				return natstest.StreamMsgs(t, e.js, DLQStream) >= n
 			})
-			e.waitDrained(DefaultDurable)
+			e.waitDrained(defaultDurable)
 
 			dls := e.deadLetters()
 			if len(dls) != n {
@@ -201,7 +201,7 @@ func TestMalformedEventIsDeadLetteredAndDoesNotBlock(t *testing.T) {
 	e.start(cfg, nil)
 
 	waitFor(t, 20*time.Second, "the good events delivered", func() bool { return rcv.acceptedCount() >= len(ids) })
-	e.waitDrained(DefaultDurable)
+	e.waitDrained(defaultDurable)
 	rcv.check(e, ids)
 
 	dls := e.deadLetters()
@@ -243,9 +243,10 @@ func TestRestartMidStream(t *testing.T) {
 			const n = 60
 			ids := e.publish(wire.EventPromoted, n)
 			cfg := testConfig(rcv.URL())
-			cfg.AckWait = time.Second // how soon the kill's unacked events come back
+			hooks := testHooks
+			hooks.AckWait = time.Second // how soon the kill's unacked events come back
 
-			first, firstConn := e.start(cfg, nil)
+			first, firstConn := e.startHooks(cfg, hooks, nil)
 			waitFor(t, 20*time.Second, "a third delivered", func() bool { return rcv.acceptedCount() >= n/3 })
 			switch mode {
 			case "stop":
@@ -260,9 +261,9 @@ func TestRestartMidStream(t *testing.T) {
 				t.Fatalf("all %d delivered before the restart: the test proves nothing", n)
 			}
 
-			e.start(cfg, nil)
+			e.startHooks(cfg, hooks, nil)
 			waitFor(t, 30*time.Second, "every event delivered", func() bool { return rcv.acceptedCount() >= n })
-			e.waitDrained(DefaultDurable)
+			e.waitDrained(defaultDurable)
 			rcv.check(e, ids)
 			rcv.mu.Lock()
 			oks := rcv.oks
@@ -287,7 +288,7 @@ func TestSurvivesBrokerRestart(t *testing.T) {
 	e.ns.Start()
 	ids = append(ids, e.publish(wire.EventPromoted, 10)...)
 	waitFor(t, 30*time.Second, "events after the restart delivered", func() bool { return rcv.acceptedCount() >= 20 })
-	e.waitDrained(DefaultDurable)
+	e.waitDrained(defaultDurable)
 	rcv.check(e, ids)
 }
 
@@ -299,7 +300,7 @@ func TestWithoutURLEventsAreLoggedAndAcked(t *testing.T) {
 	var buf syncbuf.Buffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	nt, _ := e.start(testConfig(""), log)
-	e.waitDrained(DefaultDurable)
+	e.waitDrained(defaultDurable)
 
 	var logged []string
 	for line := range strings.SplitSeq(buf.String(), "\n") {
@@ -363,7 +364,7 @@ func TestStopDuringRetryReturnsPromptly(t *testing.T) {
 	healthy.Store(true)
 	e.start(cfg, nil)
 	waitFor(t, 20*time.Second, "the event delivered by the second notifier", func() bool { return rcv.acceptedCount() == 1 })
-	e.waitDrained(DefaultDurable)
+	e.waitDrained(defaultDurable)
 	rcv.check(e, ids)
 }
 
@@ -391,21 +392,30 @@ func TestStartTwiceFails(t *testing.T) {
 	}
 }
 
-func TestNewRejectsInvalidConfig(t *testing.T) {
+// TestConfigValidate: the defaults pass; values the notifier cannot run
+// with are refused by the variable's name. (cmd/notifier's TestValidate
+// covers every check.)
+func TestConfigValidate(t *testing.T) {
 	t.Parallel()
+	if err := config.Defaults[Config]().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
 	tests := []struct {
-		name string
-		cfg  Config
+		name   string
+		change func(*Config)
+		want   string
 	}{
-		{name: "relative url", cfg: Config{URL: "/hook"}},
-		{name: "ftp url", cfg: Config{URL: "ftp://example.com/hook"}},
-		{name: "backoff max below base", cfg: Config{BackoffBase: time.Second, BackoffMax: time.Millisecond}},
-		{name: "tiny ack wait", cfg: Config{AckWait: time.Millisecond}},
+		{name: "relative url", change: func(c *Config) { c.URL = "/hook" }, want: "ALLOT_NOTIFY_URL"},
+		{name: "ftp url", change: func(c *Config) { c.URL = "ftp://example.com/hook" }, want: "ALLOT_NOTIFY_URL"},
+		{name: "backoff max below base", change: func(c *Config) { c.BackoffBase, c.BackoffMax = time.Second, time.Millisecond }, want: "ALLOT_NOTIFY_BACKOFF_MAX"},
+		{name: "no workers", change: func(c *Config) { c.Workers = 0 }, want: "ALLOT_NOTIFY_WORKERS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := New(nil, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, tt.cfg); !errors.Is(err, ErrInvalidConfig) {
-				t.Errorf("New = %v, want ErrInvalidConfig", err)
+			cfg := config.Defaults[Config]()
+			tt.change(&cfg)
+			if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Validate = %v, want an error naming %s", err, tt.want)
 			}
 		})
 	}

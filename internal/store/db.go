@@ -1,6 +1,8 @@
-// Package store owns allot's MySQL side: connecting, migrations, the one
-// transaction helper with retries, and the queries the allocator and ingest
-// run. It speaks SQL that runs on MySQL 8 and MariaDB 10.11 alike.
+// Package store owns allot's MySQL side: connecting, the one transaction
+// helper with retries, and the queries the allocator and ingest run. The
+// migrations are applied by its subpackage schema, the allocator's
+// checkpoints taken and read by its subpackage checkpoint. It speaks SQL
+// that runs on MySQL 8 and MariaDB 10.11 alike.
 package store
 
 import (

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/notifier"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -113,7 +114,9 @@ func TestOneJoinIsOneTrace(t *testing.T) {
 	hook := httptest.NewServer(hooks)
 	t.Cleanup(hook.Close)
 	nc, _ := st.NS.Connect(t)
-	n, err := notifier.New(nc, slog.New(slog.DiscardHandler), nil, notifier.Config{URL: hook.URL, Filter: wire.EventSubjectPrefix + ">"})
+	ncfg := config.Defaults[notifier.Config]()
+	ncfg.URL, ncfg.Filter = notifier.SecretURL(hook.URL), wire.EventSubjectPrefix+">"
+	n, err := notifier.New(ncfg, notifier.Deps{NC: nc, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -189,12 +190,16 @@ func TestOperatorPageFollowsABurst(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := loadgen.Run(ctx, loadgen.Config{
-			BaseURL: s.url, Activity: act, Capacity: 100,
-			Requests: 2000, Users: 1800, Concurrency: 32,
-			Mix:  loadgen.Mix{Join: 0.7, Cancel: 0.15, Claim: 0.15},
-			Wait: 10 * time.Second,
-		})
+		lcfg := config.Defaults[loadgen.Config]()
+		lcfg.BaseURL = s.url
+		lcfg.Activity = act
+		lcfg.Capacity = 100
+		lcfg.Requests = 2000
+		lcfg.Users = 1800
+		lcfg.Concurrency = 32
+		lcfg.Mix = loadgen.Mix{Join: 0.7, Cancel: 0.15, Claim: 0.15}
+		lcfg.Wait = 10 * time.Second
+		rep, err := loadgen.Run(ctx, lcfg, loadgen.Deps{})
 		done <- result{rep, err}
 	}()
 

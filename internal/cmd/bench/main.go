@@ -39,8 +39,10 @@ import (
 	"github.com/allot-dev/allot/internal/bench"
 	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -377,7 +379,7 @@ func withStackDSN(ctx context.Context, o opts, log *slog.Logger, f func(string, 
 		return err
 	}
 	defer db.Close()
-	if err := store.Migrate(ctx, db); err != nil {
+	if err := schema.Migrate(ctx, db); err != nil {
 		return err
 	}
 	dir, err := os.MkdirTemp("", "allot-bench-nats-")
@@ -545,16 +547,16 @@ func startStack(ctx context.Context, o opts, env []string) (*server, string, fun
 
 // burstConfig is the load generator's end-to-end burst against url.
 func burstConfig(o opts, url string) loadgen.Config {
-	return loadgen.Config{
-		BaseURL: url, Activity: 9001, Capacity: 100, Requests: o.n, Users: o.n * 9 / 10,
-		Concurrency: o.httpConc, Mix: loadgen.Mix{Claim: 1}, Wait: 30 * time.Second, Seed: 1,
-	}
+	c := config.Defaults[loadgen.Config]()
+	c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users = url, 9001, 100, o.n, o.n*9/10
+	c.Concurrency, c.Mix, c.Wait, c.Seed = o.httpConc, loadgen.Mix{Claim: 1}, 30*time.Second, 1
+	return c
 }
 
 func e2e(ctx context.Context, o opts) error {
 	fmt.Fprintln(os.Stderr, "bench: end-to-end bursts through HTTP")
 	lg := func(url string) (loadgen.Report, error) {
-		return loadgen.Run(ctx, burstConfig(o, url))
+		return loadgen.Run(ctx, burstConfig(o, url), loadgen.Deps{})
 	}
 	// measure runs the burst against url, then stops s: the report, the
 	// CPU time of each process over the burst and the server's over its

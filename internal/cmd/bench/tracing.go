@@ -110,7 +110,7 @@ func tracingBench(ctx context.Context, o opts) error {
 		}
 		defer done()
 		before := snap()
-		rep, err := loadgen.Run(ctx, burstConfig(o, url))
+		rep, err := loadgen.Run(ctx, burstConfig(o, url), loadgen.Deps{})
 		s.stop() // flushes the spans still batched
 		if err != nil {
 			return err

@@ -1,10 +1,19 @@
-package audit
+// Package second is the audit's second opinion on allocation.Apply: the
+// reference model (internal/allocation/refmodel), a second implementation
+// of the domain sharing no code with allocation.Apply, decides each
+// request the replay applies, and Check says when the two disagree. MySQL
+// can match the replay and still be wrong when Apply itself is wrong, since
+// the allocator runs the same code; this is what catches it. The audit
+// (internal/audit) reports a disagreement as a divergence of kind
+// reference.
+package second
 
 import (
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocation/refmodel"
@@ -12,36 +21,48 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// KindReference: the reference model (internal/allocation/refmodel), a
-// second implementation of the domain sharing no code with
-// allocation.Apply, decides a request otherwise than allocation.Apply does.
-// MySQL can match the replay and still be wrong when Apply itself is wrong,
-// since the allocator runs the same code; this kind is the audit's second
-// opinion on Apply. Expected is the reference's decision, Actual Apply's.
-const KindReference Kind = "reference"
+// Opinion is the reference model's state per activity. The zero value is
+// ready: every activity starts unopened.
+type Opinion struct {
+	ref map[int64]*refmodel.Activity
+}
 
-// domainApply is the code under audit. Tests of the second opinion replace
-// it with a wrong Apply; nothing else does.
-var domainApply = allocation.Apply
+// Disagreement is a request the reference model decides otherwise than
+// allocation.Apply.
+type Disagreement struct {
+	// Expected is the reference's decision, Actual Apply's, each on one
+	// line.
+	Expected, Actual string
+	// Why says what differs.
+	Why string
+}
 
-// decide applies req at seq to act through allocation.Apply, exactly as the
-// allocator does, and asks the reference model for its decision on the same
-// request. A disagreement is reported as KindReference (when seq is in the
-// window) and the reference then takes Apply's state for that activity, so
-// one fault reads as one divergence. The replay always follows Apply.
-func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq uint64, requestID string) (*allocation.Activity, allocation.Decision, error) {
-	after, d, err := domainApply(act, req, seq)
-	if a.ref == nil {
-		a.ref = make(map[int64]*refmodel.Activity)
+// Seed makes the reference model's state of act's activity act's own (a
+// checkpoint's): it judges every decision after it on its own.
+func (o *Opinion) Seed(act *allocation.Activity) {
+	if o.ref == nil {
+		o.ref = make(map[int64]*refmodel.Activity)
+	}
+	o.ref[act.ID] = refOf(act)
+}
+
+// Check asks the reference model for its decision on req at seq, which
+// allocation.Apply, from act, answered with after, d and err. It returns
+// nil when they agree, and the reference then moves on to its own state
+// after the request. When they disagree the reference takes Apply's state
+// for that activity, so one fault reads as one disagreement.
+func (o *Opinion) Check(act *allocation.Activity, req allocation.Request, seq uint64, after *allocation.Activity, d allocation.Decision, err error) *Disagreement {
+	if o.ref == nil {
+		o.ref = make(map[int64]*refmodel.Activity)
 	}
 	id := req.ActivityID
-	rafter, rd, rerr := refmodel.Apply(a.ref[id], req, seq)
+	rafter, rd, rerr := refmodel.Apply(o.ref[id], req, seq)
 	var why string
 	switch {
 	case (err != nil) != (rerr != nil):
 		why = fmt.Sprintf("allocation.Apply error %v, reference error %v", err, rerr)
 	case err != nil:
-		return after, d, err // both refuse the request
+		return nil // both refuse the request
 	case (after == nil) != (rafter == nil):
 		why = "one of them has no activity after the request"
 	case !sameDecision(d, rd):
@@ -57,24 +78,18 @@ func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq u
 			after.Capacity, after.Confirmed, after.NextSeq, after.Held, after.Hold)
 	}
 	if why == "" {
-		a.ref[id] = rafter
-		return after, d, err
+		o.ref[id] = rafter
+		return nil
 	}
-	if a.inWindow(seq) {
-		a.diverge(Divergence{
-			Seq: seq, RequestID: requestID, Kind: KindReference, ActivityID: req.ActivityID, UserID: req.UserID,
-			Expected: describeDecision(rd, rerr), Actual: describeDecision(d, err),
-			Detail: "the reference model and allocation.Apply disagree (" + why + "); the replay follows allocation.Apply",
-		})
-	}
+	dis := &Disagreement{Expected: describeDecision(rd, rerr), Actual: describeDecision(d, err), Why: why}
 	// Start again from Apply's state, so later requests are judged alone.
-	a.ref[id] = nil
+	o.ref[id] = nil
 	if err == nil && after != nil {
-		a.ref[id] = refOf(after)
+		o.ref[id] = refOf(after)
 	} else if act != nil {
-		a.ref[id] = refOf(act)
+		o.ref[id] = refOf(act)
 	}
-	return after, d, err
+	return dis
 }
 
 // refOf is the reference model's copy of act's state.
@@ -114,7 +129,8 @@ func describeDecision(d allocation.Decision, err error) string {
 		fmt.Fprintf(&b, " position %d", d.Position)
 	}
 	if !d.HeldUntil.IsZero() {
-		b.WriteString(" held_until " + timeOrNull(d.HeldUntil))
+		// As the audit prints an instant it expects.
+		b.WriteString(" held_until " + d.HeldUntil.UTC().Format(time.RFC3339Nano))
 	}
 	if len(d.PromotedUserIDs) > 0 {
 		fmt.Fprintf(&b, " promoted %v", d.PromotedUserIDs)

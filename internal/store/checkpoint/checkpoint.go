@@ -1,4 +1,8 @@
-package store
+// Package checkpoint takes, reads and prunes the allocator's checkpoints:
+// the state of one partition's activities at its fence, copied into the
+// allocator_checkpoint tables with its digest, from which the audit can
+// replay once retention has removed the older requests.
+package checkpoint
 
 import (
 	"context"
@@ -13,6 +17,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"github.com/allot-dev/allot/internal/store"
 )
 
 // Checkpoint is an allocator_checkpoint row: the state of one partition's
@@ -99,7 +105,7 @@ func (d *Digester) Sum() string { return hex.EncodeToString(d.h.Sum(nil)) }
 // round trips do not dominate.
 const checkpointPage = 2000
 
-// TakeCheckpoint copies the state of partition's activities (those for
+// Take copies the state of partition's activities (those for
 // which belongs is true; nil means all) at the partition's fence into the
 // checkpoint tables, with its digest, in one transaction. The rows are read
 // from a consistent snapshot, whose fence moved in the same transactions as
@@ -107,7 +113,7 @@ const checkpointPage = 2000
 // locked, and the allocator keeps applying meanwhile. It returns false
 // when there is nothing to take: nothing applied yet, or a checkpoint at
 // this fence exists already (another process took it).
-func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, belongs func(activity int64) bool) (Checkpoint, bool, error) {
+func Take(ctx context.Context, db *sql.DB, partition, partitions int, belongs func(activity int64) bool) (Checkpoint, bool, error) {
 	cp := Checkpoint{Partition: partition, Partitions: partitions}
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	if err != nil {
@@ -197,7 +203,7 @@ func TakeCheckpoint(ctx context.Context, db *sql.DB, partition, partitions int, 
 		ranges = ranges[:0]
 		for len(ids) > 0 {
 			n := min(len(ids), 500)
-			ranges = append(ranges, "activity_id IN ("+IntList(ids[:n])+") AND ")
+			ranges = append(ranges, "activity_id IN ("+store.IntList(ids[:n])+") AND ")
 			ids = ids[n:]
 		}
 	}
@@ -264,9 +270,9 @@ func (w *rowInserter) flush(ctx context.Context) error {
 	return nil
 }
 
-// LatestCheckpoint returns partition's newest checkpoint, and false when it
+// Latest returns partition's newest checkpoint, and false when it
 // has none.
-func LatestCheckpoint(ctx context.Context, q DBTX, partition int) (Checkpoint, bool, error) {
+func Latest(ctx context.Context, q store.DBTX, partition int) (Checkpoint, bool, error) {
 	cp := Checkpoint{Partition: partition}
 	var streamID sql.NullString
 	err := q.QueryRowContext(ctx, "SELECT seq, partitions, stream_id, activities, signups, digest, taken_at FROM allocator_checkpoint "+
@@ -282,13 +288,13 @@ func LatestCheckpoint(ctx context.Context, q DBTX, partition int) (Checkpoint, b
 	return cp, true, nil
 }
 
-// PruneCheckpoints deletes partition's checkpoints below seq keepFrom
+// Prune deletes partition's checkpoints below seq keepFrom
 // (those the request stream can no longer be replayed from, since it starts
 // after them), except the newest, and returns how many it deleted. The
 // headers go first, in one statement: rows without a header are no
 // checkpoint, and a prune cut short leaves only rows the next one removes,
 // in chunks that keep each transaction small.
-func PruneCheckpoints(ctx context.Context, db *sql.DB, partition int, keepFrom uint64) (int64, error) {
+func Prune(ctx context.Context, db *sql.DB, partition int, keepFrom uint64) (int64, error) {
 	var newest uint64
 	if err := db.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM allocator_checkpoint WHERE partition_id = ?", partition).Scan(&newest); err != nil {
 		return 0, fmt.Errorf("checkpoint: prune: %w", err)
@@ -375,17 +381,4 @@ func copySignups(ctx context.Context, tx *sql.Tx, ins *rowInserter, d *Digester,
 			return nil
 		}
 	}
-}
-
-// IntList formats ids for an SQL IN list: integers only, so no placeholder
-// is needed and none can inject. The audit builds its IN lists with it too.
-func IntList(ids []int64) string {
-	var b strings.Builder
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(id, 10))
-	}
-	return b.String()
 }

@@ -1,4 +1,7 @@
-package store
+// Package schema applies allot's MySQL migrations (the files of
+// migrations/) in name order, once each, safely from several processes at
+// once.
+package schema
 
 import (
 	"context"

@@ -1,0 +1,30 @@
+package audit
+
+import (
+	"github.com/allot-dev/allot/internal/allocation"
+)
+
+// KindReference: the reference model (internal/allocation/refmodel), a
+// second implementation of the domain sharing no code with
+// allocation.Apply, decides a request otherwise than allocation.Apply does.
+// MySQL can match the replay and still be wrong when Apply itself is wrong,
+// since the allocator runs the same code; this kind is the audit's second
+// opinion on Apply (internal/audit/second). Expected is the reference's
+// decision, Actual Apply's.
+const KindReference Kind = "reference"
+
+// decide applies req at seq to act through allocation.Apply, exactly as the
+// allocator does, and asks the second opinion for its decision on the same
+// request. A disagreement is reported as KindReference (when seq is in the
+// window). The replay always follows Apply.
+func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq uint64, requestID string) (*allocation.Activity, allocation.Decision, error) {
+	after, d, err := a.apply(act, req, seq)
+	if dis := a.ref.Check(act, req, seq, after, d, err); dis != nil && a.inWindow(seq) {
+		a.diverge(Divergence{
+			Seq: seq, RequestID: requestID, Kind: KindReference, ActivityID: req.ActivityID, UserID: req.UserID,
+			Expected: dis.Expected, Actual: dis.Actual,
+			Detail: "the reference model and allocation.Apply disagree (" + dis.Why + "); the replay follows allocation.Apply",
+		})
+	}
+	return after, d, err
+}
