@@ -1,4 +1,9 @@
-package ingest
+// Package early answers a claim for a full activity as soon as the
+// request stream proves its answer, before the allocator applies it: the
+// views of full activities (views.go, from the ALLOT_VIEW bucket and the
+// result batches) and the tail of the request stream that proves a view
+// still holds at a claim's sequence (tail.go). Answerer is the component.
+package early
 
 import (
 	"context"
@@ -41,8 +46,9 @@ import (
 // non-claim the tail sees. So a claim by a HELD user stored before the
 // expire is ALREADY_OWNED, HELD, whatever the clock says.
 
-// shedView is the decoded view of one full activity.
-type shedView struct {
+// View is the decoded view of one full activity, as a claim's handler
+// sees it before publishing (Answerer.Candidate).
+type View struct {
 	v wire.View
 	// holders maps every user holding a seat to the end of the user's
 	// hold: zero for a CONFIRMED seat.
@@ -54,7 +60,7 @@ type shedView struct {
 // that sequence, if it is one.
 type viewEntry struct {
 	seq uint64
-	sv  *shedView
+	sv  *View
 }
 
 // views is ingest's copy of the ALLOT_VIEW bucket, bounded (LRU): a view
@@ -64,7 +70,7 @@ type views struct {
 	m  *lru.Cache[int64, viewEntry]
 }
 
-func (vs *views) get(activity int64) *shedView {
+func (vs *views) get(activity int64) *View {
 	e, _ := vs.m.Get(activity)
 	return e.sv
 }
@@ -98,9 +104,9 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 // already installed: a late put never overrides a newer clear. A view that
 // cannot decide a claim clears the activity's.
 func (vs *views) put(v wire.View) {
-	var sv *shedView
+	var sv *View
 	if v.Sheddable() {
-		sv = &shedView{v: v, holders: make(map[int64]time.Time, len(v.Holders)+len(v.Held))}
+		sv = &View{v: v, holders: make(map[int64]time.Time, len(v.Holders)+len(v.Held))}
 		for _, u := range v.Holders {
 			sv.holders[u] = time.Time{}
 		}
@@ -122,9 +128,9 @@ func (vs *views) put(v wire.View) {
 	vs.m.Add(v.ActivityID, viewEntry{seq: v.Seq, sv: sv})
 }
 
-// watchViews keeps s.views current until stop is called; stop returns
+// watchViews keeps e.views current until stop is called; stop returns
 // once the watcher's subscription is gone.
-func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
+func (e *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
@@ -139,15 +145,15 @@ func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 			select {
 			case <-ctx.Done():
 				return
-			case e, ok := <-w.Updates():
+			case u, ok := <-w.Updates():
 				if !ok {
 					return
 				}
-				if e == nil { // the initial values are in
+				if u == nil { // the initial values are in
 					continue
 				}
-				if err := s.views.apply(e); err != nil {
-					s.log.Warn("view update", slog.String("key", e.Key()), slog.Any("err", err))
+				if err := e.views.apply(u); err != nil {
+					e.log.Warn("view update", slog.String("key", u.Key()), slog.Any("err", err))
 				}
 			}
 		}
@@ -159,26 +165,26 @@ func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 // before it is left to the allocator.
 const DefaultEarlyWait = time.Second
 
-// answerEarly decides the claim published as id at stream sequence seq
+// Answer decides the claim published as id at stream sequence seq
 // from a view, when the tail proves the view still holds at seq (see the
 // top of this file). candidate is the view seen before publishing; the
 // newest view is tried first. It reports whether it decided.
-func (s *Service) answerEarly(ctx context.Context, id string, activity, user int64, seq uint64, candidate *shedView) (wire.Result, bool) {
+func (e *Answerer) Answer(ctx context.Context, id string, activity, user int64, seq uint64, candidate *View) (wire.Result, bool) {
 	start := time.Now()
-	if !s.tail.waitPast(ctx, seq, s.opts.EarlyWait) {
-		s.metrics.earlyMissed.WithLabelValues("tail_behind").Inc()
+	if !e.tail.waitPast(ctx, seq, e.wait) {
+		e.m.Missed.WithLabelValues("tail_behind").Inc()
 		return wire.Result{}, false
 	}
-	s.metrics.tailWait.Observe(time.Since(start).Seconds())
-	var sv *shedView
-	for _, c := range []*shedView{s.views.get(activity), candidate} {
-		if c != nil && s.tail.settled(activity, c.v.Seq, seq) {
+	e.m.TailWait.Observe(time.Since(start).Seconds())
+	var sv *View
+	for _, c := range []*View{e.views.get(activity), candidate} {
+		if c != nil && e.tail.settled(activity, c.v.Seq, seq) {
 			sv = c
 			break
 		}
 	}
 	if sv == nil {
-		s.metrics.earlyMissed.WithLabelValues("changed").Inc()
+		e.m.Missed.WithLabelValues("changed").Inc()
 		return wire.Result{}, false
 	}
 	res := wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: activity, UserID: user,
@@ -191,7 +197,7 @@ func (s *Service) answerEarly(ctx context.Context, id string, activity, user int
 		}
 		res.Outcome, res.Status = wire.OutcomeAlreadyOwned, &st
 	}
-	s.early.Add(id, res)
-	s.metrics.shed.WithLabelValues(string(res.Outcome)).Inc()
+	e.answered.Add(id, res)
+	e.m.Shed.WithLabelValues(string(res.Outcome)).Inc()
 	return res, true
 }
