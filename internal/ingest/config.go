@@ -27,22 +27,33 @@ import (
 type Config struct {
 	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"HTTP listen address"`
 	IDSecret        string        `envconfig:"ID_SECRET" desc:"key of the request-id checksum; the same on every ingest instance; empty = built-in default"`
-	PublishTimeout  time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
 	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
-	UserRate        float64       `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
-	RateLimit       float64       `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
 	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created; checked at start"`
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer a claim for a full activity as soon as the request stream proves its answer, before the allocator applies it"`
 	ActivityCache   int           `envconfig:"INGEST_ACTIVITY_CACHE" default:"100000" desc:"activities whose view and last change ingest keeps for early answers (LRU)"`
 	MaxWaiters      int           `envconfig:"INGEST_MAX_WAITERS" default:"10000" desc:"handlers waiting for a result (?wait=); beyond, ?wait= is ignored (answered at once)"`
-	OpenRate        float64       `envconfig:"INGEST_OPEN_RATE" default:"50" desc:"opens and resizes per second of this instance, 429 beyond; -1 = no cap"`
-	CommitMinBatch  int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
-	MaxInFlight     int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 	MetricsAddr     string        `envconfig:"INGEST_METRICS_ADDR" desc:"serve /metrics also on a listener of its own, without a token (e.g. :9092); empty = only on the API listener"`
-	BadAuthRate     float64       `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond for the failing ones (a valid token is never refused); -1 = no limit"`
-	ReadRate        float64       `envconfig:"INGEST_READ_RATE" default:"50" desc:"activity and signup reads per second per token subject (burst twice that), 429 beyond; allot:admin tokens are not limited; without authentication, signup reads per path user; 0 = off"`
-	TrustedProxies  string        `envconfig:"TRUSTED_PROXIES" desc:"comma-separated CIDR prefixes of proxies whose X-Forwarded-For names the client address; empty = the peer address counts"`
+	Publishing
+	Limits
 	access.AuthConfig
+}
+
+// Publishing is how requests are published (package publish).
+type Publishing struct {
+	PublishTimeout time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
+	CommitMinBatch int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
+	MaxInFlight    int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
+}
+
+// Limits are the rate limits and the client addresses they count
+// (package access).
+type Limits struct {
+	UserRate       float64 `envconfig:"INGEST_USER_RATE" default:"20" desc:"writes per second per user, 429 beyond; 0 = off"`
+	RateLimit      float64 `envconfig:"INGEST_RATE_LIMIT" default:"0" desc:"accepted writes per second of this instance, 429 beyond; 0 = off"`
+	OpenRate       float64 `envconfig:"INGEST_OPEN_RATE" default:"50" desc:"opens and resizes per second of this instance, 429 beyond; -1 = no cap"`
+	BadAuthRate    float64 `envconfig:"INGEST_BAD_AUTH_RATE" default:"5" desc:"requests per second per client address that fail authentication (burst 50), 429 beyond for the failing ones (a valid token is never refused); -1 = no limit"`
+	ReadRate       float64 `envconfig:"INGEST_READ_RATE" default:"50" desc:"activity and signup reads per second per token subject (burst twice that), 429 beyond; allot:admin tokens are not limited; without authentication, signup reads per path user; 0 = off"`
+	TrustedProxies string  `envconfig:"TRUSTED_PROXIES" desc:"comma-separated CIDR prefixes of proxies whose X-Forwarded-For names the client address; empty = the peer address counts"`
 }
 
 // Validate reports the first invalid value as one sentence.
