@@ -61,28 +61,11 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if ln != nil {
 		addr = ln.Addr().String()
 	}
-	switch {
-	case deps.Verifier != nil: // a verifier of the caller's (tests, launchers)
-	case cfg.HS256Key != "" || cfg.JWKSURL != "":
-		ac := cfg.AuthConfig.Config()
-		ac.Log = log
-		v, err := auth.New(ac)
-		if err != nil {
-			return fmt.Errorf("ingest: %w", err)
-		}
-		defer v.Close()
-		deps.Verifier = v
-		log.InfoContext(ctx, "authentication on: bearer tokens required",
-			slog.Bool("hs256", cfg.HS256Key != ""), slog.String("jwks_url", cfg.JWKSURL),
-			slog.String("issuer", cfg.Issuer), slog.String("audience", cfg.Audience))
-	case cfg.Off():
-		log.WarnContext(ctx, "authentication off (ALLOT_AUTH=none): anyone who reaches ingest may act for any user")
-	case access.Loopback(addr):
-		log.WarnContext(ctx, "authentication off: no key is set and ingest listens on a loopback address only; set ALLOT_AUTH_HS256_KEY (at least 32 bytes) or ALLOT_AUTH_JWKS_URL to require bearer tokens",
-			slog.String("addr", addr))
-	default:
-		return fmt.Errorf("ingest: %w", access.ErrOpenNotLoopback(addr))
+	closeAuth, err := authenticate(ctx, cfg, &deps, addr)
+	if err != nil {
+		return err
 	}
+	defer closeAuth()
 	svc, err := New(cfg, deps)
 	if err != nil {
 		return err
@@ -162,6 +145,37 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	}
 	log.InfoContext(ctx, "ingest stopped")
 	return nil
+}
+
+// authenticate decides how Run authenticates: with the caller's verifier
+// (deps.Verifier), with one built from cfg (set in deps; closeAuth closes
+// it), or without, which it says, and only when asked to (ALLOT_AUTH=none)
+// or on a loopback address addr; else it refuses.
+func authenticate(ctx context.Context, cfg Config, deps *Deps, addr string) (closeAuth func(), err error) {
+	closeAuth = func() {}
+	switch {
+	case deps.Verifier != nil: // a verifier of the caller's (tests, launchers)
+	case cfg.HS256Key != "" || cfg.JWKSURL != "":
+		ac := cfg.AuthConfig.Config()
+		ac.Log = deps.Log
+		v, err := auth.New(ac)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: %w", err)
+		}
+		deps.Verifier = v
+		closeAuth = v.Close
+		deps.Log.InfoContext(ctx, "authentication on: bearer tokens required",
+			slog.Bool("hs256", cfg.HS256Key != ""), slog.String("jwks_url", cfg.JWKSURL),
+			slog.String("issuer", cfg.Issuer), slog.String("audience", cfg.Audience))
+	case cfg.Off():
+		deps.Log.WarnContext(ctx, "authentication off (ALLOT_AUTH=none): anyone who reaches ingest may act for any user")
+	case access.Loopback(addr):
+		deps.Log.WarnContext(ctx, "authentication off: no key is set and ingest listens on a loopback address only; set ALLOT_AUTH_HS256_KEY (at least 32 bytes) or ALLOT_AUTH_JWKS_URL to require bearer tokens",
+			slog.String("addr", addr))
+	default:
+		return nil, fmt.Errorf("ingest: %w", access.ErrOpenNotLoopback(addr))
+	}
+	return closeAuth, nil
 }
 
 // newHTTPServer wraps h in an http.Server with timeouts fit for the API:
