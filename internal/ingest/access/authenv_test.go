@@ -45,4 +45,3 @@ func TestAuthConfigSecureByDefault(t *testing.T) {
 		})
 	}
 }
-
