@@ -180,7 +180,7 @@ func Reads(ctx context.Context, db, readDB *sql.DB, nc *nats.Conn, log *slog.Log
 		}
 		defer v.Close()
 		icfg := config.Defaults[ingest.Config]()
-		icfg.ReadRate = 1e9
+		icfg.ReadRate, icfg.UserRate = 1e9, 0 // reads unlimited; no write limit, as before
 		svc, err := ingest.New(icfg, ingest.Deps{DB: readDB, NATS: nc, JS: js, Log: log, Registry: prometheus.NewRegistry(), Verifier: v})
 		if err != nil {
 			return res, err
