@@ -216,9 +216,9 @@ func requestID(t *testing.T, body []byte) string {
 	return a.RequestID
 }
 
-// startIngest runs one more ingest instance, with opts, on the stack's
+// startIngest runs one more ingest instance, its configuration changed by set, on the stack's
 // database (its own pool) and on the NATS server ns.
-func startIngest(t *testing.T, dsn string, ns *natstest.Server, opts ingest.Options) (string, func()) {
+func startIngest(t *testing.T, dsn string, ns *natstest.Server, set func(*ingest.Config, *ingest.Deps)) (string, func()) {
 	t.Helper()
 	db, err := store.Open(context.Background(), dsn, 4)
 	if err != nil {
@@ -226,7 +226,10 @@ func startIngest(t *testing.T, dsn string, ns *natstest.Server, opts ingest.Opti
 	}
 	nc, js := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	svc, err := ingest.New(db, nc, js, log, prometheus.NewRegistry(), opts)
+	cfg := stacktest.IngestConfig()
+	deps := ingest.Deps{DB: db, NATS: nc, JS: js, Log: log, Registry: prometheus.NewRegistry()}
+	set(&cfg, &deps)
+	svc, err := ingest.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +255,7 @@ const (
 // validates each request and each response against api/openapi.yaml.
 func TestSpecMatchesTheRouter(t *testing.T) {
 	sp := loadSpec(t)
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
 
 	// Everything the allocator says after a commit, for the message check.
 	rnc, _ := st.NS.Connect(t)
@@ -397,7 +400,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	}()
 
 	// An instance with a write rate of (nearly) zero: one write, then 429s.
-	limited, _ := startIngest(t, st.DB.DSN, st.NS, ingest.Options{RateLimit: 0.001, RateBurst: 1})
+	limited, _ := startIngest(t, st.DB.DSN, st.NS, func(c *ingest.Config, d *ingest.Deps) { c.RateLimit = 0.001 })
 	d.do(limited, exchange{routeActivity, "PUT", "/v1/activities/777", nil, cap1, 202, mustConform})
 	d.do(limited, exchange{routeActivity, "PUT", "/v1/activities/777", nil, cap1, 429, mustConform})
 	d.do(limited, exchange{routeSignup, "POST", "/v1/activities/777/signups/1", nil, "", 429, mustConform})
@@ -410,7 +413,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	// database handle closes (503 on reads).
 	lonelyNS := natstest.New(t)
 	lonelyNS.Setup(t, bus.StreamConfig{})
-	lonely, closeDB := startIngest(t, st.DB.DSN, lonelyNS, ingest.Options{PublishTimeout: 500 * time.Millisecond, DisableShed: true})
+	lonely, closeDB := startIngest(t, st.DB.DSN, lonelyNS, func(c *ingest.Config, d *ingest.Deps) { c.PublishTimeout = 500 * time.Millisecond; c.Shed = false })
 	pending := d.do(lonely, exchange{routeActivity, "PUT", "/v1/activities/8001", nil, cap1, 202, mustConform})
 	pid := requestID(t, pending)
 	d.do(lonely, exchange{routeRequest, "GET", "/v1/requests/" + pid, nil, "", 200, mustConform})
@@ -443,7 +446,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(v.Close)
-	secured, _ := startIngest(t, st.DB.DSN, st.NS, ingest.Options{Auth: v, BadAuthRate: -1})
+	secured, _ := startIngest(t, st.DB.DSN, st.NS, func(c *ingest.Config, d *ingest.Deps) { d.Verifier = v; c.BadAuthRate = -1 })
 	token := func(sub string, scopes ...string) map[string]string {
 		tok, err := auth.MintHS256([]byte(hsKey), auth.Claims{Subject: sub, Scopes: scopes})
 		if err != nil {
@@ -484,7 +487,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	}
 	// An instance with a read rate of (nearly) zero per caller: one read,
 	// then 429s.
-	slowReads, _ := startIngest(t, st.DB.DSN, st.NS, ingest.Options{Auth: v, BadAuthRate: -1, ReadRate: 0.001, ReadBurst: 1})
+	slowReads, _ := startIngest(t, st.DB.DSN, st.NS, func(c *ingest.Config, d *ingest.Deps) { d.Verifier = v; c.BadAuthRate = -1; c.ReadRate = 0.001 })
 	user2 := token("2")
 	d.do(slowReads, exchange{routeActivity, "GET", "/v1/activities/9001", user2, "", 200, mustConform})
 	d.do(slowReads, exchange{routeActivity, "GET", "/v1/activities/9001", user2, "", 429, mustConform})

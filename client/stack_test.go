@@ -23,7 +23,7 @@ import (
 // client: every call, the waitlist's promotion, idempotent resubmission,
 // state reads and the events the allocator published.
 func TestAgainstTheStack(t *testing.T) {
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(st.URL, client.WithWait(5*time.Second))

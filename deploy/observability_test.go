@@ -87,7 +87,7 @@ func registeredMetrics(t *testing.T) *recorder {
 	ns.Setup(t, bus.StreamConfig{})
 	nc, js := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if _, err := ingest.New(db.DB, nc, js, log, rec, ingest.Options{Gatherer: rec.Registry}); err != nil {
+	if _, err := ingest.New(config.Defaults[ingest.Config](), ingest.Deps{DB: db.DB, NATS: nc, JS: js, Log: log, Registry: rec, Gatherer: rec.Registry}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := allocator.New(db.DB, nc, log, rec, allocator.Config{}, allocator.Hooks{}); err != nil {

@@ -38,7 +38,7 @@ func (c cfg) Validate() error {
 	if c.NATSURL == "" {
 		return errors.New("ALLOT_NATS_URL is empty: set it to a NATS server with JetStream (e.g. nats://127.0.0.1:4222), or use `make run`, which starts an embedded one")
 	}
-	return c.Env.Validate()
+	return c.Config.Validate()
 }
 
 func main() {
@@ -84,7 +84,7 @@ func run(ctx context.Context) int {
 	}
 	defer drain(nc, log)
 
-	err = ingest.Run(ctx, c.RunConfig(), db, nc, log)
+	err = ingest.Run(ctx, c.Config, ingest.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, bus.ErrUnavailable) || bus.IsSetupError(err) {

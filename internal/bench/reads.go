@@ -25,6 +25,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -178,7 +179,9 @@ func Reads(ctx context.Context, db, readDB *sql.DB, nc *nats.Conn, log *slog.Log
 			return res, err
 		}
 		defer v.Close()
-		svc, err := ingest.New(readDB, nc, js, log, prometheus.NewRegistry(), ingest.Options{Auth: v, ReadRate: 1e9})
+		icfg := config.Defaults[ingest.Config]()
+		icfg.ReadRate, icfg.UserRate = 1e9, 0 // reads unlimited; no write limit, as before
+		svc, err := ingest.New(icfg, ingest.Deps{DB: readDB, NATS: nc, JS: js, Log: log, Registry: prometheus.NewRegistry(), Verifier: v})
 		if err != nil {
 			return res, err
 		}

@@ -29,7 +29,7 @@ import (
 // Ingest is cmd/ingest's configuration.
 type Ingest struct {
 	config.Common
-	ingest.Env
+	ingest.Config
 }
 
 // Allocator is cmd/allocator's configuration.
@@ -61,7 +61,7 @@ type Notifier struct {
 // two parts; named apart so both can be embedded (envconfig reads embedded
 // structs' fields as the binary's own). ALLOT_PARTITIONS fills both alike.
 type (
-	IngestEnv    = ingest.Env
+	IngestEnv    = ingest.Config
 	AllocatorEnv = allocator.Env
 )
 

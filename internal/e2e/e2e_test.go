@@ -38,12 +38,12 @@ type stack struct {
 }
 
 func newStack(t *testing.T, acfg allocator.Config) *stack {
-	return newStackOpts(t, acfg, ingest.Options{})
+	return newStackOpts(t, acfg, stacktest.IngestConfig(), ingest.Deps{})
 }
 
-func newStackOpts(t *testing.T, acfg allocator.Config, iopts ingest.Options) *stack {
+func newStackOpts(t *testing.T, acfg allocator.Config, icfg ingest.Config, ideps ingest.Deps) *stack {
 	t.Helper()
-	st := stacktest.Start(t, acfg, iopts)
+	st := stacktest.Start(t, acfg, icfg, ideps)
 	return &stack{t: t, db: st.DB, ns: st.NS, js: st.JS, url: st.URL,
 		cl: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512, MaxConnsPerHost: 512}}}
 }
@@ -320,7 +320,9 @@ func TestFlashSaleBurst(t *testing.T) {
 	for _, shed := range []bool{true, false} {
 		t.Run(fmt.Sprintf("shed=%v", shed), func(t *testing.T) {
 			t.Parallel()
-			flashSale(t, newStackOpts(t, allocator.Config{}, ingest.Options{DisableShed: !shed}), shed)
+			icfg := stacktest.IngestConfig()
+			icfg.Shed = shed
+			flashSale(t, newStackOpts(t, allocator.Config{}, icfg, ingest.Deps{}), shed)
 		})
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -52,7 +53,9 @@ func newFleet(t *testing.T, ingests int, acfg allocator.Config) *fleet {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range ingests {
 		nc, js := f.ns.Connect(t)
-		svc, err := ingest.New(f.db.DB, nc, js, log, prometheus.NewRegistry(), ingest.Options{})
+		icfg := stacktest.IngestConfig()
+		icfg.Partitions = max(acfg.Partitions, 1)
+		svc, err := ingest.New(icfg, ingest.Deps{DB: f.db.DB, NATS: nc, JS: js, Log: log, Registry: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/audit"
-	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -26,7 +26,7 @@ const settleWindow = 4 * time.Second
 // stored), the broker is killed (kill -9) before it stored it and started
 // again on the same store. The id reads done, REJECTED "never stored" (or
 // the applied result, had the broker stored it), on both ingests, within
-// the bound ingest.VoidAfter(window) after the broker is back, and the
+// the bound publish.VoidAfter(window) after the broker is back, and the
 // invariants hold and the audit is clean. In the second variant the ingest
 // that issued the id is killed too, and the other ingest's poll settles it;
 // in the third the broker stays down past the window, so the issuer's
@@ -80,7 +80,7 @@ func TestScenario13LostPubAckSettles(t *testing.T) {
 			s.must(s.startNATS())
 			back := time.Now()
 
-			bound := ingest.VoidAfter(settleWindow)
+			bound := publish.VoidAfter(settleWindow)
 			urls := []string{other}
 			if !killIssuer {
 				urls = append(urls, s.ingestURL)

@@ -21,6 +21,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -32,18 +33,22 @@ const (
 )
 
 // newAuthHarness is newHarness with HS256 bearer tokens required (issuer
-// and audience set), unless opts.Auth is already set.
-func newAuthHarness(t *testing.T, opts Options) *harness {
+// and audience set), unless set gives a Verifier already.
+func newAuthHarness(t *testing.T, set setup) *harness {
 	t.Helper()
-	if opts.Auth == nil {
-		v, err := auth.New(auth.Config{HS256Key: []byte(testKey), Issuer: testIssuer, Audience: testAudience})
-		if err != nil {
-			t.Fatalf("auth.New: %v", err)
+	return newHarness(t, func(c *Config, d *Deps) {
+		if set != nil {
+			set(c, d)
 		}
-		t.Cleanup(v.Close)
-		opts.Auth = v
-	}
-	return newHarness(t, opts)
+		if d.Verifier == nil {
+			v, err := auth.New(auth.Config{HS256Key: []byte(testKey), Issuer: testIssuer, Audience: testAudience})
+			if err != nil {
+				t.Fatalf("auth.New: %v", err)
+			}
+			t.Cleanup(v.Close)
+			d.Verifier = v
+		}
+	})
 }
 
 // tokenFor signs an HS256 token with the test key for sub and scopes, valid
@@ -121,7 +126,7 @@ func (h *harness) status(rq req) (*http.Response, []byte) {
 // in the request stream unless the write was allowed.
 func TestAuthEveryRoute(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{BadAuthRate: -1})
+	h := newAuthHarness(t, func(c *Config, d *Deps) { c.BadAuthRate = -1 })
 	ctx := context.Background()
 	// An open activity with user 5 on it, so the reads answer 200.
 	if _, err := h.db.ExecContext(ctx, "INSERT INTO activity (id, capacity, confirmed_count) VALUES (1, 2, 1)"); err != nil {
@@ -238,11 +243,11 @@ func TestAuthEveryRoute(t *testing.T) {
 // issued (404, same sentence), pending or done; its owner and an admin read it.
 func TestAuthPollOwner(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{})
+	h := newAuthHarness(t, nil)
 	user5, user6, admin := tokenFor(t, "5"), tokenFor(t, "6"), tokenFor(t, "1", auth.ScopeAdmin)
 	resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/4/signups/5", header: bearer(user5)})
 	id := accepted(t, "join", resp, body)
-	unknownID, err := newIDIssuer("").New(5, 0, 1)
+	unknownID, err := access.NewIDIssuer("").New(5, 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +288,7 @@ func TestAuthPollOwner(t *testing.T) {
 // subjects do not limit each other.
 func TestAuthRateLimitBySubject(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{UserRate: 0.01, UserBurst: 3})
+	h := newAuthHarness(t, func(c *Config, d *Deps) { c.UserRate = 0.01; d.Test.UserBurst = 3 })
 	bot := tokenFor(t, "100", auth.ScopeAdmin) // an admin can name any user in the path
 	codes := map[int]int{}
 	for u := 1; u <= 6; u++ {
@@ -307,17 +312,17 @@ func TestAuthRateLimitBySubject(t *testing.T) {
 // client address before their tokens are verified.
 func TestAuthBadTokenFlood(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{BadAuthRate: 0.01})
+	h := newAuthHarness(t, func(c *Config, d *Deps) { c.BadAuthRate = 0.01 })
 	codes := map[int]int{}
-	for range DefaultBadAuthBurst + 5 {
+	for range access.DefaultBadAuthBurst + 5 {
 		resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/7/claims/1", header: bearer("bad.token.here")})
 		codes[resp.StatusCode]++
 		if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("429 without Retry-After: %s", body)
 		}
 	}
-	if codes[http.StatusUnauthorized] != DefaultBadAuthBurst || codes[http.StatusTooManyRequests] != 5 {
-		t.Fatalf("bad tokens: %v, want %d×401 then 5×429", codes, DefaultBadAuthBurst)
+	if codes[http.StatusUnauthorized] != access.DefaultBadAuthBurst || codes[http.StatusTooManyRequests] != 5 {
+		t.Fatalf("bad tokens: %v, want %d×401 then 5×429", codes, access.DefaultBadAuthBurst)
 	}
 	if n := h.streamMsgs(); n != 0 {
 		t.Fatalf("the request stream holds %d messages, want 0", n)
@@ -328,7 +333,7 @@ func TestAuthBadTokenFlood(t *testing.T) {
 // binds two requests; by one caller, one.
 func TestAuthIdempotencyKeyScopedToCaller(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{})
+	h := newAuthHarness(t, nil)
 	a, b := tokenFor(t, "100", auth.ScopeAdmin), tokenFor(t, "200", auth.ScopeAdmin)
 	put := func(tok string) string {
 		hd := bearer(tok)
@@ -416,7 +421,7 @@ func TestAuthJWKSRotation(t *testing.T) {
 		t.Fatalf("auth.New: %v", err)
 	}
 	t.Cleanup(v.Close)
-	h := newAuthHarness(t, Options{Auth: v, BadAuthRate: -1})
+	h := newAuthHarness(t, func(c *Config, d *Deps) { d.Verifier = v; c.BadAuthRate = -1 })
 	claim := func(what, tok string, want int) {
 		t.Helper()
 		resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/3/claims/5", header: bearer(tok)})
@@ -446,7 +451,7 @@ func TestIngestWritesWithoutMySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	h := newHarnessWith(t, nil, db, Options{QueryTimeout: 2 * time.Second})
+	h := newHarnessWith(t, nil, db, func(c *Config, d *Deps) { d.Test.QueryTimeout = 2 * time.Second })
 	for u := 1; u <= 3; u++ {
 		resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/1/signups/" + jsonInt(int64(u))})
 		accepted(t, "join without MySQL", resp, body)

@@ -3,10 +3,10 @@ package ingest
 import (
 	"context"
 	"net/http"
-	"net/netip"
 	"testing"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/ingest/access"
 )
 
 // TestAuthSubjectMustBeCanonical: a sub is a user id only in its canonical
@@ -15,7 +15,7 @@ import (
 // own), with or without a scope.
 func TestAuthSubjectMustBeCanonical(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{BadAuthRate: -1})
+	h := newAuthHarness(t, func(c *Config, d *Deps) { c.BadAuthRate = -1 })
 	resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/1/claims/7", header: bearer(tokenFor(t, "7"))})
 	accepted(t, "sub 7", resp, body)
 	for _, sub := range []string{"+7", "007", " 7", "7 ", "7.0", "0", "-7", "0x7", "1_0", "9223372036854775808"} {
@@ -46,8 +46,8 @@ func TestAuthSubjectMustBeCanonical(t *testing.T) {
 // from that same address, is served.
 func TestAuthValidTokenNeverLimitedByOthersBadOnes(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{BadAuthRate: 0.01})
-	for range DefaultBadAuthBurst + 5 {
+	h := newAuthHarness(t, func(c *Config, d *Deps) { c.BadAuthRate = 0.01 })
+	for range access.DefaultBadAuthBurst + 5 {
 		h.do(req{method: http.MethodPost, path: "/v1/activities/7/claims/1", header: bearer("bad.token.here")})
 	}
 	resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/7/claims/1", header: bearer("bad.token.here")})
@@ -70,7 +70,7 @@ func TestAuthValidTokenNeverLimitedByOthersBadOnes(t *testing.T) {
 func TestAuthTrustedProxyKeysByForwardedAddress(t *testing.T) {
 	t.Parallel()
 	flood := func(h *harness, xff string) {
-		for range DefaultBadAuthBurst + 1 {
+		for range access.DefaultBadAuthBurst + 1 {
 			h.do(req{method: http.MethodPost, path: "/v1/activities/7/claims/1",
 				header: map[string]string{"Authorization": "Bearer bad.token.here", "X-Forwarded-For": xff}})
 		}
@@ -82,7 +82,7 @@ func TestAuthTrustedProxyKeysByForwardedAddress(t *testing.T) {
 	}
 	t.Run("trusted", func(t *testing.T) {
 		t.Parallel()
-		h := newAuthHarness(t, Options{BadAuthRate: 0.01, TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+		h := newAuthHarness(t, func(c *Config, d *Deps) { c.BadAuthRate = 0.01; c.TrustedProxies = "127.0.0.0/8" })
 		// The bad client is 203.0.113.5; the forged leftmost hop is ignored.
 		flood(h, "198.51.100.1, 203.0.113.5")
 		if got := badFrom(h, "198.51.100.2, 203.0.113.5"); got != http.StatusTooManyRequests {
@@ -98,7 +98,7 @@ func TestAuthTrustedProxyKeysByForwardedAddress(t *testing.T) {
 	})
 	t.Run("untrusted", func(t *testing.T) {
 		t.Parallel()
-		h := newAuthHarness(t, Options{BadAuthRate: 0.01})
+		h := newAuthHarness(t, func(c *Config, d *Deps) { c.BadAuthRate = 0.01 })
 		flood(h, "203.0.113.5")
 		if got := badFrom(h, "203.0.113.6"); got != http.StatusTooManyRequests {
 			t.Fatalf("a forged X-Forwarded-For from an untrusted peer answered %d, want 429 (the peer address counts)", got)
@@ -112,7 +112,7 @@ func TestAuthTrustedProxyKeysByForwardedAddress(t *testing.T) {
 // and an admin are served.
 func TestAuthReadLimitBySubject(t *testing.T) {
 	t.Parallel()
-	h := newAuthHarness(t, Options{ReadRate: 0.01, ReadBurst: 3, BadAuthRate: -1})
+	h := newAuthHarness(t, func(c *Config, d *Deps) { c.ReadRate = 0.01; d.Test.ReadBurst = 3; c.BadAuthRate = -1 })
 	ctx := context.Background()
 	if _, err := h.db.ExecContext(ctx, "INSERT INTO activity (id, capacity, confirmed_count) VALUES (1, 2, 1)"); err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func TestAuthReadLimitBySubject(t *testing.T) {
 // count, are not limited.
 func TestReadLimitWithoutAuth(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{ReadRate: 0.01, ReadBurst: 2})
+	h := newHarness(t, func(c *Config, d *Deps) { c.ReadRate = 0.01; d.Test.ReadBurst = 2 })
 	ctx := context.Background()
 	if _, err := h.db.ExecContext(ctx, "INSERT INTO activity (id, capacity, confirmed_count) VALUES (1, 2, 0)"); err != nil {
 		t.Fatal(err)

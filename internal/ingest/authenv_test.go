@@ -15,47 +15,9 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/natstest"
 )
-
-// TestAuthEnvSecureByDefault: with no key, ingest runs open only on a
-// loopback address or with ALLOT_AUTH=none; otherwise one line refuses.
-func TestAuthEnvSecureByDefault(t *testing.T) {
-	t.Parallel()
-	key := strings.Repeat("k", auth.MinHS256Key)
-	tests := []struct {
-		name string
-		env  AuthEnv
-		addr string
-		want string // "" = valid; else a part of the one-line error
-	}{
-		{name: "no key, all interfaces", addr: ":8080", want: "refusing to serve :8080 without authentication"},
-		{name: "no key, 0.0.0.0", addr: "0.0.0.0:8080", want: "refusing"},
-		{name: "no key, a public address", addr: "10.1.2.3:8080", want: "refusing"},
-		{name: "no key, 127.0.0.1", addr: "127.0.0.1:8080"},
-		{name: "no key, ::1", addr: "[::1]:8080"},
-		{name: "no key, localhost", addr: "localhost:8080"},
-		{name: "none, all interfaces", env: AuthEnv{Mode: "none"}, addr: ":8080"},
-		{name: "HS256 key", env: AuthEnv{HS256Key: key}, addr: ":8080"},
-		{name: "JWKS", env: AuthEnv{JWKSURL: "https://idp.example/jwks"}, addr: ":8080"},
-		{name: "short key", env: AuthEnv{HS256Key: "short"}, addr: ":8080", want: "at least 32 bytes"},
-		{name: "none with a key", env: AuthEnv{Mode: "none", HS256Key: key}, addr: ":8080", want: "contradicts"},
-		{name: "unknown mode", env: AuthEnv{Mode: "off"}, addr: "127.0.0.1:8080", want: "must be empty or none"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := tt.env.Validate(tt.addr)
-			switch {
-			case tt.want == "" && err != nil:
-				t.Fatalf("Validate = %v, want valid", err)
-			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
-				t.Fatalf("Validate = %v, want an error containing %q", err, tt.want)
-			case err != nil && strings.Contains(err.Error(), "\n"):
-				t.Fatalf("Validate = %q, want one line", err)
-			}
-		})
-	}
-}
 
 // TestRunRefusesOpenNonLoopback: Run itself refuses a listener that is not
 // loopback when no key is set, before serving anything.
@@ -71,7 +33,7 @@ func TestRunRefusesOpenNonLoopback(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err = Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry()}, db.DB, nc, nil)
+	err = Run(ctx, testConfig(), Deps{DB: db.DB, NATS: nc, Listener: ln, Registry: prometheus.NewRegistry()})
 	if err == nil || !strings.Contains(err.Error(), "without authentication") {
 		t.Fatalf("Run on 0.0.0.0 without a key = %v, want a refusal", err)
 	}
@@ -88,11 +50,11 @@ func TestRunClosesListenersWhenItRefuses(t *testing.T) {
 	nc, _ := ns.Connect(t)
 	for _, c := range []struct {
 		name, host string
-		auth       auth.Config
+		auth       access.AuthConfig
 		want       string
 	}{
-		{"open on 0.0.0.0", "0.0.0.0", auth.Config{}, "without authentication"},
-		{"a short key", "127.0.0.1", auth.Config{HS256Key: []byte("short")}, "at least"},
+		{"open on 0.0.0.0", "0.0.0.0", access.AuthConfig{}, "without authentication"},
+		{"a short key", "127.0.0.1", access.AuthConfig{HS256Key: "short"}, "at least"},
 	} {
 		listen := func() (net.Listener, string) {
 			l, err := net.Listen("tcp", c.host+":0")
@@ -103,8 +65,10 @@ func TestRunClosesListenersWhenItRefuses(t *testing.T) {
 		}
 		ln, api := listen()
 		mln, metrics := listen()
-		err := Run(context.Background(), RunConfig{Listener: ln, MetricsListener: mln, Auth: c.auth,
-			Registry: prometheus.NewRegistry()}, db.DB, nc, nil)
+		cfg := testConfig()
+		cfg.AuthConfig = c.auth
+		err := Run(context.Background(), cfg, Deps{DB: db.DB, NATS: nc, Listener: ln, MetricsListener: mln,
+			Registry: prometheus.NewRegistry()})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Fatalf("%s: Run = %v, want an error containing %q", c.name, err, c.want)
 		}
@@ -138,8 +102,9 @@ func TestRunMetricsListener(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() {
-		ran <- Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry(), ShutdownTimeout: 5 * time.Second,
-			MetricsListener: mln, Auth: auth.Config{HS256Key: []byte(testKey)}}, db.DB, nc, nil)
+		cfg := testConfig()
+		cfg.ShutdownTimeout, cfg.HS256Key = 5*time.Second, testKey
+		ran <- Run(ctx, cfg, Deps{DB: db.DB, NATS: nc, Listener: ln, MetricsListener: mln, Registry: prometheus.NewRegistry()})
 	}()
 	defer func() {
 		cancel()

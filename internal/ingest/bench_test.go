@@ -21,7 +21,7 @@ import (
 
 func TestConcurrentFirstUsesOfAKeyShareOneRequest(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	const n = 16
 	ids := make([]string, n)
 	var wg sync.WaitGroup
@@ -64,7 +64,7 @@ func BenchmarkJoin(b *testing.B) {
 	ns := natstest.New(b)
 	ns.Setup(b, bus.StreamConfig{})
 	nc, js := ns.Connect(b)
-	svc, err := New(db.DB, nc, js, slog.New(slog.DiscardHandler), prometheus.NewRegistry(), Options{})
+	svc, err := New(testConfig(), Deps{DB: db.DB, NATS: nc, JS: js, Log: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
 	if err != nil {
 		b.Fatal(err)
 	}

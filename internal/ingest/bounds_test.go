@@ -19,7 +19,7 @@ import (
 // and answered 202; neither waits.
 func TestWaitersAreCapped(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{MaxWaiters: 2})
+	h := newHarness(t, func(c *Config, d *Deps) { c.MaxWaiters = 2 })
 	var ids []string
 	for u := range 3 {
 		resp, body := h.do(req{method: "POST", path: fmt.Sprintf("/v1/activities/1/signups/%d", u+1)})
@@ -33,7 +33,7 @@ func TestWaitersAreCapped(t *testing.T) {
 			wantStatus(t, "waiting poll", resp, body, http.StatusOK)
 		})
 	}
-	eventually(t, 5*time.Second, "two waiters", func() bool { return h.svc.waiters.count() == 2 })
+	eventually(t, 5*time.Second, "two waiters", func() bool { return h.svc.results.Count() == 2 })
 	resp, body := h.do(req{method: "GET", path: "/v1/requests/" + ids[2] + "?wait=10s"})
 	wantStatus(t, "third waiting poll", resp, body, http.StatusOK)
 	if !strings.Contains(string(body), `"state":"pending"`) {
@@ -47,10 +47,10 @@ func TestWaitersAreCapped(t *testing.T) {
 	}
 	// Neither waited: both were counted as refused waits, and only the
 	// two first polls are waiting still.
-	if n := testutil.ToFloat64(h.svc.metrics.waitersRefused); n != 2 {
+	if n := testutil.ToFloat64(h.svc.metrics.results.Refused); n != 2 {
 		t.Fatalf("waits refused: %v, want 2", n)
 	}
-	if n := h.svc.waiters.count(); n != 2 {
+	if n := h.svc.results.Count(); n != 2 {
 		t.Fatalf("%d waiters, want the first two polls only", n)
 	}
 	h.svc.endWaits()
@@ -62,14 +62,14 @@ func TestWaitersAreCapped(t *testing.T) {
 // the whole connection pool.
 func TestWaitingReadsAreCoalesced(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{RecheckInterval: 50 * time.Millisecond})
+	h := newHarness(t, func(c *Config, d *Deps) { d.Test.RecheckInterval = 50 * time.Millisecond })
 	const waiters = 1000
 	ids := make([]string, waiters)
 	for i := range ids {
 		resp, body := h.do(req{method: "POST", path: fmt.Sprintf("/v1/activities/%d/signups/1", i+1)})
 		ids[i] = accepted(t, "join", resp, body)
 	}
-	start := testutil.ToFloat64(h.svc.metrics.resultQueries)
+	start := testutil.ToFloat64(h.svc.metrics.results.Queries)
 	var wg sync.WaitGroup
 	for _, id := range ids {
 		wg.Go(func() {
@@ -80,7 +80,7 @@ func TestWaitingReadsAreCoalesced(t *testing.T) {
 	wg.Wait()
 	// Each poll reads once first, about 20 times while waiting and once at
 	// its deadline: some 22,000 reads, one query each without coalescing.
-	queries := testutil.ToFloat64(h.svc.metrics.resultQueries) - start
+	queries := testutil.ToFloat64(h.svc.metrics.results.Queries) - start
 	if queries == 0 || queries > 2000 {
 		t.Fatalf("%v queries for %d waiting polls: the reads were not gathered", queries, waiters)
 	}
@@ -91,7 +91,7 @@ func TestWaitingReadsAreCoalesced(t *testing.T) {
 // with Retry-After, and are not published.
 func TestOpensAreRateLimited(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{OpenRate: 0.001}) // a burst of one, then one in 1,000 s
+	h := newHarness(t, func(c *Config, d *Deps) { c.OpenRate = 0.001 }) // a burst of one, then one in 1,000 s
 	resp, body := h.do(req{method: "PUT", path: "/v1/activities/1", body: `{"capacity": 0}`})
 	accepted(t, "first open", resp, body)
 	before := h.subjectMsgs(wire.RequestSubject(2))
@@ -106,19 +106,4 @@ func TestOpensAreRateLimited(t *testing.T) {
 	// Joins are not opens.
 	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/1"})
 	accepted(t, "join", resp, body)
-}
-
-// TestViewsAreBounded: ingest keeps at most ActivityCache views.
-func TestViewsAreBounded(t *testing.T) {
-	t.Parallel()
-	h := newHarness(t, Options{ActivityCache: 10})
-	for a := int64(1); a <= 100; a++ {
-		h.svc.views.put(wire.View{ActivityID: a, Capacity: 1, Confirmed: 1, Seq: uint64(a), Complete: true, Holders: []int64{1}})
-	}
-	if n := h.svc.views.m.Len(); n != 10 {
-		t.Fatalf("%d views kept, bounded at 10", n)
-	}
-	if h.svc.views.get(100) == nil || h.svc.views.get(1) != nil {
-		t.Fatal("the bound did not keep the most recent views")
-	}
 }

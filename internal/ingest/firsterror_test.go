@@ -38,8 +38,9 @@ func TestRunFirstErrorWins(t *testing.T) {
 	metricsAddr := mln.Addr().String()
 	ran := make(chan error, 1)
 	go func() {
-		ran <- Run(context.Background(), RunConfig{Listener: ln, Registry: prometheus.NewRegistry(),
-			ShutdownTimeout: 5 * time.Second, MetricsListener: mln}, db.DB, nc, nil)
+		cfg := testConfig()
+		cfg.ShutdownTimeout = 5 * time.Second
+		ran <- Run(context.Background(), cfg, Deps{DB: db.DB, NATS: nc, Listener: ln, MetricsListener: mln, Registry: prometheus.NewRegistry()})
 	}()
 	get := func(url string) int {
 		c, _ := statusOf(http.MethodGet, url, "")

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -38,25 +39,53 @@ type harness struct {
 	cl  *http.Client
 }
 
-func newHarness(t *testing.T, opts Options) *harness {
+func newHarness(t *testing.T, set setup) *harness {
 	t.Helper()
 	db := dbtest.New(t)
-	return newHarnessWith(t, db, db.DB, opts)
+	return newHarnessWith(t, db, db.DB, set)
+}
+
+// setup is one test's changes to the harness's Config and Deps; nil: none.
+type setup func(*Config, *Deps)
+
+// testConfig is the configuration the harness starts from: the defaults,
+// without the per-user write and read limits, which only the tests of
+// those limits set.
+func testConfig() Config {
+	c := config.Defaults[Config]()
+	c.UserRate, c.ReadRate = 0, 0
+	return c
+}
+
+// newService is New with the harness's configuration changed by set.
+func newService(t *testing.T, db *sql.DB, nc *nats.Conn, js jetstream.JetStream, reg *prometheus.Registry, set setup) *Service {
+	t.Helper()
+	cfg := testConfig()
+	deps := Deps{DB: db, NATS: nc, JS: js, Registry: reg,
+		Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	if set != nil {
+		set(&cfg, &deps)
+	}
+	svc, err := New(cfg, deps)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return svc
 }
 
 // newHarnessWith is newHarness with the Service reading svcDB (another
 // MySQL user's pool, or one whose server is down) while h.db stays the
 // test's own access to its database (nil when it has none).
-func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, opts Options) *harness {
+func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, set setup) *harness {
 	t.Helper()
 	h := &harness{t: t, db: db, ns: natstest.New(t), reg: prometheus.NewRegistry()}
-	h.ns.Setup(t, bus.StreamConfig{Partitions: opts.Partitions})
-	h.nc, h.js = h.ns.Connect(t)
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	svc, err := New(svcDB, h.nc, h.js, log, h.reg, opts)
-	if err != nil {
-		t.Fatalf("New: %v", err)
+	cfg := testConfig()
+	if set != nil {
+		set(&cfg, &Deps{})
 	}
+	h.ns.Setup(t, bus.StreamConfig{Partitions: cfg.Partitions})
+	h.nc, h.js = h.ns.Connect(t)
+	svc := newService(t, svcDB, h.nc, h.js, h.reg, set)
 	// No deadline: Start must bound its own calls.
 	if err := svc.Start(context.Background()); err != nil {
 		t.Fatalf("Start: %v", err)
@@ -70,14 +99,10 @@ func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, opts Options) *h
 }
 
 // another is a second ingest instance on h's database and NATS server.
-func (h *harness) another(t *testing.T, opts Options) *harness {
+func (h *harness) another(t *testing.T, set setup) *harness {
 	t.Helper()
 	o := &harness{t: t, db: h.db, ns: h.ns, nc: h.nc, js: h.js, reg: prometheus.NewRegistry()}
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
-	svc, err := New(h.db.DB, h.nc, h.js, log, o.reg, opts)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	svc := newService(t, h.db.DB, h.nc, h.js, o.reg, set)
 	if err := svc.Start(context.Background()); err != nil {
 		t.Fatalf("Start: %v", err)
 	}

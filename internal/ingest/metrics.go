@@ -6,110 +6,102 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/ingest/access"
+	"github.com/allot-dev/allot/internal/ingest/early"
+	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/ingest/results"
 )
 
-// metrics are ingest's Prometheus series.
+// metrics are ingest's Prometheus series, each component's in its own
+// struct; all are declared and registered here, in one place.
 type metrics struct {
-	requests        *prometheus.CounterVec // route, code
-	publishDuration prometheus.Histogram
-	publishFailures prometheus.Counter
-	replays         prometheus.Counter
-	waiters         prometheus.Gauge
-	shed            *prometheus.CounterVec // outcome
-	earlyMissed     *prometheus.CounterVec // reason
-	commitBatch     prometheus.Histogram
-	resultQueries   prometheus.Counter
-	tailWait        prometheus.Histogram
-	waitersRefused  prometheus.Counter
-	authFailures    *prometheus.CounterVec // reason: missing, invalid, flood
-	// Settling requests whose PubAck was lost (settle.go).
-	settleActive    prometheus.Gauge
-	settleCopies    prometheus.Counter
-	settleConfirmed *prometheus.CounterVec // how: stored, duplicate
-	voids           *prometheus.CounterVec // by: issuer, poll, overflow
-	voidsStored     prometheus.Counter
-	readsLimited    prometheus.Counter
+	requests *prometheus.CounterVec // route, code
+	replays  prometheus.Counter
+	access   access.Metrics
+	publish  publish.Metrics
+	early    early.Metrics
+	results  results.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	r := registrar{reg: reg}
-	m := &metrics{
-		settleActive: register(&r, prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "allot_ingest_settle_active",
-			Help: "Request ids whose PubAck was lost that this instance is republishing or voiding.",
-		})),
-		settleCopies: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_settle_republished_total",
-			Help: "Copies of requests whose PubAck was lost published again in the background (same Nats-Msg-Id).",
-		})),
-		settleConfirmed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "allot_ingest_settle_confirmed_total",
-			Help: "Requests whose PubAck was lost that a background copy confirmed stored, by how (stored, duplicate).",
-		}, []string{"how"})),
-		voids: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "allot_ingest_voids_total",
-			Help: "Voids published for request ids that may never have been stored, by who asked (issuer, poll, overflow).",
-		}, []string{"by"})),
-		voidsStored: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_voids_confirmed_total",
-			Help: "Voids the broker confirmed (stored, or dropped as a duplicate of the original or an earlier void).",
-		})),
-		requests: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "allot_ingest_http_requests_total",
-			Help: "HTTP requests answered, by route pattern and status code.",
-		}, []string{"route", "code"})),
-		publishDuration: register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "allot_ingest_publish_duration_seconds",
-			Help:    "Time from publishing a request to its JetStream PubAck (or failure).",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5ms .. 4s
-		})),
-		publishFailures: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_publish_failures_total",
-			Help: "Requests that JetStream did not store (answered 503).",
-		})),
-		replays: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_idempotent_replays_total",
-			Help: "Writes answered with the request id of an earlier use of their Idempotency-Key.",
-		})),
-		waiters: register(&r, prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "allot_ingest_waiters",
-			Help: "HTTP handlers waiting for a request's result (?wait=).",
-		})),
-		shed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "allot_ingest_shed_claims_total",
-			Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
-		}, []string{"outcome"})),
-		commitBatch: register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "allot_ingest_commit_batch_size",
-			Help:    "Requests published together as one atomic batch (group commit).",
-			Buckets: prometheus.ExponentialBuckets(16, 2, 7),
-		})),
-		tailWait: register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "allot_ingest_tail_wait_seconds",
-			Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (early answers).",
-			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
-		})),
-		resultQueries: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_result_queries_total",
-			Help: "MySQL queries that read results for polls and waiting handlers (each gathers up to 500 reads).",
-		})),
-		waitersRefused: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_waiters_refused_total",
-			Help: "Writes and polls with ?wait= answered at once, without waiting, because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
-		})),
-		earlyMissed: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "allot_ingest_shed_missed_total",
-			Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
-		}, []string{"reason"})),
-		authFailures: register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "allot_ingest_auth_failures_total",
-			Help: "Requests refused before their handler: no token (missing), a token that failed verification (invalid), or too many such from one address (flood).",
-		}, []string{"reason"})),
-		readsLimited: register(&r, prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "allot_ingest_reads_limited_total",
-			Help: "Activity and signup reads answered 429 because their caller was over ALLOT_INGEST_READ_RATE.",
-		})),
-	}
+	m := &metrics{}
+	m.publish.Settle.Active = register(&r, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "allot_ingest_settle_active",
+		Help: "Request ids whose PubAck was lost that this instance is republishing or voiding.",
+	}))
+	m.publish.Settle.Copies = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_settle_republished_total",
+		Help: "Copies of requests whose PubAck was lost published again in the background (same Nats-Msg-Id).",
+	}))
+	m.publish.Settle.Confirmed = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_settle_confirmed_total",
+		Help: "Requests whose PubAck was lost that a background copy confirmed stored, by how (stored, duplicate).",
+	}, []string{"how"}))
+	m.publish.Settle.Voids = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_voids_total",
+		Help: "Voids published for request ids that may never have been stored, by who asked (issuer, poll, overflow).",
+	}, []string{"by"}))
+	m.publish.Settle.Stored = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_voids_confirmed_total",
+		Help: "Voids the broker confirmed (stored, or dropped as a duplicate of the original or an earlier void).",
+	}))
+	m.requests = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_http_requests_total",
+		Help: "HTTP requests answered, by route pattern and status code.",
+	}, []string{"route", "code"}))
+	m.publish.PublishDuration = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allot_ingest_publish_duration_seconds",
+		Help:    "Time from publishing a request to its JetStream PubAck (or failure).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14), // 0.5ms .. 4s
+	}))
+	m.publish.PublishFailures = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_publish_failures_total",
+		Help: "Requests that JetStream did not store (answered 503).",
+	}))
+	m.replays = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_idempotent_replays_total",
+		Help: "Writes answered with the request id of an earlier use of their Idempotency-Key.",
+	}))
+	m.results.Waiters = register(&r, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "allot_ingest_waiters",
+		Help: "HTTP handlers waiting for a request's result (?wait=).",
+	}))
+	m.early.Shed = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_shed_claims_total",
+		Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
+	}, []string{"outcome"}))
+	m.publish.CommitBatch = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allot_ingest_commit_batch_size",
+		Help:    "Requests published together as one atomic batch (group commit).",
+		Buckets: prometheus.ExponentialBuckets(16, 2, 7),
+	}))
+	m.early.TailWait = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allot_ingest_tail_wait_seconds",
+		Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (early answers).",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+	}))
+	m.results.Queries = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_result_queries_total",
+		Help: "MySQL queries that read results for polls and waiting handlers (each gathers up to 500 reads).",
+	}))
+	m.results.Refused = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_waiters_refused_total",
+		Help: "Writes and polls with ?wait= answered at once, without waiting, because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
+	}))
+	m.early.Missed = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_shed_missed_total",
+		Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
+	}, []string{"reason"}))
+	m.access.AuthFailures = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_auth_failures_total",
+		Help: "Requests refused before their handler: no token (missing), a token that failed verification (invalid), or too many such from one address (flood).",
+	}, []string{"reason"}))
+	m.access.ReadsLimited = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "allot_ingest_reads_limited_total",
+		Help: "Activity and signup reads answered 429 because their caller was over ALLOT_INGEST_READ_RATE.",
+	}))
 	if r.err != nil {
 		return nil, r.err
 	}

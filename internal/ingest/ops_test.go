@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
@@ -23,7 +24,7 @@ import (
 
 func TestNATSDownAnswers503AndRecovers(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{PublishTimeout: 2 * time.Second, RecheckInterval: time.Hour})
+	h := newHarness(t, func(c *Config, d *Deps) { c.PublishTimeout = 2 * time.Second; d.Test.RecheckInterval = time.Hour })
 	resp, body := h.do(req{method: "POST", path: "/v1/activities/1/signups/1"})
 	accepted(t, "before the outage", resp, body)
 
@@ -74,7 +75,7 @@ func TestNATSDownAnswers503AndRecovers(t *testing.T) {
 		r.Body.Close()
 		done <- r.StatusCode
 	}()
-	eventually(t, 5*time.Second, "the poll waits", func() bool { return h.svc.waiters.count() == 1 })
+	eventually(t, 5*time.Second, "the poll waits", func() bool { return h.svc.results.Count() == 1 })
 	res := wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpJoin, ActivityID: 1, UserID: 3,
 		Outcome: wire.OutcomeConfirmed, Status: ptr(wire.StatusConfirmed), Seq: 3, AppliedAt: time.Now().UTC()}
 	h.insertResult(res)
@@ -90,7 +91,7 @@ func TestNATSDownAnswers503AndRecovers(t *testing.T) {
 
 func TestActivityAndSignupReads(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := h.db.ExecContext(context.Background(), q, args...); err != nil {
@@ -161,7 +162,7 @@ func TestActivityAndSignupReads(t *testing.T) {
 
 func TestHealthReadinessMetrics(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	for _, path := range []string{"/healthz", "/readyz"} {
 		resp, body := h.do(req{method: "GET", path: path})
 		wantStatus(t, path, resp, body, http.StatusOK)
@@ -202,7 +203,7 @@ func TestHealthReadinessMetrics(t *testing.T) {
 // are still accepted then, while a read that needs it answers 503.
 func TestReadinessIsNATSAndMySQL(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	resp, body := h.do(req{method: "GET", path: "/readyz"})
 	wantStatus(t, "/readyz with NATS and MySQL up", resp, body, http.StatusOK)
 	h.db.Close() // a closed pool fails every query
@@ -226,7 +227,7 @@ func TestReadinessIsNATSAndMySQL(t *testing.T) {
 
 func TestPanicIsA500(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	rt := h.svc.Handler().(*router)
 	rt.mux.HandleFunc("GET /boom", func(http.ResponseWriter, *http.Request) { panic("boom") })
 	rec := httptest.NewRecorder()
@@ -254,8 +255,10 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	defer cancel()
 	ran := make(chan error, 1)
 	go func() {
-		ran <- Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry(), ShutdownTimeout: 5 * time.Second},
-			db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		cfg := testConfig()
+		cfg.ShutdownTimeout = 5 * time.Second
+		ran <- Run(ctx, cfg, Deps{DB: db.DB, NATS: nc, Listener: ln, Registry: prometheus.NewRegistry(),
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	}()
 	base := "http://" + ln.Addr().String()
 	eventually(t, 20*time.Second, "Run serves /readyz", func() bool {
@@ -311,22 +314,38 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	}
 }
 
-func TestNewRejectsBadOptions(t *testing.T) {
+// TestConfigRejectsBadValues: the defaults validate (on a loopback
+// address, where no key is needed), and a bad value is refused; New
+// refuses to register its metrics twice.
+func TestConfigRejectsBadValues(t *testing.T) {
 	t.Parallel()
+	good := config.Defaults[Config]()
+	good.HTTPAddr = "127.0.0.1:8080"
+	if err := good.Validate(); err != nil {
+		t.Fatalf("the defaults do not validate: %v", err)
+	}
+	for _, set := range []func(*Config){
+		func(c *Config) { c.PublishTimeout = -time.Second },
+		func(c *Config) { c.RateLimit = -1 },
+		func(c *Config) { c.MaxInFlight = 0 },
+		func(c *Config) { c.CommitMinBatch = 0 },
+	} {
+		c := good
+		set(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate accepted %+v", c)
+		}
+	}
 	db := dbtest.New(t)
 	ns := natstest.New(t)
 	ns.Setup(t, bus.StreamConfig{})
 	nc, js := ns.Connect(t)
-	for _, o := range []Options{{MaxWait: -1}, {BodyLimit: -1}, {PublishTimeout: -time.Second}, {RateLimit: -1}} {
-		if _, err := New(db.DB, nc, js, nil, nil, o); err == nil {
-			t.Errorf("New accepted %+v", o)
-		}
-	}
 	reg := prometheus.NewRegistry()
-	if _, err := New(db.DB, nc, js, nil, reg, Options{}); err != nil {
+	deps := Deps{DB: db.DB, NATS: nc, JS: js, Registry: reg}
+	if _, err := New(good, deps); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(db.DB, nc, js, nil, reg, Options{}); err == nil {
+	if _, err := New(good, deps); err == nil {
 		t.Error("New registered the same metrics twice without an error")
 	}
 }

@@ -15,7 +15,7 @@ import (
 func TestPoll(t *testing.T) {
 	t.Parallel()
 	// A long recheck interval: a wait can only end early by a notification.
-	h := newHarness(t, Options{RecheckInterval: time.Hour})
+	h := newHarness(t, func(c *Config, d *Deps) { d.Test.RecheckInterval = time.Hour })
 
 	notFound := []struct{ name, id string }{
 		{name: "random v4", id: uuid.NewString()},
@@ -59,7 +59,7 @@ func TestPoll(t *testing.T) {
 		b, _ := io.ReadAll(r.Body)
 		done <- answer{status: r.StatusCode, body: b}
 	}()
-	eventually(t, 5*time.Second, "the poll registers its waiter", func() bool { return h.svc.waiters.count() == 1 })
+	eventually(t, 5*time.Second, "the poll registers its waiter", func() bool { return h.svc.results.Count() == 1 })
 
 	want := wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: 9001, UserID: 42,
 		Outcome: wire.OutcomeGranted, Status: ptr(wire.StatusConfirmed), Seq: 1234,
@@ -83,7 +83,7 @@ func TestPoll(t *testing.T) {
 			t.Errorf("poll body %s lacks %s", a.body, f)
 		}
 	}
-	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.waiters.count() == 0 })
+	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.results.Count() == 0 })
 
 	// Done now: read from MySQL, with or without wait.
 	for _, q := range []string{"", "?wait=2s"} {
@@ -103,8 +103,8 @@ func TestPoll(t *testing.T) {
 	resp, body = h.do(req{method: "GET", path: "/v1/requests/" + foreign.RequestID})
 	wantStatus(t, "foreign result", resp, body, http.StatusOK)
 
-	if h.svc.waiters.count() != 0 {
-		t.Fatalf("%d waiters left registered", h.svc.waiters.count())
+	if h.svc.results.Count() != 0 {
+		t.Fatalf("%d waiters left registered", h.svc.results.Count())
 	}
 	_, body = h.do(req{method: "GET", path: "/metrics"})
 	if !strings.Contains(string(body), "\nallot_ingest_waiters 0\n") {
@@ -114,7 +114,7 @@ func TestPoll(t *testing.T) {
 
 func TestPollRereadsMySQLAtTheDeadline(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{RecheckInterval: time.Hour})
+	h := newHarness(t, func(c *Config, d *Deps) { d.Test.RecheckInterval = time.Hour })
 	resp, body := h.do(req{method: "DELETE", path: "/v1/activities/3/signups/8"})
 	id := accepted(t, "cancel", resp, body)
 
@@ -137,18 +137,18 @@ func TestPollRereadsMySQLAtTheDeadline(t *testing.T) {
 		}
 		done <- b
 	}()
-	eventually(t, 5*time.Second, "the poll registers its waiter", func() bool { return h.svc.waiters.count() == 1 })
+	eventually(t, 5*time.Second, "the poll registers its waiter", func() bool { return h.svc.results.Count() == 1 })
 	h.insertResult(want)
 	got := decode[wire.Result](t, "poll", <-done)
 	if !sameResult(got, want) {
 		t.Fatalf("poll answered %+v, want %+v", got, want)
 	}
-	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.waiters.count() == 0 })
+	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.results.Count() == 0 })
 }
 
 func TestPollWaitEndsPending(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{RecheckInterval: 100 * time.Millisecond})
+	h := newHarness(t, func(c *Config, d *Deps) { d.Test.RecheckInterval = 100 * time.Millisecond })
 	resp, body := h.do(req{method: "POST", path: "/v1/activities/3/signups/8"})
 	id := accepted(t, "join", resp, body)
 	start := time.Now()
@@ -160,85 +160,7 @@ func TestPollWaitEndsPending(t *testing.T) {
 	if el := time.Since(start); el < 500*time.Millisecond {
 		t.Fatalf("poll with wait=500ms answered after %s", el)
 	}
-	if h.svc.waiters.count() != 0 {
-		t.Fatalf("%d waiters left registered", h.svc.waiters.count())
-	}
-}
-
-func TestRequestIDChecksum(t *testing.T) {
-	t.Parallel()
-	g := newIDIssuer("")
-	other := newIDIssuer("another secret")
-	const n = 1000
-	foreign, stranger := 0, 0
-	for i := range n {
-		owner := int64(i + 1)
-		id, err := g.New(owner, i%7, 7)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p, ok := g.Partition(id, 7); !ok || p != i%7 {
-			t.Fatalf("%s names partition %d (%v), want %d", id, p, ok, i%7)
-		}
-		if p := wire.PartitionOfID(id, 7); p != i%7 {
-			t.Fatalf("%s: wire reads partition %d, want %d", id, p, i%7)
-		}
-		if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
-			t.Fatalf("%s: version %d variant %s, want 7 RFC4122", id, id.Version(), id.Variant())
-		}
-		if !g.Issued(id) || !g.Owned(id, owner) {
-			t.Fatalf("%s: checksum or owner tag does not verify", id)
-		}
-		// 16-bit checks: a match by chance is 1 in 65,536.
-		if other.Issued(id) {
-			foreign++
-		}
-		if g.Owned(id, owner+1) {
-			stranger++
-		}
-		for _, i := range []int{0, 7, 11, 12, 13} {
-			bad := id
-			bad[i] ^= 0x01
-			if g.Issued(bad) && g.Owned(bad, owner) {
-				t.Fatalf("%s with byte %d flipped still verifies", id, i)
-			}
-		}
-		for _, i := range []int{14, 15} {
-			bad := id
-			bad[i] ^= 0x01
-			if !g.Issued(bad) || g.Owned(bad, owner) {
-				t.Fatalf("%s with owner byte %d flipped: issued %v (want true), owned %v (want false)", id, i, g.Issued(bad), g.Owned(bad, owner))
-			}
-		}
-	}
-	if foreign > 3 || stranger > 3 {
-		t.Fatalf("of %d ids, %d verify under another secret and %d for another owner; want at most 3 each (1 in 65,536 by chance)", n, foreign, stranger)
-	}
-	if g.Issued(uuid.New()) {
-		t.Fatal("a random v4 verifies")
-	}
-}
-
-// TestRequestIDsMintedBeforePartitions: ids minted before ids named their
-// partition still verify (issued, owned), and name partition 0 when the
-// stream has one partition; with several, their partition is unknown.
-func TestRequestIDsMintedBeforePartitions(t *testing.T) {
-	t.Parallel()
-	g := newIDIssuer("")
-	for owner := int64(1); owner <= 20; owner++ {
-		id, err := uuid.NewV7()
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.sum(&id, owner, false, id[12:16]) // as ingest minted ids before
-		if !g.Issued(id) || !g.Owned(id, owner) {
-			t.Fatalf("%s: an id of the earlier kind does not verify", id)
-		}
-		if p, ok := g.Partition(id, 1); !ok || p != 0 {
-			t.Fatalf("%s: partition %d (%v) with one partition, want 0", id, p, ok)
-		}
-		if _, ok := g.Partition(id, 4); ok {
-			t.Fatalf("%s: an id of the earlier kind claims a partition of 4", id)
-		}
+	if h.svc.results.Count() != 0 {
+		t.Fatalf("%d waiters left registered", h.svc.results.Count())
 	}
 }

@@ -142,7 +142,7 @@ func TestLeastPrivilegeUsers(t *testing.T) {
 	}
 
 	// The whole ingest on allot_ingest: writes (NATS only) and every read.
-	h := newHarnessWith(t, root, open("ingest"), Options{})
+	h := newHarnessWith(t, root, open("ingest"), nil)
 	resp, body := h.do(req{method: http.MethodPost, path: "/v1/activities/1/claims/7"})
 	id := accepted(t, "claim as allot_ingest", resp, body)
 	h.insertResult(wire.Result{RequestID: id, State: wire.StateDone, Op: wire.OpClaim, ActivityID: 1, UserID: 7,

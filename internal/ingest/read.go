@@ -9,6 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/internal/ingest/access"
+	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/ingest/reply"
+	"github.com/allot-dev/allot/internal/ingest/results"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -20,33 +24,30 @@ import (
 func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 	uid, id, err := parseRequestID(r.PathValue("request_id"))
 	if err != nil {
-		writeInputError(w, err)
+		reply.Input(w, err)
 		return
 	}
-	wait, err := parseWait(r.URL.RawQuery, s.opts.MaxWait)
+	wait, err := parseWait(r.URL.RawQuery, MaxWait)
 	if err != nil {
-		writeInputError(w, err)
+		reply.Input(w, err)
 		return
 	}
 	ctx := r.Context()
-	if wait > 0 && s.waiters.count() >= int64(s.opts.MaxWaiters) {
-		// Too many handlers wait already: this poll answers at once with
-		// what is known (the poll always answers 200, pending or done).
-		s.metrics.waitersRefused.Inc()
-		wait = 0
-	}
+	// Beyond MaxWaiters, this poll answers at once with what is known
+	// (the poll always answers 200, pending or done).
+	wait = s.results.Admit(wait)
 	// Register before the MySQL read: a result committed between the read
 	// and a later registration would otherwise wake no one.
-	var wt *waiter
+	var wt *results.Waiter
 	if wait > 0 {
-		wt = s.waiters.add(id)
-		defer s.waiters.remove(id, wt)
+		wt = s.results.Register(id)
+		defer s.results.Unregister(id, wt)
 	}
 	// Another user's request reads exactly as an id never issued: 404
 	// with the same sentence, so that a request's existence does not leak.
-	who, authed := caller(ctx)
+	who, authed := access.Caller(ctx)
 	unknown := func() {
-		writeError(w, http.StatusNotFound, "Request "+id+" is unknown: ingest never issued it.")
+		reply.Error(w, http.StatusNotFound, "Request "+id+" is unknown: ingest never issued it.")
 	}
 	mine := func(user int64) bool { return !authed || who.ActsFor(user) }
 	// A void records the user only when the one who asked for it knew
@@ -54,7 +55,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 	visible := func(r wire.Result) bool {
 		return mine(r.UserID) || r.Op == wire.OpVoid && who.User != 0 && s.ids.Owned(uid, who.User)
 	}
-	res, found, err := s.reader.get(ctx, id)
+	res, found, err := s.results.Get(ctx, id)
 	if err != nil {
 		s.dbError(ctx, w, "read result", err, slog.String("request_id", id))
 		return
@@ -64,24 +65,24 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 			unknown()
 			return
 		}
-		writeJSON(w, http.StatusOK, res)
+		reply.JSON(w, http.StatusOK, res)
 		return
 	}
-	if res, ok := s.early.Get(id); ok {
+	if res, ok := s.early.Recorded(id); ok {
 		// Answered early here and not yet recorded by the allocator.
 		if !mine(res.UserID) {
 			unknown()
 			return
 		}
-		writeJSON(w, http.StatusOK, res)
+		reply.JSON(w, http.StatusOK, res)
 		return
 	}
-	// A pending id's owner is known only from its owner tag (requestid.go).
+	// A pending id's owner is known only from its owner tag (access.IDIssuer).
 	if !s.ids.Issued(uid) || (authed && !who.Admin && (who.User == 0 || !s.ids.Owned(uid, who.User))) {
 		unknown()
 		return
 	}
-	if window, parts := s.settle.settings(); time.Since(idTime(uid)) > VoidAfter(window) {
+	if window, parts := s.pub.Settings(); time.Since(publish.IDTime(uid)) > publish.VoidAfter(window) {
 		// Pending past the bound: whatever the issuing ingest did (it may
 		// have died), no copy can come inside the duplicate window any
 		// more; a void settles the id in its partition's order.
@@ -90,64 +91,64 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 			if authed && !who.Admin {
 				user = who.User
 			}
-			s.settle.pollVoid(id, user, p)
+			s.pub.PollVoid(id, user, p)
 		}
 	}
 	if wait > 0 {
-		if res, ok := s.await(ctx, id, wt, wait, false); ok {
+		if res, ok := s.results.Await(ctx, id, wt, wait, false); ok {
 			if !visible(res) {
 				unknown()
 				return
 			}
-			writeJSON(w, http.StatusOK, res)
+			reply.JSON(w, http.StatusOK, res)
 			return
 		}
 	}
-	writeRaw(w, http.StatusOK, pendingBody(id))
+	reply.Raw(w, http.StatusOK, reply.Pending(id))
 }
 
 // handleActivity serves GET /v1/activities/{activity}.
 func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request) {
-	activity, err := parseID(r.PathValue("activity"), "activity")
+	activity, err := reply.ParseID(r.PathValue("activity"), "activity")
 	if err != nil {
-		writeInputError(w, err)
+		reply.Input(w, err)
 		return
 	}
 	ctx := r.Context()
-	if !s.allowRead(w, r, 0) {
+	if !s.access.AllowRead(w, r, 0) {
 		return
 	}
-	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	qctx, cancel := context.WithTimeout(ctx, s.deps.Test.queryTimeout())
 	defer cancel()
-	st, found, err := store.GetActivity(qctx, s.db, activity)
+	st, found, err := store.GetActivity(qctx, s.deps.DB, activity)
 	if err != nil {
 		s.dbError(ctx, w, "read activity", err, slog.Int64("activity_id", activity))
 		return
 	}
 	if !found {
-		writeError(w, http.StatusNotFound, "Activity "+strconv.FormatInt(activity, 10)+" was never opened.")
+		reply.Error(w, http.StatusNotFound, "Activity "+strconv.FormatInt(activity, 10)+" was never opened.")
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
+	reply.JSON(w, http.StatusOK, st)
 }
 
 // handleSignup serves GET /v1/activities/{activity}/signups/{user}.
 func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
-	activity, err := parseID(r.PathValue("activity"), "activity")
+	activity, err := reply.ParseID(r.PathValue("activity"), "activity")
 	if err != nil {
-		writeInputError(w, err)
+		reply.Input(w, err)
 		return
 	}
-	user, err := parseID(r.PathValue("user"), "user")
+	user, err := reply.ParseID(r.PathValue("user"), "user")
 	if err != nil {
-		writeInputError(w, err)
+		reply.Input(w, err)
 		return
 	}
 	ctx := r.Context()
-	if !s.allowRead(w, r, user) {
+	if !s.access.AllowRead(w, r, user) {
 		return
 	}
-	qctx, cancel := context.WithTimeout(ctx, s.opts.QueryTimeout)
+	qctx, cancel := context.WithTimeout(ctx, s.deps.Test.queryTimeout())
 	defer cancel()
 	st, found, err := s.posns.Get(qctx, activity, user)
 	if err != nil {
@@ -155,35 +156,11 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !found {
-		writeError(w, http.StatusNotFound, "User "+strconv.FormatInt(user, 10)+
+		reply.Error(w, http.StatusNotFound, "User "+strconv.FormatInt(user, 10)+
 			" never signed up for activity "+strconv.FormatInt(activity, 10)+".")
 		return
 	}
-	writeJSON(w, http.StatusOK, st)
-}
-
-// allowRead spends a read from the caller's budget, or answers 429 and
-// returns false. The caller is the token's subject (never a path segment);
-// allot:admin tokens, trusted services that read for every user, are not
-// limited. Without authentication the only caller there is to count is the
-// path's user of a signup read (user > 0), as for writes; activity reads,
-// one primary-key read each, are then not limited (behind a gateway that
-// authenticates, every client shares its address).
-func (s *Service) allowRead(w http.ResponseWriter, r *http.Request, user int64) bool {
-	if s.readers == nil {
-		return true
-	}
-	id, authed := caller(r.Context())
-	if authed && id.Admin || !authed && user <= 0 {
-		return true
-	}
-	ok, wait := s.readers.allow(limitKey(r.Context(), user), time.Now())
-	if !ok {
-		s.metrics.readsLimited.Inc()
-		retryAfter(w, wait)
-		writeError(w, http.StatusTooManyRequests, msgReadRateLimited)
-	}
-	return ok
+	reply.JSON(w, http.StatusOK, st)
 }
 
 // dbError answers 503 for a failed MySQL read and logs it, unless the client
@@ -195,16 +172,16 @@ func (s *Service) dbError(ctx context.Context, w http.ResponseWriter, what strin
 			args = append(args, a)
 		}
 		args = append(args, slog.Any("err", err))
-		s.log.ErrorContext(ctx, what, args...)
+		s.deps.Log.ErrorContext(ctx, what, args...)
 	}
-	writeError(w, http.StatusServiceUnavailable, msgDatabaseDown)
+	reply.Error(w, http.StatusServiceUnavailable, reply.MsgDatabaseDown)
 }
 
 var statusOK = []byte(`{"status":"ok"}`)
 
 // handleHealth serves /healthz: the process answers.
 func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request) {
-	writeRaw(w, http.StatusOK, statusOK)
+	reply.Raw(w, http.StatusOK, statusOK)
 }
 
 // handleReady serves /readyz: 200 when NATS is connected and MySQL answers
@@ -214,15 +191,15 @@ func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request) {
 // MySQL answer 503. A load balancer that should keep sending writes
 // through a database outage probes /healthz instead.
 func (s *Service) handleReady(w http.ResponseWriter, r *http.Request) {
-	if !s.nc.IsConnected() {
-		writeError(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected.")
+	if !s.deps.NATS.IsConnected() {
+		reply.Error(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected.")
 		return
 	}
-	if err := s.dbUp.check(r.Context()); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "Not ready: MySQL does not answer.")
+	if err := s.state.dbUp.check(r.Context()); err != nil {
+		reply.Error(w, http.StatusServiceUnavailable, "Not ready: MySQL does not answer.")
 		return
 	}
-	writeRaw(w, http.StatusOK, statusOK)
+	reply.Raw(w, http.StatusOK, statusOK)
 }
 
 // dbProbe pings MySQL for /readyz. /readyz needs no token, so a ping's

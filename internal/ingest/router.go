@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/ingest/access"
+	"github.com/allot-dev/allot/internal/ingest/reply"
 	"github.com/allot-dev/allot/internal/ingest/ui"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -54,20 +56,20 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 	rt.handle("/readyz",
 		endpoint{http.MethodGet, s.handleReady})
 	rt.handle("/metrics",
-		endpoint{http.MethodGet, s.guard(operator, metricsHandler.ServeHTTP)})
+		endpoint{http.MethodGet, s.access.Guard(access.Operator, metricsHandler.ServeHTTP)})
 	rt.handle("/v1/activities/{activity}",
-		endpoint{http.MethodPut, s.guard(admin, s.writeHandler(wire.OpOpen))},
-		endpoint{http.MethodGet, s.guard(anyCaller, s.handleActivity)})
+		endpoint{http.MethodPut, s.access.Guard(access.Admin, s.writeHandler(wire.OpOpen))},
+		endpoint{http.MethodGet, s.access.Guard(access.AnyCaller, s.handleActivity)})
 	rt.handle("/v1/activities/{activity}/signups/{user}",
-		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpJoin))},
-		endpoint{http.MethodDelete, s.guard(self, s.writeHandler(wire.OpCancel))},
-		endpoint{http.MethodGet, s.guard(self, s.handleSignup)})
+		endpoint{http.MethodPost, s.access.Guard(access.Self, s.writeHandler(wire.OpJoin))},
+		endpoint{http.MethodDelete, s.access.Guard(access.Self, s.writeHandler(wire.OpCancel))},
+		endpoint{http.MethodGet, s.access.Guard(access.Self, s.handleSignup)})
 	rt.handle("/v1/activities/{activity}/signups/{user}/confirm",
-		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpConfirm))})
+		endpoint{http.MethodPost, s.access.Guard(access.Self, s.writeHandler(wire.OpConfirm))})
 	rt.handle("/v1/activities/{activity}/claims/{user}",
-		endpoint{http.MethodPost, s.guard(self, s.writeHandler(wire.OpClaim))})
+		endpoint{http.MethodPost, s.access.Guard(access.Self, s.writeHandler(wire.OpClaim))})
 	rt.handle("/v1/requests/{request_id}",
-		endpoint{http.MethodGet, s.guard(anyCaller, s.handlePoll)})
+		endpoint{http.MethodGet, s.access.Guard(access.AnyCaller, s.handlePoll)})
 	// The live operator page: / for browsers only, so that an API client
 	// still gets the API's JSON 404 there. The page and its assets are
 	// a static shell holding no data (a browser cannot send a bearer token
@@ -75,7 +77,7 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 	rt.handle("/",
 		endpoint{http.MethodGet, func(w http.ResponseWriter, r *http.Request) {
 			if !ui.AcceptsHTML(r) {
-				writeError(w, http.StatusNotFound, msgNoRoute)
+				reply.Error(w, http.StatusNotFound, reply.MsgNoRoute)
 				return
 			}
 			s.ui.ServePage(w, r)
@@ -85,16 +87,16 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 			s.ui.ServeAsset(w, r, r.PathValue("asset"))
 		}})
 	rt.handle("/v1/activities/{activity}/live",
-		endpoint{http.MethodGet, s.guard(operator, func(w http.ResponseWriter, r *http.Request) {
-			activity, err := parseID(r.PathValue("activity"), "activity")
+		endpoint{http.MethodGet, s.access.Guard(access.Operator, func(w http.ResponseWriter, r *http.Request) {
+			activity, err := reply.ParseID(r.PathValue("activity"), "activity")
 			if err != nil {
-				writeInputError(w, err)
+				reply.Input(w, err)
 				return
 			}
 			s.ui.ServeLive(w, r, activity)
 		})})
 	rt.mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusNotFound, msgNoRoute)
+		reply.Error(w, http.StatusNotFound, reply.MsgNoRoute)
 	})
 	rt.labels["/"] = unmatchedLabel
 	return rt
@@ -120,7 +122,7 @@ func (rt *router) handle(path string, eps ...endpoint) {
 	notAllowed := "This method is not allowed on this path; use " + joinOr(methods) + "."
 	rt.mux.HandleFunc(pattern, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header()["Allow"] = allow
-		writeError(w, http.StatusMethodNotAllowed, notAllowed)
+		reply.Error(w, http.StatusMethodNotAllowed, notAllowed)
 	})
 	rt.labels[pattern] = path
 }
@@ -157,11 +159,11 @@ func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				rt.s.metrics.countRequest(label, sw.code)
 				panic(p)
 			}
-			rt.s.log.ErrorContext(r.Context(), "panic in handler",
+			rt.s.deps.Log.ErrorContext(r.Context(), "panic in handler",
 				slog.String("method", r.Method), slog.String("route", label),
 				slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 			if sw.code == 0 {
-				writeError(sw, http.StatusInternalServerError, msgInternal)
+				reply.Error(sw, http.StatusInternalServerError, reply.MsgInternal)
 			}
 		}
 		rt.s.metrics.countRequest(label, sw.code)
@@ -169,7 +171,7 @@ func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	path := r.URL.Path
 	if path == "" || path[0] != '/' || strings.Contains(path, "//") {
 		// No route has an empty segment; the mux would redirect these.
-		writeError(sw, http.StatusNotFound, msgNoRoute)
+		reply.Error(sw, http.StatusNotFound, reply.MsgNoRoute)
 		return
 	}
 	if r.URL.RawPath != "" || hasDotSegment(path) {

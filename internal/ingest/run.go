@@ -2,15 +2,13 @@ package ingest
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,55 +16,21 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/lifecycle"
 )
 
-// DefaultShutdownTimeout bounds a graceful shutdown: in-flight publishes
-// (at most Options.PublishTimeout) finish, waits are cut short.
-const DefaultShutdownTimeout = 15 * time.Second
-
-// RunConfig is what Run needs besides its dependencies.
-type RunConfig struct {
-	// HTTPAddr is the listen address, e.g. ":8080". Ignored when Listener
-	// is set.
-	HTTPAddr string
-	// Listener, when set, is served instead of listening on HTTPAddr (tests
-	// and launchers that pick a free port). Run closes it.
-	Listener net.Listener
-	// Options configure the Service.
-	Options Options
-	// Registry receives ingest's metrics and is served on /metrics. When nil
-	// Run creates one with the Go and process collectors. A launcher running
-	// several parts in one process passes its shared registry.
-	Registry *prometheus.Registry
-	// ShutdownTimeout bounds the graceful shutdown; default
-	// DefaultShutdownTimeout.
-	ShutdownTimeout time.Duration
-	// MetricsAddr, when set, serves /metrics also on a listener of its own,
-	// without a token (ALLOT_INGEST_METRICS_ADDR). Ignored when
-	// MetricsListener is set.
-	MetricsAddr string
-	// MetricsListener, when set, is that listener instead of one on
-	// MetricsAddr (tests, which must not close a free port and hope to get
-	// it back). Run closes it.
-	MetricsListener net.Listener
-	// Auth configures bearer tokens. With neither a key nor a JWKS URL,
-	// Run serves without authentication only when AuthOff is set or the
-	// listener is on a loopback address, and says so; else it refuses.
-	Auth    auth.Config
-	AuthOff bool
-}
-
-// Run serves the ingest API on cfg.HTTPAddr until ctx ends, then shuts down
-// gracefully: waits in progress answer at once, the server stops accepting
-// and finishes in-flight requests, and the Service stops. db and nc belong
-// to the caller, which closes (drains) them after Run returns. Run returns
-// nil after a clean shutdown, or the error that stopped it.
-func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slog.Logger) error {
+// Run serves the ingest API on cfg.HTTPAddr (or deps.Listener) until ctx
+// ends, then shuts down gracefully: waits in progress answer at once, the
+// server stops accepting and finishes in-flight requests, and the Service
+// stops. deps.DB and deps.NATS belong to the caller, which closes (drains)
+// them after Run returns. cfg is used as it is: validate it first. Run
+// returns nil after a clean shutdown, or the error that stopped it.
+func Run(ctx context.Context, cfg Config, deps Deps) error {
 	// The listeners given to Run and those it opens are Run's to close:
 	// here, when it returns before the servers take them over.
 	var unserved []net.Listener
-	for _, l := range []net.Listener{cfg.Listener, cfg.MetricsListener} {
+	for _, l := range []net.Listener{deps.Listener, deps.MetricsListener} {
 		if l != nil {
 			unserved = append(unserved, l)
 		}
@@ -76,48 +40,33 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			l.Close()
 		}
 	}()
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	if deps.Log == nil {
+		deps.Log = slog.New(slog.DiscardHandler)
 	}
-	reg := cfg.Registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	log := deps.Log
+	if deps.Registry == nil {
+		reg := prometheus.NewRegistry()
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
+		deps.Registry = reg
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("ingest: jetstream: %w", err)
+	if deps.Gatherer == nil {
+		g, ok := deps.Registry.(prometheus.Gatherer)
+		if !ok {
+			return errors.New("ingest: the Registry is not a Gatherer; set Deps.Gatherer for /metrics")
+		}
+		deps.Gatherer = g
 	}
-	opts := cfg.Options
-	opts.Gatherer = reg
-	ln := cfg.Listener
+	ln := deps.Listener
 	addr := cfg.HTTPAddr
 	if ln != nil {
 		addr = ln.Addr().String()
 	}
-	switch {
-	case opts.Auth != nil: // a verifier of the caller's (tests, launchers)
-	case len(cfg.Auth.HS256Key) > 0 || cfg.Auth.JWKSURL != "":
-		ac := cfg.Auth
-		ac.Log = log
-		v, err := auth.New(ac)
-		if err != nil {
-			return fmt.Errorf("ingest: %w", err)
-		}
-		defer v.Close()
-		opts.Auth = v
-		log.InfoContext(ctx, "authentication on: bearer tokens required",
-			slog.Bool("hs256", len(cfg.Auth.HS256Key) > 0), slog.String("jwks_url", cfg.Auth.JWKSURL),
-			slog.String("issuer", cfg.Auth.Issuer), slog.String("audience", cfg.Auth.Audience))
-	case cfg.AuthOff:
-		log.WarnContext(ctx, "authentication off (ALLOT_AUTH=none): anyone who reaches ingest may act for any user")
-	case loopback(addr):
-		log.WarnContext(ctx, "authentication off: no key is set and ingest listens on a loopback address only; set ALLOT_AUTH_HS256_KEY (at least 32 bytes) or ALLOT_AUTH_JWKS_URL to require bearer tokens",
-			slog.String("addr", addr))
-	default:
-		return fmt.Errorf("ingest: %w", errOpenNotLoopback(addr))
+	closeAuth, err := authenticate(ctx, cfg, &deps, addr)
+	if err != nil {
+		return err
 	}
-	svc, err := New(db, nc, js, log, reg, opts)
+	defer closeAuth()
+	svc, err := New(cfg, deps)
 	if err != nil {
 		return err
 	}
@@ -129,11 +78,8 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 		unserved = append(unserved, ln)
 	}
 	timeout := cfg.ShutdownTimeout
-	if timeout <= 0 {
-		timeout = DefaultShutdownTimeout
-	}
 	var metrics *lifecycle.Part
-	if mln := cfg.MetricsListener; mln != nil || cfg.MetricsAddr != "" {
+	if mln := deps.MetricsListener; mln != nil || cfg.MetricsAddr != "" {
 		if mln == nil {
 			var err error
 			if mln, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
@@ -142,7 +88,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 			unserved = append(unserved, mln)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("GET /metrics", promhttp.HandlerFor(deps.Gatherer, promhttp.HandlerOpts{}))
 		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		p := lifecycle.HTTPServer("ingest metrics", msrv, mln, 5*time.Second, nil)
 		metrics = &p
@@ -152,7 +98,7 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	// that has just formed may take a while to create R3 streams, and that
 	// is a reason to retry, not to exit.
 	gate := new(startGate)
-	srv := newHTTPServer(gate, svc.opts, log)
+	srv := newHTTPServer(gate, cfg, log)
 	log.InfoContext(ctx, "ingest listening, starting", slog.String("addr", ln.Addr().String()))
 
 	// The parts run on one rule: the first to fail stops the others, and
@@ -201,16 +147,46 @@ func Run(ctx context.Context, cfg RunConfig, db *sql.DB, nc *nats.Conn, log *slo
 	return nil
 }
 
+// authenticate decides how Run authenticates: with the caller's verifier
+// (deps.Verifier), with one built from cfg (set in deps; closeAuth closes
+// it), or without, which it says, and only when asked to (ALLOT_AUTH=none)
+// or on a loopback address addr; else it refuses.
+func authenticate(ctx context.Context, cfg Config, deps *Deps, addr string) (closeAuth func(), err error) {
+	closeAuth = func() {}
+	switch {
+	case deps.Verifier != nil: // a verifier of the caller's (tests, launchers)
+	case cfg.HS256Key != "" || cfg.JWKSURL != "":
+		ac := cfg.AuthConfig.Config()
+		ac.Log = deps.Log
+		v, err := auth.New(ac)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: %w", err)
+		}
+		deps.Verifier = v
+		closeAuth = v.Close
+		deps.Log.InfoContext(ctx, "authentication on: bearer tokens required",
+			slog.Bool("hs256", cfg.HS256Key != ""), slog.String("jwks_url", cfg.JWKSURL),
+			slog.String("issuer", cfg.Issuer), slog.String("audience", cfg.Audience))
+	case cfg.Off():
+		deps.Log.WarnContext(ctx, "authentication off (ALLOT_AUTH=none): anyone who reaches ingest may act for any user")
+	case access.Loopback(addr):
+		deps.Log.WarnContext(ctx, "authentication off: no key is set and ingest listens on a loopback address only; set ALLOT_AUTH_HS256_KEY (at least 32 bytes) or ALLOT_AUTH_JWKS_URL to require bearer tokens",
+			slog.String("addr", addr))
+	default:
+		return nil, fmt.Errorf("ingest: %w", access.ErrOpenNotLoopback(addr))
+	}
+	return closeAuth, nil
+}
+
 // newHTTPServer wraps h in an http.Server with timeouts fit for the API:
 // headers must arrive quickly, bodies are small, and a response may take up
 // to MaxWait plus a publish and a read, so WriteTimeout exceeds their sum.
-// opts has its defaults applied.
-func newHTTPServer(h http.Handler, opts Options, log *slog.Logger) *http.Server {
+func newHTTPServer(h http.Handler, cfg Config, log *slog.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
-		WriteTimeout:      opts.MaxWait + opts.PublishTimeout + opts.QueryTimeout + 10*time.Second,
+		WriteTimeout:      cfg.WriteTimeout(),
 		IdleTimeout:       2 * time.Minute,
 		MaxHeaderBytes:    32 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"github.com/allot-dev/allot/internal/ingest/reply"
+
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -25,9 +27,9 @@ func (g *startGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/healthz":
-		writeJSON(w, http.StatusOK, map[string]string{"status": "starting"})
+		reply.JSON(w, http.StatusOK, map[string]string{"status": "starting"})
 	default:
-		retryAfter(w, time.Second)
-		writeError(w, http.StatusServiceUnavailable, "ingest is starting: waiting for NATS JetStream; nothing was stored.")
+		reply.RetryAfter(w, time.Second)
+		reply.Error(w, http.StatusServiceUnavailable, "ingest is starting: waiting for NATS JetStream; nothing was stored.")
 	}
 }

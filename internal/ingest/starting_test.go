@@ -33,7 +33,9 @@ func TestRunWaitsForJetStream(t *testing.T) {
 	defer cancel()
 	ran := make(chan error, 1)
 	go func() {
-		ran <- Run(ctx, RunConfig{Listener: ln, Registry: prometheus.NewRegistry(), ShutdownTimeout: 5 * time.Second}, db.DB, nc, log)
+		cfg := testConfig()
+		cfg.ShutdownTimeout = 5 * time.Second
+		ran <- Run(ctx, cfg, Deps{DB: db.DB, NATS: nc, Listener: ln, Registry: prometheus.NewRegistry(), Log: log})
 	}()
 	base := "http://" + ln.Addr().String()
 	code := func(method, path string) (int, string) {

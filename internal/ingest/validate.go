@@ -13,51 +13,20 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/allot-dev/allot/internal/ingest/reply"
 	"github.com/allot-dev/allot/internal/wire"
 )
-
-// inputError is a client mistake: it is answered with status and msg, one
-// sentence that ends with a period.
-type inputError struct {
-	status int
-	msg    string
-}
-
-func (e *inputError) Error() string { return e.msg }
-
-func badRequest(msg string) error { return &inputError{status: http.StatusBadRequest, msg: msg} }
-
-// parseID parses an id from a path: decimal digits only (no sign, no
-// spaces), 1..2^63-1.
-func parseID(s, what string) (int64, error) {
-	bad := func() error {
-		return badRequest("The " + what + " id must be a decimal integer from 1 to 9223372036854775807.")
-	}
-	if s == "" {
-		return 0, bad()
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, bad()
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n < 1 {
-		return 0, bad()
-	}
-	return n, nil
-}
 
 // parseRequestID accepts only the canonical 36-character form, the form
 // ingest issues and processed_request stores; it returns the lower-case
 // string used as the key.
 func parseRequestID(s string) (uuid.UUID, string, error) {
 	if len(s) != 36 {
-		return uuid.Nil, "", badRequest("The request id must be a UUID in its 36-character form, such as 0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b.")
+		return uuid.Nil, "", reply.BadRequest("The request id must be a UUID in its 36-character form, such as 0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b.")
 	}
 	id, err := uuid.Parse(s)
 	if err != nil {
-		return uuid.Nil, "", badRequest("The request id must be a UUID in its 36-character form, such as 0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b.")
+		return uuid.Nil, "", reply.BadRequest("The request id must be a UUID in its 36-character form, such as 0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b.")
 	}
 	return id, id.String(), nil
 }
@@ -70,7 +39,7 @@ func parseWait(rawQuery string, maxWait time.Duration) (time.Duration, error) {
 	}
 	q, err := url.ParseQuery(rawQuery)
 	if err != nil {
-		return 0, badRequest("The query string is malformed.")
+		return 0, reply.BadRequest("The query string is malformed.")
 	}
 	vs, ok := q["wait"]
 	if !ok {
@@ -78,7 +47,7 @@ func parseWait(rawQuery string, maxWait time.Duration) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(vs[0])
 	if err != nil || d < 0 || len(vs) > 1 {
-		return 0, badRequest("The wait parameter must be one non-negative Go duration, such as 2s or 500ms.")
+		return 0, reply.BadRequest("The wait parameter must be one non-negative Go duration, such as 2s or 500ms.")
 	}
 	return min(d, maxWait), nil
 }
@@ -90,7 +59,7 @@ func idempotencyKey(h http.Header) (string, bool, error) {
 	if !ok {
 		return "", false, nil
 	}
-	bad := badRequest("The Idempotency-Key header must be one value of 1 to 255 printable ASCII characters.")
+	bad := reply.BadRequest("The Idempotency-Key header must be one value of 1 to 255 printable ASCII characters.")
 	if len(vs) != 1 {
 		return "", false, bad
 	}
@@ -114,8 +83,8 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		// The rest of the body stays unread: close the connection rather
 		// than read it to reuse the connection.
 		w.Header()["Connection"] = []string{"close"}
-		return &inputError{status: http.StatusRequestEntityTooLarge,
-			msg: "The request body is larger than " + strconv.FormatInt(limit/1024, 10) + " KiB."}
+		return &reply.InputError{Status: http.StatusRequestEntityTooLarge,
+			Msg: "The request body is larger than " + strconv.FormatInt(limit/1024, 10) + " KiB."}
 	}
 	if r.ContentLength > limit {
 		return nil, tooLarge()
@@ -128,7 +97,7 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			return nil, tooLarge()
 		}
-		return nil, badRequest("The request body could not be read.")
+		return nil, reply.BadRequest("The request body could not be read.")
 	}
 	return body, nil
 }
@@ -148,12 +117,12 @@ func parseOpen(body []byte) (int64, time.Duration, error) {
 	if err := dec.Decode(&in); err != nil {
 		// encoding/json reports an unknown field only in its text.
 		if strings.HasPrefix(err.Error(), "json: unknown field") {
-			return 0, 0, badRequest(`The body has an unknown field; only "capacity" and "hold" are allowed.`)
+			return 0, 0, reply.BadRequest(`The body has an unknown field; only "capacity" and "hold" are allowed.`)
 		}
-		return 0, 0, badRequest(`The body must be a JSON object such as {"capacity": 100}.`)
+		return 0, 0, reply.BadRequest(`The body must be a JSON object such as {"capacity": 100}.`)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return 0, 0, badRequest(`The body must be one JSON object such as {"capacity": 100}, with nothing after it.`)
+		return 0, 0, reply.BadRequest(`The body must be one JSON object such as {"capacity": 100}, with nothing after it.`)
 	}
 	n, err := parseCapacity(in.Capacity)
 	if err != nil {
@@ -169,20 +138,20 @@ func parseOpen(body []byte) (int64, time.Duration, error) {
 // parseCapacity reads the capacity of an open's body.
 func parseCapacity(raw json.RawMessage) (int64, error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return 0, badRequest(`The body must set "capacity", e.g. {"capacity": 100}.`)
+		return 0, reply.BadRequest(`The body must set "capacity", e.g. {"capacity": 100}.`)
 	}
 	if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
-		return 0, badRequest("The capacity must be a JSON integer.")
+		return 0, reply.BadRequest("The capacity must be a JSON integer.")
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
 		if ne, ok := errors.AsType[*strconv.NumError](err); ok && errors.Is(ne.Err, strconv.ErrRange) {
-			return 0, badRequest("The capacity must be between 0 and " + strconv.Itoa(wire.MaxCapacity) + ".")
+			return 0, reply.BadRequest("The capacity must be between 0 and " + strconv.Itoa(wire.MaxCapacity) + ".")
 		}
-		return 0, badRequest("The capacity must be a JSON integer.")
+		return 0, reply.BadRequest("The capacity must be a JSON integer.")
 	}
 	if n < 0 || n > wire.MaxCapacity {
-		return 0, badRequest("The capacity must be between 0 and " + strconv.Itoa(wire.MaxCapacity) + ".")
+		return 0, reply.BadRequest("The capacity must be between 0 and " + strconv.Itoa(wire.MaxCapacity) + ".")
 	}
 	return n, nil
 }
@@ -196,14 +165,14 @@ func parseHold(raw json.RawMessage) (time.Duration, error) {
 	}
 	var s string
 	if raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
-		return 0, badRequest(`The hold must be a JSON string holding a Go duration, such as "10m".`)
+		return 0, reply.BadRequest(`The hold must be a JSON string holding a Go duration, such as "10m".`)
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, badRequest(`The hold must be a Go duration such as "10m" or "1h30m".`)
+		return 0, reply.BadRequest(`The hold must be a Go duration such as "10m" or "1h30m".`)
 	}
 	if d < 0 || d > wire.MaxHold {
-		return 0, badRequest("The hold must be between 0 and " + strings.TrimSuffix(wire.MaxHold.String(), "0m0s") + ".")
+		return 0, reply.BadRequest("The hold must be between 0 and " + strings.TrimSuffix(wire.MaxHold.String(), "0m0s") + ".")
 	}
 	return d, nil
 }

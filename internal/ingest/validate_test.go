@@ -13,7 +13,7 @@ import (
 
 func TestBadInputIsRejectedAndNeverPublished(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 
 	const (
 		okUUID = "0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b"
@@ -209,7 +209,7 @@ func TestParseWait(t *testing.T) {
 		{name: "twice", query: "wait=1s&wait=2s", wantErr: true},
 	}
 	for _, tt := range tests {
-		got, err := parseWait(tt.query, DefaultMaxWait)
+		got, err := parseWait(tt.query, MaxWait)
 		if (err != nil) != tt.wantErr || (!tt.wantErr && got.String() != tt.want) {
 			t.Errorf("%s: parseWait(%q) = %s, %v; want %s, error %t", tt.name, tt.query, got, err, tt.want, tt.wantErr)
 		}

@@ -19,7 +19,7 @@ import (
 
 func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 
 	tests := []struct {
 		name         string
@@ -109,7 +109,7 @@ func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 
 func TestIdempotencyKey(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	key := func(k string) map[string]string { return map[string]string{"Idempotency-Key": k} }
 
 	join := req{method: "POST", path: "/v1/activities/7/signups/3", header: key("key-1")}
@@ -192,7 +192,7 @@ func TestIdempotencyKey(t *testing.T) {
 
 func TestIdempotentRepeatOfAnAppliedRequest(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{})
+	h := newHarness(t, nil)
 	claim := req{method: "POST", path: "/v1/activities/5/claims/6", header: map[string]string{"Idempotency-Key": "claim-5-6"}}
 	resp, body := h.do(claim)
 	id := accepted(t, "claim", resp, body)
@@ -258,7 +258,7 @@ func fakeNotifier(t *testing.T, h *harness, outcome wire.Outcome, store bool) {
 func TestWriteWithWait(t *testing.T) {
 	t.Parallel()
 	// A long recheck interval: only the notification can answer in time.
-	h := newHarness(t, Options{RecheckInterval: time.Hour})
+	h := newHarness(t, func(c *Config, d *Deps) { d.Test.RecheckInterval = time.Hour })
 
 	resp, body := h.do(req{method: "POST", path: "/v1/activities/3/signups/4?wait=300ms"})
 	accepted(t, "no allocator: the wait ends", resp, body)
@@ -277,7 +277,7 @@ func TestWriteWithWait(t *testing.T) {
 	if err != nil || !h.svc.ids.Issued(u) {
 		t.Fatalf("result request id %q is not issued (err %v)", res.RequestID, err)
 	}
-	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.waiters.count() == 0 })
+	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.results.Count() == 0 })
 }
 
 // sameResult compares results field by field, pointers by value.
@@ -289,7 +289,7 @@ func sameResult(a, b wire.Result) bool {
 
 func TestRateLimit(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, Options{RateLimit: 0.001, RateBurst: 1})
+	h := newHarness(t, func(c *Config, d *Deps) { c.RateLimit = 0.001 })
 	resp, body := h.do(req{method: "POST", path: "/v1/activities/1/signups/1"})
 	accepted(t, "within the burst", resp, body)
 	resp, body = h.do(req{method: "POST", path: "/v1/activities/1/signups/2"})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -31,12 +32,24 @@ type Stack struct {
 	URL string
 }
 
-// Start runs an allocator with acfg and ingest with iopts until t ends.
-func Start(t testing.TB, acfg allocator.Config, iopts ingest.Options) *Stack {
+// IngestConfig is the ingest configuration stack tests start from: the
+// defaults, without the per-user write and read limits (a test's client
+// acts for few users, fast).
+func IngestConfig() ingest.Config {
+	c := config.Defaults[ingest.Config]()
+	c.UserRate, c.ReadRate = 0, 0
+	return c
+}
+
+// Start runs an allocator with acfg and ingest with icfg until t ends.
+// ideps may set what is not configuration (a Verifier, test hooks); Start
+// fills in the database, NATS, logger and registry.
+func Start(t testing.TB, acfg allocator.Config, icfg ingest.Config, ideps ingest.Deps) *Stack {
 	t.Helper()
 	s := &Stack{DB: dbtest.New(t), NS: natstest.New(t)}
 	// The setup step first, as `allotctl setup` runs before the binaries.
-	s.NS.Setup(t, bus.StreamConfig{Partitions: max(acfg.Partitions, iopts.Partitions)})
+	icfg.Partitions = max(acfg.Partitions, icfg.Partitions)
+	s.NS.Setup(t, bus.StreamConfig{Partitions: icfg.Partitions})
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 
@@ -52,7 +65,8 @@ func Start(t testing.TB, acfg allocator.Config, iopts ingest.Options) *Stack {
 
 	inc, ijs := s.NS.Connect(t)
 	s.JS = ijs
-	svc, err := ingest.New(s.DB.DB, inc, ijs, log, prometheus.NewRegistry(), iopts)
+	ideps.DB, ideps.NATS, ideps.JS, ideps.Log, ideps.Registry = s.DB.DB, inc, ijs, log, prometheus.NewRegistry()
+	svc, err := ingest.New(icfg, ideps)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func BenchmarkBurstTracing(b *testing.B) {
 					tp.Shutdown(context.Background()) //nolint:errcheck
 				})
 			}
-			st := stacktest.Start(b, allocator.Config{}, ingest.Options{})
+			st := stacktest.Start(b, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
 			cl := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 			b.Cleanup(cl.CloseIdleConnections)
 			const joins, clients = 2000, 64

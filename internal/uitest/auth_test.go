@@ -28,7 +28,9 @@ func TestOperatorPageWithToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(v.Close)
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{Auth: v, BadAuthRate: -1})
+	icfg := stacktest.IngestConfig()
+	icfg.BadAuthRate = -1
+	st := stacktest.Start(t, allocator.Config{}, icfg, ingest.Deps{Verifier: v})
 	b := launch(t, path)
 	mint := func(sub string, scopes ...string) string {
 		tok, err := auth.MintHS256([]byte(key), auth.Claims{Subject: sub, Scopes: scopes})

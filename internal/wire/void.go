@@ -25,7 +25,7 @@ import (
 const ReasonNeverStored = "never stored"
 
 // Request ids name their partition. Ingest mints UUIDv7s whose bytes 12-15
-// are two HMAC tags of bytes 0-11 (internal/ingest/requestid.go). Bytes
+// are two HMAC tags of bytes 0-11 (internal/ingest/access/requestid.go). Bytes
 // 10-11 end in a 10-bit field v (the last 2 bits of byte 10 and byte 11)
 // that ingest draws at random among the values with v mod partitions =
 // the request's partition, so an id costs log2(partitions) random bits and

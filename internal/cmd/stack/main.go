@@ -31,6 +31,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/tracing"
@@ -160,13 +161,13 @@ func run(ctx context.Context, args []string) int {
 			}})
 		case "ingest":
 			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {
-				return ingest.Run(ctx, c.IngestEnv.RunConfig(), db, nc, plog)
+				return ingest.Run(ctx, c.IngestEnv, ingest.Deps{DB: db, NATS: nc, Log: plog})
 			}})
 		}
 	}
 
 	fmt.Fprintf(os.Stderr, "\nallot is up: %s  (NATS %s, MySQL %s)\n%s\nCtrl-C stops everything.\n\n",
-		baseURL(c.HTTPAddr), config.MaskURL(natsURL), config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthEnv))
+		baseURL(c.HTTPAddr), config.MaskURL(natsURL), config.MaskDSN(c.MySQLDSN), authLine(c.IngestEnv.AuthConfig))
 	// One part stopping stops the stack; the first error is the one said.
 	code := 0
 	if err := lifecycle.Run(ctx, parts...); err != nil {
@@ -251,7 +252,7 @@ func resetStack(ctx context.Context, c cfg, out io.Writer) int {
 }
 
 // authLine says whether the API needs tokens, and how to switch them on.
-func authLine(a ingest.AuthEnv) string {
+func authLine(a access.AuthConfig) string {
 	if a.HS256Key != "" || a.JWKSURL != "" {
 		return "Authentication is on: send Authorization: Bearer <token> (make token USER=1 mints one for ALLOT_AUTH_HS256_KEY)."
 	}

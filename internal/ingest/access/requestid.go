@@ -1,4 +1,4 @@
-package ingest
+package access
 
 import (
 	"crypto/hmac"
@@ -13,7 +13,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// DefaultIDSecret keys the request-id checksum when Options.IDSecret is
+// DefaultIDSecret keys the request-id checksum when ALLOT_ID_SECRET is
 // empty. It is public on purpose: the checksum is not a security boundary
 // (a request id grants nothing and reveals nothing), it only lets any ingest
 // instance, after any restart, tell an id that ingest issued, which reads
@@ -23,7 +23,7 @@ import (
 // same on every instance.
 const DefaultIDSecret = "allot-ingest-request-id-checksum-v1"
 
-// idIssuer mints and checks request ids: UUIDv7s whose last 4 bytes are
+// IDIssuer mints and checks request ids: UUIDv7s whose last 4 bytes are
 // two truncated HMAC-SHA256s of their first 12 bytes: bytes 12-13 say that
 // ingest issued the id (Issued), bytes 14-15 bind it to the user the request
 // is for (Owned; 0 for an open), so that a pending id another user asks
@@ -31,7 +31,7 @@ const DefaultIDSecret = "allot-ingest-request-id-checksum-v1"
 // version nibble (byte 6) and the variant bits (byte 8) lie in the first 12
 // bytes, so the result is still a valid, time-ordered UUIDv7. The id names
 // the partition of its request (wire.SetIDPartition, in bytes 10-11), so
-// that any ingest can settle it in its partition's order (settle.go); it
+// that any ingest can settle it in its partition's order (publish.Publisher); it
 // keeps 30 - log2(partitions) random bits besides the 48-bit millisecond
 // time and the 12-bit sub-millisecond sequence (30 with one partition).
 // Sixteen bits each are enough for what they guard: a guessed id reads
@@ -42,23 +42,25 @@ const DefaultIDSecret = "allot-ingest-request-id-checksum-v1"
 // their partition carry checksums over bytes 0-11 alone; those minted since
 // hash a 'p' after them, which is how the two kinds tell themselves apart
 // (kind). Ids minted before the owner tag existed pass Issued, not Owned.
-type idIssuer struct {
+type IDIssuer struct {
 	macs sync.Pool // hash.Hash, keyed HMAC-SHA256, Reset before use
 }
 
-func newIDIssuer(secret string) *idIssuer {
+// NewIDIssuer returns the issuer keyed by secret (ALLOT_ID_SECRET); empty:
+// DefaultIDSecret.
+func NewIDIssuer(secret string) *IDIssuer {
 	if secret == "" {
 		secret = DefaultIDSecret
 	}
 	key := []byte(secret)
-	return &idIssuer{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
+	return &IDIssuer{macs: sync.Pool{New: func() any { return hmac.New(sha256.New, key) }}}
 }
 
 // sum writes the issuer checksum of id[:12] into out[0:2] and the owner
 // tag of id[:12] and owner into out[2:4]. named selects the checksum of ids
 // that name their partition (wire.SetIDPartition): its input ends in a
 // 'p', so the two kinds of ids tell themselves apart.
-func (g *idIssuer) sum(id *uuid.UUID, owner int64, named bool, out []byte) {
+func (g *IDIssuer) sum(id *uuid.UUID, owner int64, named bool, out []byte) {
 	mac := g.macs.Get().(hash.Hash)
 	var buf [sha256.Size]byte
 	mac.Reset()
@@ -82,7 +84,7 @@ func (g *idIssuer) sum(id *uuid.UUID, owner int64, named bool, out []byte) {
 
 // New returns a fresh request id for a request of owner (the request's
 // user_id) whose activity is in partition p of partitions.
-func (g *idIssuer) New(owner int64, p, partitions int) (uuid.UUID, error) {
+func (g *IDIssuer) New(owner int64, p, partitions int) (uuid.UUID, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("new request id: %w", err)
@@ -96,7 +98,7 @@ func (g *idIssuer) New(owner int64, p, partitions int) (uuid.UUID, error) {
 // kind says which checksum id carries: 0 none (ingest never issued it),
 // 1 that of an id minted before ids named their partition, 2 that of an id
 // that names its partition.
-func (g *idIssuer) kind(id uuid.UUID) int {
+func (g *IDIssuer) kind(id uuid.UUID) int {
 	if id.Version() != 7 || id.Variant() != uuid.RFC4122 {
 		return 0
 	}
@@ -115,10 +117,10 @@ func (g *idIssuer) kind(id uuid.UUID) int {
 // Issued reports whether id carries a valid issuer checksum: ingest minted
 // it (with the same secret), so it exists in JetStream or its publish
 // failed. Either kind of id passes, so a guess passes once in 32,768.
-func (g *idIssuer) Issued(id uuid.UUID) bool { return g.kind(id) != 0 }
+func (g *IDIssuer) Issued(id uuid.UUID) bool { return g.kind(id) != 0 }
 
 // Owned reports whether id was issued for a request of owner.
-func (g *idIssuer) Owned(id uuid.UUID, owner int64) bool {
+func (g *IDIssuer) Owned(id uuid.UUID, owner int64) bool {
 	k := g.kind(id)
 	if k == 0 {
 		return false
@@ -132,7 +134,7 @@ func (g *idIssuer) Owned(id uuid.UUID, owner int64) bool {
 // false when it cannot tell: id was never issued, or it was minted before
 // ids named their partition and the stream has several (with one, such an
 // id is partition 0).
-func (g *idIssuer) Partition(id uuid.UUID, partitions int) (int, bool) {
+func (g *IDIssuer) Partition(id uuid.UUID, partitions int) (int, bool) {
 	switch g.kind(id) {
 	case 2:
 		return wire.PartitionOfID(id, partitions), true

@@ -1,4 +1,4 @@
-package ingest
+package access
 
 import (
 	"errors"
@@ -9,8 +9,8 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 )
 
-// AuthEnv is ingest's authentication configuration (docs/operations.md).
-type AuthEnv struct {
+// AuthConfig is ingest's authentication configuration (docs/operations.md).
+type AuthConfig struct {
 	Mode     string `envconfig:"AUTH" desc:"none switches authentication off explicitly; empty = on when a key is set"`
 	HS256Key string `envconfig:"AUTH_HS256_KEY" desc:"shared secret (at least 32 bytes) of HS256 bearer tokens"`
 	JWKSURL  string `envconfig:"AUTH_JWKS_URL" desc:"JWKS endpoint whose keys sign RS256, ES256 and EdDSA bearer tokens; refreshed, cached"`
@@ -18,15 +18,15 @@ type AuthEnv struct {
 	Audience string `envconfig:"AUTH_AUDIENCE" desc:"when set, a token's aud must include it"`
 }
 
-// errOpenNotLoopback is the one line of an ingest that would serve the
+// ErrOpenNotLoopback is the one line of an ingest that would serve the
 // world without authentication.
-func errOpenNotLoopback(addr string) error {
+func ErrOpenNotLoopback(addr string) error {
 	return fmt.Errorf("refusing to serve %s without authentication: set ALLOT_AUTH_HS256_KEY or ALLOT_AUTH_JWKS_URL, listen on a loopback address, or set ALLOT_AUTH=none", addr)
 }
 
 // Validate reports the first invalid value as one sentence; addr is
 // ALLOT_HTTP_ADDR.
-func (e AuthEnv) Validate(addr string) error {
+func (e AuthConfig) Validate(addr string) error {
 	keyed := e.HS256Key != "" || e.JWKSURL != ""
 	switch e.Mode {
 	case "":
@@ -40,17 +40,17 @@ func (e AuthEnv) Validate(addr string) error {
 	if e.HS256Key != "" && len(e.HS256Key) < auth.MinHS256Key {
 		return fmt.Errorf("ALLOT_AUTH_HS256_KEY must be at least %d bytes, got %d", auth.MinHS256Key, len(e.HS256Key))
 	}
-	if !keyed && e.Mode != "none" && !loopback(addr) {
-		return errOpenNotLoopback(addr)
+	if !keyed && e.Mode != "none" && !Loopback(addr) {
+		return ErrOpenNotLoopback(addr)
 	}
 	return nil
 }
 
 // Off reports whether authentication is off by choice (ALLOT_AUTH=none).
-func (e AuthEnv) Off() bool { return e.Mode == "none" }
+func (e AuthConfig) Off() bool { return e.Mode == "none" }
 
 // Config is the verifier configuration; zero when no key is set.
-func (e AuthEnv) Config() auth.Config {
+func (e AuthConfig) Config() auth.Config {
 	c := auth.Config{JWKSURL: e.JWKSURL, Issuer: e.Issuer, Audience: e.Audience}
 	if e.HS256Key != "" {
 		c.HS256Key = []byte(e.HS256Key)
@@ -58,9 +58,9 @@ func (e AuthEnv) Config() auth.Config {
 	return c
 }
 
-// loopback reports whether the listen address addr (host:port) accepts
+// Loopback reports whether the listen address addr (host:port) accepts
 // connections from this machine only. An empty host listens everywhere.
-func loopback(addr string) bool {
+func Loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false

@@ -1,4 +1,4 @@
-package ingest
+package publish
 
 import (
 	"context"
@@ -66,7 +66,7 @@ func VoidAfter(window time.Duration) time.Duration { return window + settleMargi
 
 // settler republishes and voids the requests whose PubAck was lost.
 type settler struct {
-	s      *Service
+	p      *Publisher
 	max    int
 	window atomic.Int64 // the request stream's duplicate window, in nanoseconds
 	parts  atomic.Int64 // the request stream's partitions
@@ -80,10 +80,10 @@ type settler struct {
 	wg     sync.WaitGroup
 }
 
-func newSettler(s *Service, max int) *settler {
+func newSettler(p *Publisher, max int) *settler {
 	voided, _ := lru.New[string, struct{}](settleVoided)
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &settler{s: s, max: max, busy: make(map[string]bool), voided: voided, ctx: ctx, cancel: cancel}
+	t := &settler{p: p, max: max, busy: make(map[string]bool), voided: voided, ctx: ctx, cancel: cancel}
 	t.configure(bus.DefaultRequestDuplicates, 1)
 	return t
 }
@@ -125,7 +125,7 @@ func (t *settler) take(id string) (ok, full bool) {
 	}
 	t.busy[id] = true
 	t.wg.Add(1)
-	t.s.metrics.settleActive.Inc()
+	t.p.m.Settle.Active.Inc()
 	return true, false
 }
 
@@ -133,7 +133,7 @@ func (t *settler) release(id string) {
 	t.mu.Lock()
 	delete(t.busy, id)
 	t.mu.Unlock()
-	t.s.metrics.settleActive.Dec()
+	t.p.m.Settle.Active.Dec()
 	t.wg.Done()
 }
 
@@ -153,7 +153,7 @@ func (t *settler) adopt(msg *nats.Msg, id string, uid uuid.UUID, user int64, p i
 		if t.republish(msg, id, uid) {
 			return
 		}
-		t.s.metrics.voids.WithLabelValues("issuer").Inc()
+		t.p.m.Settle.Voids.WithLabelValues("issuer").Inc()
 		t.void(id, user, p)
 	}()
 }
@@ -172,7 +172,7 @@ func (t *settler) pollVoid(id string, user int64, p int) {
 	if !ok {
 		return
 	}
-	t.s.metrics.voids.WithLabelValues("poll").Inc()
+	t.p.m.Settle.Voids.WithLabelValues("poll").Inc()
 	go func() {
 		defer t.release(id)
 		t.void(id, user, p)
@@ -181,7 +181,7 @@ func (t *settler) pollVoid(id string, user int64, p int) {
 
 // overflow publishes id's void once, unfollowed: the bound is reached.
 func (t *settler) overflow(id string, user int64, p int) {
-	t.s.metrics.voids.WithLabelValues("overflow").Inc()
+	t.p.m.Settle.Voids.WithLabelValues("overflow").Inc()
 	msg, err := t.voidMsg(id, user, p)
 	if err != nil {
 		return
@@ -190,8 +190,8 @@ func (t *settler) overflow(id string, user int64, p int) {
 	// no PubAck is waited for or kept.
 	msg.Header.Set(jetstream.MsgIDHeader, id)
 	msg.Header.Set(jetstream.ExpectedStreamHeader, wire.RequestStream)
-	if err := t.s.nc.PublishMsg(msg); err != nil {
-		t.s.log.Warn("void not published", slog.String("request_id", id), slog.Any("err", err))
+	if err := t.p.nc.PublishMsg(msg); err != nil {
+		t.p.log.Warn("void not published", slog.String("request_id", id), slog.Any("err", err))
 	}
 }
 
@@ -205,7 +205,7 @@ func backoff(attempt int) time.Duration {
 // (or the service stops).
 func (t *settler) republish(msg *nats.Msg, id string, uid uuid.UUID) bool {
 	window, _ := t.settings()
-	until := idTime(uid).Add(window - settleMargin(window))
+	until := IDTime(uid).Add(window - settleMargin(window))
 	for attempt := 0; ; attempt++ {
 		wait := backoff(attempt)
 		if time.Now().Add(wait).After(until) {
@@ -216,20 +216,20 @@ func (t *settler) republish(msg *nats.Msg, id string, uid uuid.UUID) bool {
 			return false
 		case <-time.After(wait):
 		}
-		if !t.s.nc.IsConnected() {
+		if !t.p.nc.IsConnected() {
 			// A copy published now would wait in the client's reconnect
 			// buffer; the next attempt after the reconnection does better.
 			continue
 		}
-		t.s.metrics.settleCopies.Inc()
+		t.p.m.Settle.Copies.Inc()
 		ack, err := t.publish(msg, id)
 		if err == nil {
 			how := "stored"
 			if ack.Duplicate {
 				how = "duplicate"
 			}
-			t.s.metrics.settleConfirmed.WithLabelValues(how).Inc()
-			t.s.log.Info("request confirmed stored after its PubAck was lost", slog.String("request_id", id),
+			t.p.m.Settle.Confirmed.WithLabelValues(how).Inc()
+			t.p.log.Info("request confirmed stored after its PubAck was lost", slog.String("request_id", id),
 				slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
 			return true
 		}
@@ -244,7 +244,7 @@ func (t *settler) republish(msg *nats.Msg, id string, uid uuid.UUID) bool {
 func (t *settler) void(id string, user int64, p int) {
 	msg, err := t.voidMsg(id, user, p)
 	if err != nil {
-		t.s.log.Error("encode void", slog.String("request_id", id), slog.Any("err", err))
+		t.p.log.Error("encode void", slog.String("request_id", id), slog.Any("err", err))
 		return
 	}
 	for attempt := 0; ; attempt++ {
@@ -255,14 +255,14 @@ func (t *settler) void(id string, user int64, p int) {
 			case <-time.After(backoff(attempt)):
 			}
 		}
-		if !t.s.nc.IsConnected() {
+		if !t.p.nc.IsConnected() {
 			continue // as in republish: wait for the connection
 		}
 		ack, err := t.publish(msg, id)
 		if err == nil {
 			t.voided.Add(id, struct{}{})
-			t.s.metrics.voidsStored.Inc()
-			t.s.log.Info("request id voided", slog.String("request_id", id), slog.Int("partition", p),
+			t.p.m.Settle.Stored.Inc()
+			t.p.log.Info("request id voided", slog.String("request_id", id), slog.Int("partition", p),
 				slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
 			return
 		}
@@ -270,7 +270,7 @@ func (t *settler) void(id string, user int64, p int) {
 			return
 		}
 		if attempt == 0 {
-			t.s.log.Warn("void not confirmed; trying again", slog.String("request_id", id), slog.Any("err", err))
+			t.p.log.Warn("void not confirmed; trying again", slog.String("request_id", id), slog.Any("err", err))
 		}
 	}
 }
@@ -289,21 +289,21 @@ func (t *settler) voidMsg(id string, user int64, p int) (*nats.Msg, error) {
 // most PublishTimeout. A synchronous publish: a PubAck that never comes
 // leaves nothing behind.
 func (t *settler) publish(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
-	ctx, cancel := context.WithTimeout(t.ctx, t.s.opts.PublishTimeout)
+	ctx, cancel := context.WithTimeout(t.ctx, t.p.timeout)
 	defer cancel()
 	m := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+2)}
 	for k, v := range msg.Header {
 		m.Header[k] = append([]string(nil), v...)
 	}
-	ack, err := t.s.js.PublishMsg(ctx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
+	ack, err := t.p.js.PublishMsg(ctx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
 	if err != nil {
 		return nil, err
 	}
 	return ack, nil
 }
 
-// idTime is the time a UUIDv7 was minted at.
-func idTime(id uuid.UUID) time.Time {
+// IDTime is the time a UUIDv7 was minted at.
+func IDTime(id uuid.UUID) time.Time {
 	sec, nsec := id.Time().UnixTime()
 	return time.Unix(sec, nsec)
 }

@@ -1,4 +1,9 @@
-package ingest
+// Package early answers a claim for a full activity as soon as the
+// request stream proves its answer, before the allocator applies it: the
+// views of full activities (views.go, from the ALLOT_VIEW bucket and the
+// result batches) and the tail of the request stream that proves a view
+// still holds at a claim's sequence (tail.go). Answerer is the component.
+package early
 
 import (
 	"context"
@@ -42,8 +47,9 @@ import (
 // non-claim the tail sees. So a claim by a HELD user stored before the
 // expire is ALREADY_OWNED, HELD, whatever the clock says.
 
-// shedView is the decoded view of one full activity.
-type shedView struct {
+// View is the decoded view of one full activity, as a claim's handler
+// sees it before publishing (Answerer.Candidate).
+type View struct {
 	v wire.View
 	// holders maps every user holding a seat to the seat
 	// (allocation.ViewSeats): what allocation.ClaimOnFull decides from.
@@ -55,7 +61,7 @@ type shedView struct {
 // that sequence, if it is one.
 type viewEntry struct {
 	seq uint64
-	sv  *shedView
+	sv  *View
 }
 
 // views is ingest's copy of the ALLOT_VIEW bucket, bounded (LRU): a view
@@ -65,7 +71,7 @@ type views struct {
 	m  *lru.Cache[int64, viewEntry]
 }
 
-func (vs *views) get(activity int64) *shedView {
+func (vs *views) get(activity int64) *View {
 	e, _ := vs.m.Get(activity)
 	return e.sv
 }
@@ -99,9 +105,9 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 // already installed: a late put never overrides a newer clear. A view that
 // cannot decide a claim clears the activity's.
 func (vs *views) put(v wire.View) {
-	var sv *shedView
+	var sv *View
 	if seats, ok := allocation.ViewSeats(v); ok {
-		sv = &shedView{v: v, holders: seats}
+		sv = &View{v: v, holders: seats}
 	}
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
@@ -111,9 +117,9 @@ func (vs *views) put(v wire.View) {
 	vs.m.Add(v.ActivityID, viewEntry{seq: v.Seq, sv: sv})
 }
 
-// watchViews keeps s.views current until stop is called; stop returns
+// watchViews keeps e.views current until stop is called; stop returns
 // once the watcher's subscription is gone.
-func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
+func (e *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
@@ -128,15 +134,15 @@ func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 			select {
 			case <-ctx.Done():
 				return
-			case e, ok := <-w.Updates():
+			case u, ok := <-w.Updates():
 				if !ok {
 					return
 				}
-				if e == nil { // the initial values are in
+				if u == nil { // the initial values are in
 					continue
 				}
-				if err := s.views.apply(e); err != nil {
-					s.log.Warn("view update", slog.String("key", e.Key()), slog.Any("err", err))
+				if err := e.views.apply(u); err != nil {
+					e.log.Warn("view update", slog.String("key", u.Key()), slog.Any("err", err))
 				}
 			}
 		}
@@ -148,38 +154,38 @@ func (s *Service) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 // before it is left to the allocator.
 const DefaultEarlyWait = time.Second
 
-// answerEarly decides the claim published as id at stream sequence seq
+// Answer decides the claim published as id at stream sequence seq
 // from a view, when the tail proves the view still holds at seq (see the
 // top of this file). candidate is the view seen before publishing; the
 // newest view is tried first. It reports whether it decided.
-func (s *Service) answerEarly(ctx context.Context, id string, activity, user int64, seq uint64, candidate *shedView) (wire.Result, bool) {
+func (e *Answerer) Answer(ctx context.Context, id string, activity, user int64, seq uint64, candidate *View) (wire.Result, bool) {
 	start := time.Now()
-	if !s.tail.waitPast(ctx, seq, s.opts.EarlyWait) {
-		s.metrics.earlyMissed.WithLabelValues("tail_behind").Inc()
+	if !e.tail.waitPast(ctx, seq, e.wait) {
+		e.m.Missed.WithLabelValues("tail_behind").Inc()
 		return wire.Result{}, false
 	}
-	s.metrics.tailWait.Observe(time.Since(start).Seconds())
-	var sv *shedView
-	for _, c := range []*shedView{s.views.get(activity), candidate} {
-		if c != nil && s.tail.settled(activity, c.v.Seq, seq) {
+	e.m.TailWait.Observe(time.Since(start).Seconds())
+	var sv *View
+	for _, c := range []*View{e.views.get(activity), candidate} {
+		if c != nil && e.tail.settled(activity, c.v.Seq, seq) {
 			sv = c
 			break
 		}
 	}
 	if sv == nil {
-		s.metrics.earlyMissed.WithLabelValues("changed").Inc()
+		e.m.Missed.WithLabelValues("changed").Inc()
 		return wire.Result{}, false
 	}
 	seat, holds := sv.holders[user]
 	d, decided := allocation.ClaimOnFull(sv.v.Capacity, sv.v.Confirmed, seat, holds)
 	if !decided {
-		s.metrics.earlyMissed.WithLabelValues("changed").Inc()
+		e.m.Missed.WithLabelValues("changed").Inc()
 		return wire.Result{}, false
 	}
 	req := wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: activity, UserID: user}
 	res := allocation.ResultOf(req, seq, d, nil, time.Now())
 	res.Shed = true
-	s.early.Add(id, res)
-	s.metrics.shed.WithLabelValues(string(res.Outcome)).Inc()
+	e.answered.Add(id, res)
+	e.m.Shed.WithLabelValues(string(res.Outcome)).Inc()
 	return res, true
 }

@@ -1,4 +1,8 @@
-package ingest
+// Package results finds a request's result for the handlers that wait for
+// it (?wait=) and for polls: waiters woken by the allocator's result
+// notifications (waiter.go) and the coalesced MySQL reads that back them
+// up (reader.go). Results is the component.
+package results
 
 import (
 	"bytes"
@@ -15,8 +19,8 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// waiter is one HTTP handler waiting for one request's result.
-type waiter struct {
+// Waiter is one HTTP handler waiting for one request's result.
+type Waiter struct {
 	ch chan wire.Result // buffered 1: delivery never blocks the subscription
 }
 
@@ -25,18 +29,18 @@ type waiter struct {
 // handler that added it, whether or not a result came.
 type waiters struct {
 	mu    sync.Mutex
-	m     map[string][]*waiter
+	m     map[string][]*Waiter
 	n     atomic.Int64
 	gauge prometheus.Gauge
 }
 
 func newWaiters(gauge prometheus.Gauge) *waiters {
-	return &waiters{m: make(map[string][]*waiter), gauge: gauge}
+	return &waiters{m: make(map[string][]*Waiter), gauge: gauge}
 }
 
 // add registers a waiter for id. The caller must call remove.
-func (ws *waiters) add(id string) *waiter {
-	w := &waiter{ch: make(chan wire.Result, 1)}
+func (ws *waiters) add(id string) *Waiter {
+	w := &Waiter{ch: make(chan wire.Result, 1)}
 	ws.mu.Lock()
 	ws.m[id] = append(ws.m[id], w)
 	ws.mu.Unlock()
@@ -46,7 +50,7 @@ func (ws *waiters) add(id string) *waiter {
 }
 
 // remove unregisters w.
-func (ws *waiters) remove(id string, w *waiter) {
+func (ws *waiters) remove(id string, w *Waiter) {
 	ws.mu.Lock()
 	list := ws.m[id]
 	for i, x := range list {
@@ -82,22 +86,22 @@ func (ws *waiters) deliver(r wire.Result) {
 	ws.mu.Unlock()
 }
 
-// onResults is the handler of wire.ResultSubject. Results are decoded only
+// OnBatch is the handler of wire.ResultSubject. Results are decoded only
 // while someone waits: the allocator publishes a batch per commit whether or
 // not anyone listens.
-func (s *Service) onResults(m *nats.Msg) {
-	hasViews := !s.opts.DisableShed && bytes.Contains(m.Data, []byte(`"views"`))
-	if s.waiters.count() == 0 && !hasViews {
+func (rs *Results) OnBatch(m *nats.Msg) {
+	hasViews := rs.onView != nil && bytes.Contains(m.Data, []byte(`"views"`))
+	if rs.waiters.count() == 0 && !hasViews {
 		return
 	}
 	var batch wire.ResultBatch
 	if err := json.Unmarshal(m.Data, &batch); err != nil {
-		s.log.Warn("undecodable result batch", slog.String("subject", m.Subject), slog.Any("err", err))
+		rs.log.Warn("undecodable result batch", slog.String("subject", m.Subject), slog.Any("err", err))
 		return
 	}
 	if hasViews {
 		for _, v := range batch.Views {
-			s.views.put(v)
+			rs.onView(v)
 		}
 	}
 	for i := range batch.Results {
@@ -107,27 +111,27 @@ func (s *Service) onResults(m *nats.Msg) {
 		}
 		// The allocator sends the result a MySQL read gives back
 		// (allocation.ResultOf): it is answered as it is.
-		s.waiters.deliver(r)
+		rs.waiters.deliver(r)
 	}
 }
 
-// await waits up to d for the result of id, registered as w before the
+// Await waits up to d for the result of id, registered as w before the
 // request could have been applied (before publishing, or before the first
 // MySQL read), so that no notification falls between a read and the
 // registration. Core NATS may drop a notification, so MySQL is read again
 // every RecheckInterval and once at the deadline. It returns found=false
 // when the deadline passes, the client leaves or the service shuts down;
 // those all answer "pending", which is true.
-func (s *Service) await(ctx context.Context, id string, w *waiter, d time.Duration, readFirst bool) (wire.Result, bool) {
+func (rs *Results) Await(ctx context.Context, id string, w *Waiter, d time.Duration, readFirst bool) (wire.Result, bool) {
 	if readFirst {
-		if r, ok := s.lookup(ctx, id); ok {
+		if r, ok := rs.Lookup(ctx, id); ok {
 			return r, true
 		}
 	}
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	var tick <-chan time.Time
-	if iv := s.opts.RecheckInterval; iv > 0 && iv < d {
+	if iv := rs.recheck; iv > 0 && iv < d {
 		t := time.NewTicker(iv)
 		defer t.Stop()
 		tick = t.C
@@ -137,7 +141,7 @@ func (s *Service) await(ctx context.Context, id string, w *waiter, d time.Durati
 		case r := <-w.ch:
 			return r, true
 		case <-tick:
-			if r, ok := s.lookup(ctx, id); ok {
+			if r, ok := rs.Lookup(ctx, id); ok {
 				return r, true
 			}
 		case <-deadline.C:
@@ -146,23 +150,23 @@ func (s *Service) await(ctx context.Context, id string, w *waiter, d time.Durati
 				return r, true
 			default:
 			}
-			return s.lookup(ctx, id)
+			return rs.Lookup(ctx, id)
 		case <-ctx.Done():
 			return wire.Result{}, false
-		case <-s.quit:
+		case <-rs.quit:
 			return wire.Result{}, false
 		}
 	}
 }
 
-// lookup reads id's result from MySQL; an error counts as "not yet", since
+// Lookup reads id's result from MySQL; an error counts as "not yet", since
 // a waiting handler answers "pending" rather than fail a request that is
 // durably stored.
-func (s *Service) lookup(ctx context.Context, id string) (wire.Result, bool) {
-	r, ok, err := s.reader.get(ctx, id)
+func (rs *Results) Lookup(ctx context.Context, id string) (wire.Result, bool) {
+	r, ok, err := rs.reader.get(ctx, id)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.WarnContext(ctx, "read result while waiting", slog.String("request_id", id), slog.Any("err", err))
+			rs.log.WarnContext(ctx, "read result while waiting", slog.String("request_id", id), slog.Any("err", err))
 		}
 		return wire.Result{}, false
 	}

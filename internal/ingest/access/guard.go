@@ -1,4 +1,10 @@
-package ingest
+// Package access decides who may call what and how often: bearer-token
+// authentication and the policy of each route (guard.go), the write, open,
+// per-user, per-reader and bad-token rate limits (limits.go,
+// userlimit.go), the client address behind trusted proxies (clientaddr.go),
+// the request ids ingest mints and checks (requestid.go), and the
+// authentication settings (authenv.go). Access is the component.
+package access
 
 import (
 	"context"
@@ -9,25 +15,26 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/ingest/reply"
 )
 
 // Who may call what (docs/operations.md, "Authentication"). Each
-// route's handler is wrapped in one policy (guard), so that the policy does
+// route's handler is wrapped in one Policy (Guard), so that the policy does
 // not depend on how the routes are matched.
-type policy int
+type Policy int
 
 const (
-	// public: no token needed (/healthz, /readyz, the page's static shell).
-	public policy = iota
-	// anyCaller: any valid token (activity state, polls: the poll itself
+	// Public: no token needed (/healthz, /readyz, the page's static shell).
+	Public Policy = iota
+	// AnyCaller: any valid token (activity state, polls: the poll itself
 	// checks the request's owner).
-	anyCaller
-	// self: the path's {user} must be the token's sub, or allot:admin.
-	self
-	// admin: allot:admin.
-	admin
-	// operator: allot:operator (the live feed, /metrics).
-	operator
+	AnyCaller
+	// Self: the path's {user} must be the token's sub, or allot:admin.
+	Self
+	// Admin: allot:admin.
+	Admin
+	// Operator: allot:operator (the live feed, /metrics).
+	Operator
 )
 
 // Sentences of the answers of authentication and authorization.
@@ -43,9 +50,9 @@ const (
 // callerKey is the context key of the verified Identity.
 type callerKey struct{}
 
-// caller returns the verified identity of the request, and false when
+// Caller returns the verified identity of the request, and false when
 // authentication is off (every caller may do everything).
-func caller(ctx context.Context) (auth.Identity, bool) {
+func Caller(ctx context.Context) (auth.Identity, bool) {
 	id, ok := ctx.Value(callerKey{}).(auth.Identity)
 	return id, ok
 }
@@ -78,21 +85,21 @@ func (b *badAuth) key(addr string) int64 {
 	return int64(maphash.String(b.seed, addr))
 }
 
-// guard wraps h in p. With authentication off, every request passes and
+// Guard wraps h in p. With authentication off, every request passes and
 // carries no identity.
-func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
-	if s.opts.Auth == nil || p == public {
+func (a *Access) Guard(p Policy, h http.HandlerFunc) http.HandlerFunc {
+	if a.auth == nil || p == Public {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		id, err := s.authenticate(r, p)
+		id, err := a.authenticate(r, p)
 		if err != nil {
-			if s.badAuth != nil {
-				key := s.badAuth.key(clientAddr(r, s.opts.TrustedProxies))
-				if ok, wait := s.badAuth.l.allow(key, time.Now()); !ok {
-					s.metrics.authFailures.WithLabelValues("flood").Inc()
-					retryAfter(w, wait)
-					writeError(w, http.StatusTooManyRequests, msgAuthFlood)
+			if a.badAuth != nil {
+				key := a.badAuth.key(clientAddr(r, a.trusted))
+				if ok, wait := a.badAuth.l.allow(key, time.Now()); !ok {
+					a.m.AuthFailures.WithLabelValues("flood").Inc()
+					reply.RetryAfter(w, wait)
+					reply.Error(w, http.StatusTooManyRequests, msgAuthFlood)
 					return
 				}
 			}
@@ -100,29 +107,29 @@ func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 			if errors.Is(err, auth.ErrNoToken) {
 				msg, reason = msgNoToken, "missing"
 			}
-			s.metrics.authFailures.WithLabelValues(reason).Inc()
-			if s.log.Enabled(r.Context(), slog.LevelDebug) {
-				s.log.DebugContext(r.Context(), "authentication failed", slog.String("path", r.URL.Path), slog.Any("err", err))
+			a.m.AuthFailures.WithLabelValues(reason).Inc()
+			if a.log.Enabled(r.Context(), slog.LevelDebug) {
+				a.log.DebugContext(r.Context(), "authentication failed", slog.String("path", r.URL.Path), slog.Any("err", err))
 			}
 			w.Header()["Www-Authenticate"] = []string{"Bearer"} // exactly the value api/openapi.yaml names
-			writeError(w, http.StatusUnauthorized, msg)
+			reply.Error(w, http.StatusUnauthorized, msg)
 			return
 		}
 		switch p {
-		case admin:
+		case Admin:
 			if !id.Admin {
-				writeError(w, http.StatusForbidden, msgNeedAdmin)
+				reply.Error(w, http.StatusForbidden, msgNeedAdmin)
 				return
 			}
-		case operator:
+		case Operator:
 			if !id.Operator {
-				writeError(w, http.StatusForbidden, msgNeedOperator)
+				reply.Error(w, http.StatusForbidden, msgNeedOperator)
 				return
 			}
-		case self:
+		case Self:
 			// A malformed {user} is left to the handler: a 400 says more.
-			if user, err := parseID(r.PathValue("user"), "user"); err == nil && !id.ActsFor(user) {
-				writeError(w, http.StatusForbidden, msgNotYours)
+			if user, err := reply.ParseID(r.PathValue("user"), "user"); err == nil && !id.ActsFor(user) {
+				reply.Error(w, http.StatusForbidden, msgNotYours)
 				return
 			}
 		}
@@ -133,11 +140,11 @@ func (s *Service) guard(p policy, h http.HandlerFunc) http.HandlerFunc {
 // authenticate verifies the request's bearer token. The live feed also
 // takes it as ?access_token= (RFC 6750 section 2.3), because a browser's
 // EventSource cannot send headers.
-func (s *Service) authenticate(r *http.Request, p policy) (auth.Identity, error) {
-	id, err := s.opts.Auth.Authenticate(r)
-	if errors.Is(err, auth.ErrNoToken) && p == operator {
+func (a *Access) authenticate(r *http.Request, p Policy) (auth.Identity, error) {
+	id, err := a.auth.Authenticate(r)
+	if errors.Is(err, auth.ErrNoToken) && p == Operator {
 		if tok := r.URL.Query().Get("access_token"); tok != "" {
-			return s.opts.Auth.Verify(r.Context(), tok)
+			return a.auth.Verify(r.Context(), tok)
 		}
 	}
 	return id, err

@@ -1,6 +1,7 @@
-package ingest
+package early
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -120,5 +121,23 @@ func TestHeldHoldersAreListedApart(t *testing.T) {
 	vs.put(bad)
 	if vs.get(7) != nil {
 		t.Fatal("a view with a HELD seat without an end was installed")
+	}
+}
+
+// TestViewsAreBounded: ingest keeps at most ActivityCache views.
+func TestViewsAreBounded(t *testing.T) {
+	t.Parallel()
+	e, err := New(Config{ActivityCache: 10, Results: 10}, slog.New(slog.DiscardHandler), Metrics{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a := int64(1); a <= 100; a++ {
+		e.PutView(wire.View{ActivityID: a, Capacity: 1, Confirmed: 1, Seq: uint64(a), Complete: true, Holders: []int64{1}})
+	}
+	if n := e.views.m.Len(); n != 10 {
+		t.Fatalf("%d views kept, bounded at 10", n)
+	}
+	if e.Candidate(100) == nil || e.Candidate(1) != nil {
+		t.Fatal("the bound did not keep the most recent views")
 	}
 }

@@ -1,4 +1,4 @@
-package ingest
+package results
 
 import (
 	"context"

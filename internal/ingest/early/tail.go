@@ -1,4 +1,4 @@
-package ingest
+package early
 
 import (
 	"container/heap"
@@ -36,7 +36,7 @@ import (
 const DefaultTailReplay = 100_000
 
 // tail follows the request stream; see above. It keeps the last change of
-// at most Options.ActivityCache activities: a forgotten activity counts as
+// at most ALLOT_INGEST_ACTIVITY_CACHE activities: a forgotten activity counts as
 // changed at the highest sequence forgotten, which only sends its claims to
 // the allocator.
 type tail struct {

@@ -1,0 +1,264 @@
+// Package publish stores request messages in the request stream: the
+// group commit (commit.go) that publishes a queue of requests as one atomic
+// batch, the PubAck wait and its retries with the same Nats-Msg-Id
+// (Publish), and the settling of a request whose PubAck was lost, which is
+// republished in the background or else voided (settle.go), so that every
+// request id a client is given reaches a final state.
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// Config is the publishing's part of ingest's configuration.
+type Config struct {
+	// PublishTimeout bounds one publish, PubAck included
+	// (ALLOT_INGEST_PUBLISH_TIMEOUT).
+	PublishTimeout time.Duration
+	// MaxInFlight bounds the publishes awaiting their PubAck
+	// (ALLOT_INGEST_MAX_IN_FLIGHT); beyond, ErrOverloaded.
+	MaxInFlight int
+	// CommitMinBatch is the smallest queue published as one atomic batch
+	// (ALLOT_INGEST_COMMIT_MIN_BATCH); negative: never batch.
+	CommitMinBatch int
+	// SettleMax bounds the ids settled at once (DefaultSettleMax in
+	// production).
+	SettleMax int
+}
+
+// Metrics are the publishing's series; ingest registers them.
+type Metrics struct {
+	PublishDuration prometheus.Histogram
+	PublishFailures prometheus.Counter
+	CommitBatch     prometheus.Histogram
+	Settle          SettleMetrics
+}
+
+// SettleMetrics are the series of settling (settle.go).
+type SettleMetrics struct {
+	Active    prometheus.Gauge
+	Copies    prometheus.Counter
+	Confirmed *prometheus.CounterVec // how: stored, duplicate
+	Voids     *prometheus.CounterVec // by: issuer, poll, overflow
+	Stored    prometheus.Counter
+}
+
+// Publisher publishes ingest's request messages.
+type Publisher struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	log     *slog.Logger
+	timeout time.Duration
+	flight  chan struct{} // one token per publish in flight
+	commit  *committer    // nil when CommitMinBatch < 0
+	settle  *settler
+	m       Metrics
+	stop    context.CancelFunc
+}
+
+// New returns a Publisher over nc and js. It does no I/O; Start starts the
+// group commit.
+func New(cfg Config, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, m Metrics) *Publisher {
+	p := &Publisher{nc: nc, js: js, log: log, timeout: cfg.PublishTimeout,
+		flight: make(chan struct{}, cfg.MaxInFlight), m: m}
+	p.settle = newSettler(p, cfg.SettleMax)
+	if cfg.CommitMinBatch > 0 {
+		p.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, cfg.MaxInFlight),
+			minBatch: cfg.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: cfg.PublishTimeout / 2,
+			batches: func(n int) { m.CommitBatch.Observe(float64(n)) }}
+	}
+	return p
+}
+
+// Start runs the group commit until Stop.
+func (p *Publisher) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	p.stop = cancel
+	if p.commit != nil {
+		p.commit.run(ctx)
+	}
+}
+
+// Stop ends the group commit and every republishing and voiding, and
+// waits for the latter.
+func (p *Publisher) Stop() {
+	if p.stop != nil {
+		p.stop()
+	}
+	p.settle.stop()
+}
+
+// StopSettling ends every republishing and voiding and waits for them, as
+// Stop does; what is left unsettled is settled by the first poll after
+// VoidAfter.
+func (p *Publisher) StopSettling() { p.settle.stop() }
+
+// InFlight is the number of publishes awaiting their PubAck.
+func (p *Publisher) InFlight() int { return len(p.flight) }
+
+// Configure takes the request stream's duplicate window and partitions,
+// as Start found them.
+func (p *Publisher) Configure(window time.Duration, partitions int) {
+	p.settle.configure(window, partitions)
+}
+
+// Settings are the request stream's duplicate window and partitions.
+func (p *Publisher) Settings() (time.Duration, int) { return p.settle.settings() }
+
+// Settle follows a request whose Publish returned ErrMaybeStored until it
+// is settled: republished, else voided. user is its user_id and part its
+// partition.
+func (p *Publisher) Settle(activity int64, id string, data []byte, user int64, part int) {
+	if u, err := uuid.Parse(id); err == nil {
+		p.settle.adopt(&nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}, id, u, user, part)
+	}
+}
+
+// PollVoid voids id, which a poll found pending past VoidAfter, unless a
+// void of it is already under way or confirmed here.
+func (p *Publisher) PollVoid(id string, user int64, part int) { p.settle.pollVoid(id, user, part) }
+
+// Publish stores one request message in ALLOT_REQUESTS and waits for the
+// PubAck. Nats-Msg-Id is the request id, so JetStream drops a re-publish
+// within its duplicate window. The publish is not cut short when the client
+// leaves: its outcome is logged either way.
+func (p *Publisher) Publish(ctx context.Context, activity int64, id string, data []byte) (uint64, error) {
+	select {
+	case p.flight <- struct{}{}:
+		defer func() { <-p.flight }()
+	default:
+		p.m.PublishFailures.Inc()
+		return 0, fmt.Errorf("%w: %d publishes already in flight", ErrOverloaded, cap(p.flight))
+	}
+	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
+	ctx, span := tracePublish(ctx, msg, id, activity)
+	start := time.Now()
+	ack, err := p.publishAsync(msg, id)
+	endPublish(span, ack, err)
+	p.m.PublishDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		p.m.PublishFailures.Inc()
+		p.log.WarnContext(ctx, "publish request", slog.String("request_id", id),
+			slog.Int64("activity_id", activity), slog.Any("err", err))
+		return 0, fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
+	}
+	if p.log.Enabled(ctx, slog.LevelDebug) {
+		p.log.DebugContext(ctx, "request published", slog.String("request_id", id),
+			slog.Int64("activity_id", activity), slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
+	}
+	return ack.Sequence, nil
+}
+
+// ErrOverloaded means the in-flight bound is reached: 503 at once.
+var ErrOverloaded = errors.New("too many publishes in flight")
+
+// ErrMaybeStored means a copy of the request left the process and no
+// answer came back: the broker may have stored it. The client is told the
+// request id, to poll it, rather than "nothing was stored", which would
+// send it to retry into a second request.
+var ErrMaybeStored = errors.New("the request may have been stored")
+
+// refused reports whether err is the broker's definite answer that it did
+// not store this copy: an error in the PubAck (the stream is full, it is
+// not the stream the request was meant for, the message is too large…)
+// or no stream listening on the subject. Waiting does not change such an
+// answer, so it is given at once instead of holding an in-flight slot
+// until the deadline.
+func refused(err error) bool {
+	if inProcess(err) {
+		return false // another copy with this id is being stored
+	}
+	_, api := errors.AsType[*jetstream.APIError](err)
+	return api || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// publishAsync publishes without a round trip of its own: many handlers'
+// messages share the connection's pipeline and their PubAcks come back
+// asynchronously; this handler waits for its own, at most PublishTimeout.
+//
+// A publish that left the process but got no PubAck (the broker went away,
+// a timeout) may or may not be stored. It is published again with the same
+// Nats-Msg-Id until the deadline: once the broker answers, a stored copy
+// comes back as a duplicate and the client gets its 202. If the deadline
+// passes first, the error wraps ErrMaybeStored. A copy the broker refused
+// for a definite reason (refused) is answered at once; "nothing stored"
+// holds then only if no earlier copy may be stored.
+func (p *Publisher) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
+	// The group commit gets half the budget, so that a copy whose answer
+	// was lost there leaves time to publish it again below.
+	until := time.Now().Add(p.timeout / 2)
+	deadline := time.NewTimer(p.timeout)
+	defer deadline.Stop()
+	var (
+		last  error
+		maybe bool // a copy left the process and got no answer
+	)
+	unconfirmed := func() error {
+		if maybe {
+			return fmt.Errorf("%w: no PubAck within %s: %w", ErrMaybeStored, p.timeout, last)
+		}
+		return fmt.Errorf("no PubAck within %s: %w", p.timeout, last)
+	}
+	first := 0
+	if p.commit != nil {
+		// The first copy goes out through the group commit (commit.go).
+		res := p.commit.publish(msg, id, until)
+		switch {
+		case res.err == nil:
+			return res.ack, nil
+		case !res.sent:
+			return nil, res.err // it never left the process: nothing stored
+		case refused(res.err):
+			return nil, fmt.Errorf("refused: %w", res.err) // nothing stored
+		}
+		last, maybe, first = res.err, true, 1
+	}
+	for attempt := first; ; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-deadline.C:
+				return nil, unconfirmed()
+			case <-time.After(min(time.Duration(attempt)*50*time.Millisecond, 500*time.Millisecond)):
+			}
+		}
+		f, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
+		if err != nil {
+			if !maybe {
+				return nil, err // no copy ever left the process: nothing stored
+			}
+			last = err // an earlier copy may be stored: keep asking
+			continue
+		}
+		select {
+		case ack := <-f.Ok():
+			return ack, nil
+		case err := <-f.Err():
+			last = err
+			if refused(err) && !maybe {
+				return nil, fmt.Errorf("refused: %w", err) // nothing stored
+			}
+			if refused(err) {
+				// This copy is not stored; an earlier one may be, and
+				// asking again would get the same refusal.
+				return nil, unconfirmed()
+			}
+			maybe = true
+		case <-deadline.C:
+			maybe = true
+			last = jetstream.ErrAsyncPublishTimeout
+			return nil, unconfirmed()
+		}
+	}
+}

@@ -1,0 +1,99 @@
+package results
+
+import (
+	"context"
+	"database/sql"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// Config is the results' part of ingest's configuration.
+type Config struct {
+	// MaxWaiters bounds the handlers waiting for a result
+	// (ALLOT_INGEST_MAX_WAITERS).
+	MaxWaiters int
+	// QueryTimeout bounds one MySQL read.
+	QueryTimeout time.Duration
+	// Recheck is how often a waiting handler reads MySQL again in case a
+	// notification was dropped (core NATS is at most once).
+	Recheck time.Duration
+}
+
+// Metrics are the results' series; ingest registers them.
+type Metrics struct {
+	Waiters prometheus.Gauge
+	Queries prometheus.Counter
+	Refused prometheus.Counter // waits refused beyond MaxWaiters
+}
+
+// Results is where ingest's handlers wait for and read results.
+type Results struct {
+	log      *slog.Logger
+	waiters  *waiters
+	reader   *resultReader
+	max      int64
+	recheck  time.Duration
+	onView   func(wire.View) // nil: the batches' views are not wanted
+	refused  prometheus.Counter
+	quit     chan struct{} // closed by EndWaits: waiting handlers answer now
+	quitOnce sync.Once
+	stop     context.CancelFunc
+}
+
+// New returns Results reading db. onView, when set, receives the views
+// that come with result batches (early answers). It does no I/O.
+func New(cfg Config, db *sql.DB, log *slog.Logger, m Metrics, onView func(wire.View)) *Results {
+	return &Results{log: log, waiters: newWaiters(m.Waiters), reader: newResultReader(db, cfg.QueryTimeout, m.Queries.Inc),
+		max: int64(cfg.MaxWaiters), recheck: cfg.Recheck, onView: onView, refused: m.Refused, quit: make(chan struct{})}
+}
+
+// Start runs the coalesced reads until Stop.
+func (rs *Results) Start() {
+	ctx, cancel := context.WithCancel(context.Background())
+	rs.stop = cancel
+	rs.reader.run(ctx)
+}
+
+// Stop ends the waits and the coalesced reads.
+func (rs *Results) Stop() {
+	rs.EndWaits()
+	if rs.stop != nil {
+		rs.stop()
+	}
+}
+
+// EndWaits makes every waiting handler answer now with what it knows.
+func (rs *Results) EndWaits() { rs.quitOnce.Do(func() { close(rs.quit) }) }
+
+// Done is closed once waits end.
+func (rs *Results) Done() <-chan struct{} { return rs.quit }
+
+// Admit returns wait, or 0 when MaxWaiters handlers wait already: the
+// request is then served as if it had no ?wait=.
+func (rs *Results) Admit(wait time.Duration) time.Duration {
+	if wait > 0 && rs.waiters.count() >= rs.max {
+		rs.refused.Inc()
+		return 0
+	}
+	return wait
+}
+
+// Register registers a waiter for id before the request could have been
+// applied; the caller must Unregister it.
+func (rs *Results) Register(id string) *Waiter { return rs.waiters.add(id) }
+
+// Unregister removes w.
+func (rs *Results) Unregister(id string, w *Waiter) { rs.waiters.remove(id, w) }
+
+// Count is the number of waiting handlers.
+func (rs *Results) Count() int64 { return rs.waiters.count() }
+
+// Get reads id's result, joining the next coalesced read.
+func (rs *Results) Get(ctx context.Context, id string) (wire.Result, bool, error) {
+	return rs.reader.get(ctx, id)
+}
