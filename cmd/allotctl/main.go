@@ -130,7 +130,10 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	wctx, cancel := context.WithTimeout(ctx, setupWait)
 	defer cancel()
-	changes, err := bus.SetupWait(wctx, js, c.SetupEnv.StreamConfig(), log)
+	sc := c.SetupEnv.StreamConfig()
+	set, _ := c.Shards() // checked by Validate
+	sc.Shards = set.Names()
+	changes, err := bus.SetupWait(wctx, js, sc, log)
 	bus.WriteChanges(stdout, changes)
 	switch {
 	case err == nil:
