@@ -5,10 +5,13 @@
 // Usage:
 //
 //	allotctl setup    # create or update every stream and bucket; idempotent
+//	allotctl shards   # print the partition -> shard map (docs/shards.md)
 //
 // setup creates ALLOT_HOLDS, ALLOT_REQUESTS (with ALLOT_PARTITIONS
 // partitions; a change of partitions is refused), ALLOT_EVENTS, ALLOT_DLQ and
-// the ALLOT_IDEMPOTENCY, ALLOT_VIEW and ALLOT_ALLOCATORS buckets, or updates
+// the ALLOT_IDEMPOTENCY, ALLOT_VIEW, ALLOT_ALLOCATORS and ALLOT_SHARDS
+// buckets (the shard map's missing entries seeded as partition mod the
+// shards of ALLOT_MYSQL_SHARDS), or updates
 // them to allot's configuration; it never lowers replicas and keeps an
 // existing stream's retention unless ALLOT_REQUESTS_MAX_AGE and the others
 // say otherwise. ingest, the allocator and the notifier only check at start
@@ -45,6 +48,7 @@ type command struct {
 
 var commands = []command{
 	{"setup", "create or update every stream and bucket allot uses (idempotent)", runSetup},
+	{"shards", "print the partition -> shard map, with each partition's fence", runShards},
 }
 
 func main() {
@@ -130,7 +134,10 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	wctx, cancel := context.WithTimeout(ctx, setupWait)
 	defer cancel()
-	changes, err := bus.SetupWait(wctx, js, c.SetupEnv.StreamConfig(), log)
+	sc := c.SetupEnv.StreamConfig()
+	set, _ := c.Shards() // checked by Validate
+	sc.Shards = set.Names()
+	changes, err := bus.SetupWait(wctx, js, sc, log)
 	bus.WriteChanges(stdout, changes)
 	switch {
 	case err == nil:

@@ -29,12 +29,13 @@ func allotctl(t *testing.T, args ...string) (int, string, string) {
 var everything = []string{
 	wire.HoldStream, wire.RequestStream, wire.EventStream, bus.DLQStream,
 	bus.KeyValueStream(bus.IdempotencyBucket), bus.KeyValueStream(wire.ViewBucket), bus.KeyValueStream(bus.MembersBucket),
+	bus.KeyValueStream(bus.ShardsBucket),
 }
 
 // TestUsage: no command or an unknown one prints the usage and exits 2;
 // help exits 0.
 func TestUsage(t *testing.T) {
-	for _, args := range [][]string{nil, {"shards"}, {"setupp"}} {
+	for _, args := range [][]string{nil, {"shard"}, {"setupp"}} {
 		code, _, stderr := allotctl(t, args...)
 		if code != 2 || !strings.Contains(stderr, "usage: allotctl <command>") || !strings.Contains(stderr, "setup") {
 			t.Errorf("allotctl %v: exit %d, stderr %q; want 2 and the usage", args, code, stderr)

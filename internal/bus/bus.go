@@ -95,6 +95,11 @@ type StreamConfig struct {
 	// an existing stream has (2m for a new one), so an operator's setting
 	// survives a restart. Ingest settles a lost PubAck within it.
 	Duplicates time.Duration
+	// Shards are the shard names (ALLOT_MYSQL_SHARDS, in order) the shard
+	// map ALLOT_SHARDS is seeded with: partition p on Shards[p mod
+	// len(Shards)]; empty = one shard, shards.DefaultName. Only partitions
+	// without an entry are seeded: a later change of it rewrites nothing.
+	Shards []string
 }
 
 // DefaultRequestDuplicates is the request stream's duplicate window.

@@ -145,7 +145,7 @@ func TestReplicasNeverLowered(t *testing.T) {
 	want := func(when string) {
 		t.Helper()
 		for _, name := range []string{wire.RequestStream, wire.EventStream, wire.HoldStream, bus.DLQStream,
-			bus.KeyValueStream(wire.ViewBucket), bus.KeyValueStream(bus.IdempotencyBucket), bus.KeyValueStream(bus.MembersBucket)} {
+			bus.KeyValueStream(wire.ViewBucket), bus.KeyValueStream(bus.IdempotencyBucket), bus.KeyValueStream(bus.MembersBucket), bus.KeyValueStream(bus.ShardsBucket)} {
 			if got := streamConfig(t, js, name).Replicas; got != 3 {
 				t.Errorf("%s: %s has %d replicas, want 3", when, name, got)
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -96,6 +97,27 @@ func MembersBucketConfig(replicas int, ttl time.Duration) jetstream.KeyValueConf
 	}
 }
 
+// ShardsBucket is the partition → shard map (internal/shards: key
+// p.<partition>, value {"shard":...,"epoch":n}).
+const ShardsBucket = shards.Bucket
+
+// ShardsHistory is how many values of each partition's entry the map
+// keeps: its last moves, for an operator to read.
+const ShardsHistory = 16
+
+// ShardsBucketConfig is ALLOT_SHARDS: one key per partition, never
+// expiring, on file storage with replicas copies like the other buckets.
+// Only `allotctl setup` seeds it and only compare-and-set changes it.
+func ShardsBucketConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      ShardsBucket,
+		Description: "allot: partition -> MySQL shard and ownership epoch",
+		History:     ShardsHistory,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	}
+}
+
 // Change is what Setup did to one stream or bucket.
 type Change struct {
 	Name   string // the stream (KV_<bucket> for a bucket)
@@ -105,7 +127,8 @@ type Change struct {
 
 // Setup creates or updates every stream and bucket allot uses, from the
 // builders above: ALLOT_HOLDS, ALLOT_REQUESTS, ALLOT_EVENTS, ALLOT_DLQ and
-// the idempotency, view and membership buckets. It is `allotctl setup`, run
+// the idempotency, view, membership and shard-map buckets, and seeds the
+// shard map's missing entries (c.Shards). It is `allotctl setup`, run
 // with an identity that may manage streams; no runtime binary calls it.
 // It refuses to change the number of partitions of an existing request
 // stream, never lowers replicas (KeepReplicas) and keeps an existing
@@ -174,6 +197,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, c StreamConfig) ([]Chang
 		IdempotencyBucketConfig,
 		ViewBucketConfig,
 		func(r int) jetstream.KeyValueConfig { return MembersBucketConfig(r, MembersTTL) },
+		ShardsBucketConfig,
 	} {
 		name := KeyValueStream(kv(1).Bucket)
 		replicas, err := KeepReplicas(ctx, js, name, c.Replicas)
@@ -186,7 +210,23 @@ func Setup(ctx context.Context, js jetstream.JetStream, c StreamConfig) ([]Chang
 		}
 		out = append(out, ch)
 	}
+	if err := seedShards(ctx, js, max(rc.Partitions, 1), c.Shards); err != nil {
+		return out, err
+	}
 	return out, nil
+}
+
+// seedShards gives every partition without an entry in ALLOT_SHARDS its
+// seed (partition mod the number of shards); existing entries stay.
+func seedShards(ctx context.Context, js jetstream.JetStream, partitions int, names []string) error {
+	kv, err := js.KeyValue(ctx, ShardsBucket)
+	if err != nil {
+		return fmt.Errorf("%w: open bucket %s: %w", ErrUnavailable, ShardsBucket, err)
+	}
+	if _, err := shards.Seed(ctx, kv, partitions, names); err != nil {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return nil
 }
 
 // ensureStream creates or updates one stream and says which it did.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/tracing"
 )
 
@@ -34,6 +35,7 @@ type Common struct {
 	NATSTLSCert    string `envconfig:"NATS_TLS_CERT" desc:"client certificate file for NATS mutual TLS"`
 	NATSTLSKeyFile string `envconfig:"NATS_TLS_KEY_FILE" desc:"client key file for NATS mutual TLS"`
 	MySQLDSN       string `envconfig:"MYSQL_DSN" default:"root@tcp(127.0.0.1:3306)/allot?parseTime=true" desc:"go-sql-driver DSN"`
+	MySQLShards    string `envconfig:"MYSQL_SHARDS" desc:"several MySQL primaries, name=DSN,name=DSN (passwords masked when printed); empty = one shard, default, with ALLOT_MYSQL_DSN; parsed and checked only: nothing routes by it yet"`
 	MySQLMaxConns  int    `envconfig:"MYSQL_MAX_CONNS" default:"16" desc:"MySQL pool size per process"`
 	LogLevel       string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
@@ -50,6 +52,9 @@ func (c Common) Validate() error {
 	if cfg.DBName == "" {
 		return errors.New("ALLOT_MYSQL_DSN must name a database, e.g. root@tcp(127.0.0.1:3306)/allot")
 	}
+	if _, err := c.Shards(); err != nil {
+		return err
+	}
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return err
 	}
@@ -60,6 +65,25 @@ func (c Common) Validate() error {
 		return errors.New("ALLOT_NATS_CREDS and ALLOT_NATS_NKEY_SEED_FILE are two ways to authenticate: set one")
 	}
 	return nil
+}
+
+// Shards is the shard set of ALLOT_MYSQL_SHARDS (ALLOT_MYSQL_DSN as the one
+// shard shards.DefaultName when it is empty). No process routes by it yet.
+func (c Common) Shards() (shards.Set, error) {
+	return shards.Parse(c.MySQLShards, c.MySQLDSN)
+}
+
+// MaskShards hides the passwords of an ALLOT_MYSQL_SHARDS value.
+func MaskShards(v string) string {
+	parts := strings.Split(v, ",")
+	for i, p := range parts {
+		if name, dsn, ok := strings.Cut(p, "="); ok {
+			parts[i] = name + "=" + MaskDSN(dsn)
+		} else {
+			parts[i] = MaskDSN(p)
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // NATSOptions are the connection options of ALLOT_NATS_CREDS,
@@ -197,6 +221,8 @@ func printStruct(w io.Writer, v reflect.Value, seen map[string]bool) {
 		switch {
 		case name == "MYSQL_DSN":
 			val = MaskDSN(val)
+		case name == "MYSQL_SHARDS":
+			val = MaskShards(val)
 		case strings.HasSuffix(name, "_URL"):
 			val = MaskURL(val)
 		case strings.Contains(name, "SECRET") || strings.Contains(name, "PASSWORD") || strings.HasSuffix(name, "_KEY"):

@@ -395,3 +395,26 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, " | ")
 }
+
+// StartServer starts a private server of the installed mariadbd (or
+// mysqld) with its data under dir (initialised on first use) on a free
+// port, and returns it with dsn pointed at it (root without a password);
+// Stop stops it. Tests that need several servers of their own (one per
+// shard) start one per directory.
+func StartServer(ctx context.Context, dir, dsn string, log io.Writer) (*DB, error) {
+	server := findServer("")
+	if server == "" {
+		return nil, errors.New("neither mariadbd nor mysqld is installed (apt-get install mariadb-server)")
+	}
+	if log == nil {
+		log = io.Discard
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := mysql.ParseDSN(dsn); err != nil {
+		return nil, fmt.Errorf("the DSN is not a go-sql-driver DSN: %w", err)
+	}
+	return startPrivate(ctx, server, Options{DSN: dsn, Dir: abs, Log: log})
+}

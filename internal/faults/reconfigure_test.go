@@ -19,6 +19,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -80,6 +81,7 @@ func TestScenario11RolesCannotReconfigure(t *testing.T) {
 	}
 	buckets := []jetstream.KeyValueConfig{
 		bus.IdempotencyBucketConfig(1), bus.ViewBucketConfig(1), bus.MembersBucketConfig(1, bus.MembersTTL),
+		bus.ShardsBucketConfig(1),
 	}
 	type attempt struct {
 		role, what, subject string
@@ -251,6 +253,38 @@ func TestScenario11RolesCannotReconfigure(t *testing.T) {
 		}
 		return nil
 	}, fill)
+	// No role may write the shard map (the setup step seeded p.0 and p.1).
+	mapStream := bus.KeyValueStream(bus.ShardsBucket)
+	// ... but ingest, the allocator and audit read and watch it.
+	for _, role := range []string{"ingest", "allocator", "audit"} {
+		_, js, _ := connectAs(t, s, role)
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		kv, err := bus.CheckBucket(wctx, js, bus.ShardsBucketConfig(1))
+		var m *shards.Map
+		if err == nil {
+			m, err = shards.Watch(wctx, kv)
+		}
+		if err != nil || m.Shard(1) != shards.DefaultName {
+			t.Errorf("as %s: watch %s: %v", role, bus.ShardsBucket, err)
+		}
+		wcancel()
+	}
+	attemptAll(func(role string) []attempt {
+		return []attempt{{role, "move partition 0 in " + bus.ShardsBucket, "$KV." + bus.ShardsBucket + ".p.0",
+			func(ctx context.Context, js jetstream.JetStream) error {
+				_, err := js.Publish(ctx, "$KV."+bus.ShardsBucket+".p.0", []byte(`{"shard":"x","epoch":2}`))
+				return err
+			}}}
+	}, func(a attempt) error {
+		info, err := mustStream(ctx, admin, mapStream)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != before[mapStream].State.Msgs {
+			return fmt.Errorf("%s holds %d entries, had %d", bus.ShardsBucket, info.State.Msgs, before[mapStream].State.Msgs)
+		}
+		return nil
+	}, func() {})
 	// Every message is still there once every attempt is over.
 	for _, name := range names {
 		info, err := mustStream(ctx, admin, name)

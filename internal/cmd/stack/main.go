@@ -204,7 +204,11 @@ func setup(ctx context.Context, c cfg, natsURL string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		return 2
 	}
-	changes, err := bus.SetupWait(ctx, js, c.SetupEnv.StreamConfig(), log)
+	sc := c.SetupEnv.StreamConfig()
+	if set, err := c.Shards(); err == nil {
+		sc.Shards = set.Names()
+	}
+	changes, err := bus.SetupWait(ctx, js, sc, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: setup: %v\n", binary, err)
 		return 2

@@ -1,0 +1,39 @@
+package dbtest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/allot-dev/allot/internal/devdb"
+	"github.com/allot-dev/allot/internal/testenv"
+)
+
+// Servers starts n private MySQL-compatible servers for t (devdb's
+// private server: the installed mariadbd or mysqld, a fresh data
+// directory under t's temporary directory, a free port, root without a
+// password) and returns a base DSN for each, no database named (NewOn
+// makes one). They are stopped when the test ends. Without a server
+// binary the test is skipped (failed on CI).
+func Servers(t testing.TB, n int) []string {
+	t.Helper()
+	if devdb.FindServer() == "" {
+		testenv.Missing(t, "neither mariadbd nor mysqld is installed: this test runs servers of its own (apt-get install mariadb-server)")
+	}
+	dir := t.TempDir()
+	out := make([]string, n)
+	for i := range n {
+		db, err := devdb.StartServer(context.Background(), filepath.Join(dir, fmt.Sprintf("s%d", i)), DefaultDSN, nil)
+		if err != nil {
+			t.Fatalf("dbtest: start server %d of %d: %v", i+1, n, err)
+		}
+		t.Cleanup(func() {
+			if err := db.Stop(); err != nil {
+				t.Errorf("dbtest: stop server %d: %v", i+1, err)
+			}
+		})
+		out[i] = db.DSN
+	}
+	return out
+}
