@@ -18,6 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -89,7 +90,7 @@ func registeredMetrics(t *testing.T) *recorder {
 	if _, err := ingest.New(db.DB, nc, js, log, rec, ingest.Options{Gatherer: rec.Registry}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := allocator.New(db.DB, nc, log, rec, allocator.Config{}, allocator.Hooks{}); err != nil {
+	if _, err := allocator.New(config.Defaults[allocator.Config](), allocator.Deps{DB: db.DB, NATS: nc, Log: log, Registerer: rec}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := notifier.New(nc, log, rec, notifier.Config{}); err != nil {

@@ -9,13 +9,6 @@ import (
 	"github.com/allot-dev/allot/internal/store"
 )
 
-// DefaultCheckpointInterval is how often a partition's state is
-// checkpointed (ALLOT_CHECKPOINT_INTERVAL). With the default request
-// retention of a week it keeps about 28 checkpoints per partition, and the
-// audit from the oldest still usable one covers all but the first few
-// hours of what the stream holds.
-const DefaultCheckpointInterval = 6 * time.Hour
-
 // checkpoints takes a checkpoint of the partition (store.TakeCheckpoint)
 // whenever its newest one is older than the interval and the fence has
 // moved since, then drops the checkpoints the request stream no longer
@@ -25,45 +18,44 @@ const DefaultCheckpointInterval = 6 * time.Hour
 // primary key). A checkpoint reads a consistent snapshot and locks nothing,
 // so it never holds up the apply loop; a failure is logged and tried again
 // at the next tick.
-func (a *Allocator) checkpoints(ctx context.Context) {
+// It runs only when the interval is set (Config.checkpoints), until ctx
+// ends, and returns nil.
+func (a *Allocator) checkpoints(ctx context.Context) error {
 	every := a.cfg.CheckpointInterval
-	if every <= 0 {
-		return
-	}
 	t := time.NewTicker(min(max(every/10, 10*time.Millisecond), time.Minute))
 	defer t.Stop()
 	var belongs func(activity int64) bool // nil: every activity
 	if a.cfg.Partitions > 1 {
 		belongs = func(activity int64) bool {
-			return bus.PartitionOf(activity, a.cfg.Partitions) == a.cfg.Partition
+			return bus.PartitionOf(activity, a.cfg.Partitions) == a.deps.Partition
 		}
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		}
-		last, ok, err := store.LatestCheckpoint(ctx, a.db, a.cfg.Partition)
+		last, ok, err := store.LatestCheckpoint(ctx, a.deps.DB, a.deps.Partition)
 		if err != nil {
-			a.log.WarnContext(ctx, "checkpoint: read the newest", slog.Any("err", err))
+			a.deps.Log.WarnContext(ctx, "checkpoint: read the newest", slog.Any("err", err))
 			continue
 		}
 		if ok && time.Since(last.TakenAt) < every {
 			continue
 		}
 		start := time.Now()
-		cp, took, err := store.TakeCheckpoint(ctx, a.db, a.cfg.Partition, a.cfg.Partitions, belongs)
+		cp, took, err := store.TakeCheckpoint(ctx, a.deps.DB, a.deps.Partition, a.cfg.Partitions, belongs)
 		if err != nil {
 			if ctx.Err() == nil {
-				a.log.WarnContext(ctx, "checkpoint failed; retrying at the next tick", slog.Any("err", err))
+				a.deps.Log.WarnContext(ctx, "checkpoint failed; retrying at the next tick", slog.Any("err", err))
 			}
 			continue
 		}
 		if !took {
 			continue
 		}
-		a.log.InfoContext(ctx, "checkpoint taken", slog.Uint64("seq", cp.Seq), slog.Int64("activities", cp.Activities),
+		a.deps.Log.InfoContext(ctx, "checkpoint taken", slog.Uint64("seq", cp.Seq), slog.Int64("activities", cp.Activities),
 			slog.Int64("signups", cp.Signups), slog.Duration("took", time.Since(start)))
 		a.pruneCheckpoints(ctx)
 	}
@@ -80,13 +72,13 @@ func (a *Allocator) pruneCheckpoints(ctx context.Context) {
 	if first <= 1 {
 		return
 	}
-	n, err := store.PruneCheckpoints(ctx, a.db, a.cfg.Partition, first-1)
+	n, err := store.PruneCheckpoints(ctx, a.deps.DB, a.deps.Partition, first-1)
 	if err != nil {
-		a.log.WarnContext(ctx, "checkpoint: prune", slog.Any("err", err))
+		a.deps.Log.WarnContext(ctx, "checkpoint: prune", slog.Any("err", err))
 		return
 	}
 	if n > 0 {
-		a.log.InfoContext(ctx, "checkpoints pruned: the request stream no longer reaches back to them",
+		a.deps.Log.InfoContext(ctx, "checkpoints pruned: the request stream no longer reaches back to them",
 			slog.Int64("deleted", n), slog.Uint64("stream_first_seq", first))
 	}
 }

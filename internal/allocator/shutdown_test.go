@@ -2,9 +2,7 @@ package allocator
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -16,71 +14,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/internal/store"
-	"github.com/allot-dev/allot/internal/wire"
 )
-
-// TestRelayHoldsNoLockWhileAwaitingAcks: the relay used to publish inside
-// the transaction that locked its cursor row, so a slow broker held a row
-// lock and a pooled connection for up to 10s per pass, and shutdown waited
-// on it. While its publishes await their PubAcks the cursor row must be
-// free and the relay's pool idle.
-func TestRelayHoldsNoLockWhileAwaitingAcks(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	ctx := context.Background()
-	pool, err := store.Open(ctx, e.db.DSN, 4) // the allocator's own pool, to count its connections
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	a, err := New(pool, e.nc, e.log, nil, Config{IdleCheck: time.Minute}, Hooks{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	checked := make(chan error, 1)
-	var once sync.Once
-	a.relay.awaitingAcks = func() {
-		once.Do(func() { checked <- relayHoldsNothing(ctx, e.db.DB, pool) })
-	}
-	if err := a.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer a.Stop()
-	e.publish(open(1, 1), "")
-	e.publish(req(wire.OpJoin, 1, 1), "")
-	select {
-	case err := <-checked:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the relay published nothing within 20s")
-	}
-}
-
-// relayHoldsNothing checks that another transaction can lock the relay's
-// cursor row at once and that pool has no connection in use (within a
-// second: the apply loop and the gauges use it briefly).
-func relayHoldsNothing(ctx context.Context, other, pool *sql.DB) error {
-	tx, err := other.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck
-	var last uint64
-	if err := tx.QueryRowContext(ctx, "SELECT last_seq FROM event_relay WHERE partition_id = 0 FOR UPDATE NOWAIT").Scan(&last); err != nil {
-		return fmt.Errorf("the relay cursor is locked while publishes await their PubAcks: %w", err)
-	}
-	deadline := time.Now().Add(time.Second)
-	for n := pool.Stats().InUse; n > 0; n = pool.Stats().InUse {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d connections of the allocator's pool in use while publishes await their PubAcks", n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return nil
-}
 
 // TestPartitionsStopInParallel: Run stopped its allocators one after
 // another, so a process with several partitions needed a multiple of one
@@ -116,8 +50,9 @@ func TestPartitionsStopInParallel(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	cfg := RunConfig{Config: Config{Partitions: partitions}, hooks: Hooks{Stopping: slowStop}}
-	go func() { done <- Run(ctx, cfg, e.db.DB, e.nc, e.log) }()
+	cfg := conf(func(k *Config) { k.Partitions = partitions; k.MetricsAddr = "" })
+	deps := Deps{DB: e.db.DB, NATS: e.nc, Log: e.log, Test: TestHooks{Stopping: slowStop}}
+	go func() { done <- Run(ctx, cfg, deps) }()
 	// Running: every partition's fence row exists.
 	deadline := time.Now().Add(20 * time.Second)
 	for e.db.Count(t, "SELECT COUNT(*) FROM event_relay") < partitions {

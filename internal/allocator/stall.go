@@ -6,13 +6,11 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-// DefaultStallTimeout is Config.StallTimeout's default.
-const DefaultStallTimeout = 15 * time.Second
 
 // errGaveUp says the batch in hand was given up: the allocator could not
 // commit for StallTimeout while requests waited.
@@ -43,54 +41,64 @@ var errGaveUp = errors.New("partition given up: no commit while requests wait")
 // probeEvery is how often a given-up allocator tries MySQL again.
 const probeEvery = time.Second
 
+// stallClock is what the apply loop and the stall watch share.
+type stallClock struct {
+	// gaveUp is set while the partition is given up for want of commits;
+	// lastCommit is when a transaction last committed (UnixNano).
+	gaveUp     atomic.Bool
+	lastCommit atomic.Int64
+	// idleChecks counts the times the stall watch found nothing waiting.
+	idleChecks atomic.Int64
+	// applied is the fence as this allocator's last commit left it, for
+	// the stall watch (loop.lastFence is the apply loop's own).
+	applied atomic.Uint64
+}
+
 // stalled reports whether the allocator gave its partition up.
-func (a *Allocator) stalled() bool { return a.gaveUp.Load() }
+func (a *Allocator) stalled() bool { return a.stall.gaveUp.Load() }
 
 // noteProgress records a commit: the stall clock restarts.
-func (a *Allocator) noteProgress() { a.lastCommit.Store(time.Now().UnixNano()) }
+func (a *Allocator) noteProgress() { a.stall.lastCommit.Store(time.Now().UnixNano()) }
 
-// watchStall watches the batch in hand (msgs, when inHand) from now on.
-// When nothing has committed for StallTimeout and requests wait, it gives
-// the partition up and calls abort, which ends the attempt in flight. The
-// returned stop ends the watch; a batch that commits in time costs one
-// timer, no goroutine.
+// watchStall watches the batch in hand (msgs, when inHand) from now on,
+// in a goroutine of its own that the returned stop ends and joins. When
+// nothing has committed for StallTimeout and requests wait, it gives the
+// partition up and calls abort, which ends the attempt in flight.
 func (a *Allocator) watchStall(ctx context.Context, inHand bool, abort func()) (stop func()) {
-	if a.cfg.StallTimeout <= 0 {
+	if !a.cfg.stallWatched() {
 		return func() {}
 	}
 	start := time.Now().UnixNano()
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       *time.Timer
-	)
-	check := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped || ctx.Err() != nil {
-			return
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTimer(a.cfg.StallTimeout)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			since := time.Unix(0, max(start, a.stall.lastCommit.Load()))
+			if left := a.cfg.StallTimeout - time.Since(since); left > 0 {
+				t.Reset(left)
+				continue
+			}
+			if inHand || a.requestsWait(ctx) {
+				a.giveUp(time.Since(since))
+				abort()
+				return
+			}
+			a.stall.idleChecks.Add(1)
+			t.Reset(min(a.cfg.StallTimeout, time.Second))
 		}
-		since := time.Unix(0, max(start, a.lastCommit.Load()))
-		if left := a.cfg.StallTimeout - time.Since(since); left > 0 {
-			t.Reset(left)
-			return
-		}
-		if inHand || a.requestsWait(ctx) {
-			a.giveUp(time.Since(since))
-			abort()
-			return
-		}
-		a.idleChecks.Add(1)
-		t.Reset(min(a.cfg.StallTimeout, time.Second))
-	}
-	mu.Lock()
-	t = time.AfterFunc(a.cfg.StallTimeout, check)
-	mu.Unlock()
+	}()
 	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
+		close(quit)
+		<-done
 	}
 }
 
@@ -108,7 +116,7 @@ func (a *Allocator) requestsWait(ctx context.Context) bool {
 	if err != nil {
 		return false // nobody can tell; the broker is away as well
 	}
-	return info.NumPending > 0 || (info.NumAckPending > 0 && info.Delivered.Stream > a.applied.Load())
+	return info.NumPending > 0 || (info.NumAckPending > 0 && info.Delivered.Stream > a.stall.applied.Load())
 }
 
 // unapplied reports whether msgs hold a request past the fence of this
@@ -116,7 +124,7 @@ func (a *Allocator) requestsWait(ctx context.Context) bool {
 // covers (applied through a walk of the stream before its delivery came),
 // waits for nothing, even while MySQL cannot say so.
 func (a *Allocator) unapplied(msgs []jetstream.Msg) bool {
-	applied := a.applied.Load()
+	applied := a.stall.applied.Load()
 	for _, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil || md.Sequence.Stream > applied {
@@ -128,27 +136,27 @@ func (a *Allocator) unapplied(msgs []jetstream.Msg) bool {
 
 // giveUp marks the partition given up and says so.
 func (a *Allocator) giveUp(since time.Duration) {
-	if a.gaveUp.Swap(true) {
+	if a.stall.gaveUp.Swap(true) {
 		return
 	}
 	a.m.stalled.Set(1)
 	a.m.giveUps.Inc()
-	a.log.Error("partition given up: no commit while its requests wait; a peer takes it over",
+	a.deps.Log.Error("partition given up: no commit while its requests wait; a peer takes it over",
 		slog.Duration("without_commit", since.Round(time.Millisecond)), slog.Duration("stall_timeout", a.cfg.StallTimeout))
-	if a.cfg.OnStall != nil {
-		a.cfg.OnStall(a.cfg.Partition, true)
+	if a.deps.OnStall != nil {
+		a.deps.OnStall(a.deps.Partition, true)
 	}
 }
 
 // probe ends the stall once a transaction commits again.
 func (a *Allocator) probe(ctx context.Context) {
-	if !a.gaveUp.Load() || time.Since(a.lastProbe) < probeEvery {
+	if !a.stall.gaveUp.Load() || time.Since(a.loop.lastProbe) < probeEvery {
 		return
 	}
-	a.lastProbe = time.Now()
+	a.loop.lastProbe = time.Now()
 	pctx, cancel := context.WithTimeout(ctx, probeEvery)
 	defer cancel()
-	tx, err := a.db.BeginTx(pctx, nil)
+	tx, err := a.deps.DB.BeginTx(pctx, nil)
 	if err == nil {
 		var one int
 		if err = tx.QueryRowContext(pctx, "SELECT 1").Scan(&one); err == nil {
@@ -160,12 +168,12 @@ func (a *Allocator) probe(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	a.gaveUp.Store(false)
+	a.stall.gaveUp.Store(false)
 	a.noteProgress()
 	a.m.stalled.Set(0)
-	a.log.Info("partition can commit again; taking part as a member")
-	if a.cfg.OnStall != nil {
-		a.cfg.OnStall(a.cfg.Partition, false)
+	a.deps.Log.Info("partition can commit again; taking part as a member")
+	if a.deps.OnStall != nil {
+		a.deps.OnStall(a.deps.Partition, false)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -18,7 +19,7 @@ import (
 // result, and what loadgen reports agrees with what MySQL recorded.
 func TestRunAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), ingest.Options{})
 	const act, capacity, requests = 4242, 40, 1500
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -62,7 +63,7 @@ func TestRunAgainstTheRealStack(t *testing.T) {
 // held 0, confirmed = the CONFIRMED signups), and MySQL agrees.
 func TestRunHoldsAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), ingest.Options{})
 	const act, capacity, requests = 4343, 20, 600
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/notifier"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -108,7 +109,7 @@ func (w *webhooks) got(traceID string) bool {
 // call are all in one trace, each under the span that caused it.
 func TestOneJoinIsOneTrace(t *testing.T) {
 	exp := traced(t)
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), ingest.Options{})
 	hooks := &webhooks{}
 	hook := httptest.NewServer(hooks)
 	t.Cleanup(hook.Close)
@@ -204,7 +205,7 @@ func TestOffInjectsNothing(t *testing.T) {
 	if tracing.Enabled() {
 		t.Fatal("tracing is on before the test")
 	}
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), ingest.Options{})
 	post(t, http.MethodPut, st.URL+"/v1/activities/7")
 	req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/activities/7/signups/1?wait=10s", nil)
 	// A caller's own trace context is not taken up either.

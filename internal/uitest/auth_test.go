@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/stacktest"
 )
@@ -28,7 +29,7 @@ func TestOperatorPageWithToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(v.Close)
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{Auth: v, BadAuthRate: -1})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), ingest.Options{Auth: v, BadAuthRate: -1})
 	b := launch(t, path)
 	mint := func(sub string, scopes ...string) string {
 		tok, err := auth.MintHS256([]byte(key), auth.Claims{Subject: sub, Scopes: scopes})

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -34,7 +35,7 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	st := stacktest.Start(t, allocator.Config{}, ingest.Options{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), ingest.Options{})
 	return &stack{t: t, js: st.JS, url: st.URL}
 }
 
