@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator/checkpoints"
+	"github.com/allot-dev/allot/internal/allocator/postcommit"
 	"github.com/allot-dev/allot/internal/allocator/viewpub"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/lifecycle"
@@ -45,10 +47,10 @@ type Allocator struct {
 	// off the apply loop.
 	pub *viewpub.Publisher
 
-	loop  loopState       // the apply loop's own
-	stall stallClock      // shared with the stall watch (stall.go)
-	post  chan postCommit // to postLoop, in commit order
-	life  lifeState       // Start, Stop and Wait
+	loop  loopState         // the apply loop's own
+	stall stallClock        // shared with the stall watch (stall.go)
+	post  *postcommit.Queue // acks and result notices, in commit order
+	life  lifeState         // Start, Stop and Wait
 }
 
 // loopState is what the apply loop alone reads and writes.
@@ -190,17 +192,19 @@ func (a *Allocator) viewDeps(kv jetstream.KeyValue) viewpub.Deps {
 func (a *Allocator) launch(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.life.cancel = cancel
-	a.post = make(chan postCommit, postQueueLen)
+	a.post = a.newPost()
 	parts := chain(
 		// No name: the allocator's errors are returned as they always were.
 		lifecycle.Part{Run: a.run},
-		lifecycle.Part{Name: "allocator post-commit", Run: a.postLoop},
+		lifecycle.Part{Name: "allocator post-commit", Run: a.post.Run},
 		lifecycle.Part{Name: "allocator views", Run: a.pub.Run},
 		lifecycle.Part{Name: "allocator relay", Run: a.relay.Run},
 	)
 	parts = append(parts, lifecycle.Part{Name: "allocator gauges", Run: a.gauges})
 	if a.cfg.checkpoints() {
-		parts = append(parts, lifecycle.Part{Name: "allocator checkpoints", Run: a.checkpoints})
+		cp := &checkpoints.Taker{DB: a.deps.DB, Stream: a.stream, Log: a.deps.Log,
+			Partition: a.deps.Partition, Partitions: a.cfg.Partitions, Every: a.cfg.CheckpointInterval}
+		parts = append(parts, lifecycle.Part{Name: "allocator checkpoints", Run: cp.Run})
 	}
 	a.life.wg.Add(1)
 	go func() {
@@ -385,7 +389,9 @@ func (a *Allocator) handOver(ctx context.Context) {
 	}
 	// The last batch's acks first, so the next owner is not handed
 	// messages that are already applied.
-	a.flushPost()
+	if a.post != nil {
+		a.post.Flush()
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	info, err := a.cons.Info(ctx)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator/spans"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -44,7 +45,7 @@ type outcome struct {
 // handle applies msgs (possibly none: then it only looks for a gap) and
 // acknowledges them. It returns an error only when the allocator must stop.
 func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
-	ctx, endTrace := a.traceBatch(ctx, msgs)
+	ctx, endTrace := spans.Batch(ctx, msgs, a.deps.Partition)
 	defer endTrace()
 	items := make([]item, 0, len(msgs))
 	for _, m := range msgs {
@@ -147,7 +148,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item, mode txMode) (o
 		out   outcome
 		tried uint64 // the message a single transaction tried, in any attempt
 	)
-	ctx, endTrace := traceTx(ctx)
+	ctx, endTrace := spans.Tx(ctx)
 	defer endTrace()
 	start := time.Now()
 	err := store.WithTx(ctx, a.deps.DB, store.TxOptions{

@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"cmp"
 	"database/sql"
 	"fmt"
 	"log/slog"
@@ -150,12 +151,5 @@ type TestHooks struct {
 }
 
 // ackWait and idleCheck are the timings tests may shorten.
-func (h TestHooks) ackWait() time.Duration   { return cmp0(h.AckWait, 30*time.Second) }
-func (h TestHooks) idleCheck() time.Duration { return cmp0(h.IdleCheck, time.Second) }
-
-func cmp0(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
-}
+func (h TestHooks) ackWait() time.Duration   { return cmp.Or(h.AckWait, 30*time.Second) }
+func (h TestHooks) idleCheck() time.Duration { return cmp.Or(h.IdleCheck, time.Second) }

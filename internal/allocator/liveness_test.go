@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/audit"
@@ -36,7 +35,7 @@ type proc struct {
 
 // startProc runs an allocator process (Run, membership included) for the
 // test's database, through a proxy, its sessions ending on the server's
-// side once idle for idle (as Env.SessionDSN makes them; 0: never).
+// side once idle for idle (as Config.SessionDSN makes them; 0: never).
 // ackWait is the redelivery timeout of a liveness test's allocators.
 const ackWait = 5 * time.Second
 
@@ -380,41 +379,5 @@ func TestSessionDSN(t *testing.T) {
 	env := Config{Partitions: 1, PinnedTTL: time.Second, BatchSize: 1, Cache: 1, StallTimeout: 100 * time.Millisecond}
 	if err := env.Validate(); err == nil || !strings.Contains(err.Error(), "ALLOT_STALL_TIMEOUT") {
 		t.Errorf("ALLOT_STALL_TIMEOUT=100ms: %v, want it refused", err)
-	}
-}
-
-// TestReadyzNamesGivenUpPartitions: /readyz answers 503 naming the
-// partitions this process gave up, and 200 again once none is.
-func TestReadyzNamesGivenUpPartitions(t *testing.T) {
-	t.Parallel()
-	db := dbtest.New(t)
-	ns := natstest.New(t)
-	nc, _ := ns.Connect(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &health{db: db.DB, nc: nc}
-	h.ready.Store(true)
-	stalls := &h.stalls
-	part, err := serveMetrics(ln.Addr().String(), ln, prometheus.NewRegistry(), h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- part.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-	p := &proc{addr: ln.Addr().String()}
-	testenv.WaitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK })
-	stalls.set(3, true)
-	stalls.set(1, true)
-	if code, body := p.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, ": 1, 3.") {
-		t.Fatalf("/readyz with partitions 1 and 3 given up: %d %s", code, body)
-	}
-	stalls.set(1, false)
-	stalls.set(3, false)
-	if code, body := p.get("/readyz"); code != http.StatusOK {
-		t.Fatalf("/readyz once none is given up: %d %s", code, body)
 	}
 }

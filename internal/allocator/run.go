@@ -2,24 +2,16 @@ package allocator
 
 import (
 	"context"
-	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"strconv"
 	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/allot-dev/allot/internal/allocator/health"
 	"github.com/allot-dev/allot/internal/allocator/members"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
@@ -56,8 +48,8 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	// Serve /readyz (503) and /metrics at once, and wait for JetStream
 	// rather than exit: a cluster that has just formed may take a while to
 	// create R3 streams.
-	h := &health{db: deps.DB, nc: deps.NATS}
-	metrics, err := serveMetrics(cfg.MetricsAddr, deps.MetricsListener, reg, h)
+	h := health.New(deps.DB, deps.NATS)
+	metrics, err := health.Serve(cfg.MetricsAddr, deps.MetricsListener, reg, h)
 	if err != nil {
 		return err
 	}
@@ -76,7 +68,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 // runPartitions waits for the streams, joins the membership, and runs the
 // partitions and the membership until ctx ends or one of them fails. It
 // returns nil when ctx ended.
-func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health) error {
+func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health) error {
 	if js, err := jetstream.New(deps.NATS); err == nil {
 		err := bus.Retry(ctx, deps.Log, "allocator: check streams", bus.StartAttempt, func(ctx context.Context) error {
 			_, err := checkStreams(ctx, js, cfg.Partitions)
@@ -89,14 +81,14 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health) error 
 			return err
 		}
 	}
-	m, err := joinMembers(ctx, deps)
+	m, err := members.JoinIfThere(ctx, deps.NATS, deps.Log)
 	if err != nil {
 		return err
 	}
 	// A partition given up for want of commits goes to a peer: the
 	// membership tells them, /readyz tells the operator.
 	deps.OnStall = func(p int, stalled bool) {
-		h.stalls.set(p, stalled)
+		h.SetStalled(p, stalled)
 		if m != nil {
 			m.GiveUp(p, stalled)
 		}
@@ -117,35 +109,20 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health) error 
 		lifecycle.StopAfter(ran, lifecycle.Part{Name: "allocator membership", Run: m.Run}))
 }
 
-// joinMembers joins the membership: partitions spread over the live
-// allocator processes. Without the membership bucket (nil, no error)
-// every process pulls on every partition, which is safe, only less even.
-func joinMembers(ctx context.Context, deps Deps) (*members.Members, error) {
-	js, err := jetstream.New(deps.NATS)
-	if err != nil {
-		return nil, nil
-	}
-	m, err := members.Join(ctx, js, deps.Log, time.Second, bus.MembersTTL)
-	if bus.IsSetupError(err) {
-		return nil, err
-	}
-	if err != nil {
-		deps.Log.WarnContext(ctx, "allocator membership unavailable; pulling on every partition", slog.Any("err", err))
-		return nil, nil
-	}
-	return m, nil
-}
-
 // runAll starts an allocator for every partition, waits until ctx ends or
 // one of them stops, then stops them all at once.
-func runAll(ctx context.Context, cfg Config, deps Deps, h *health) error {
+func runAll(ctx context.Context, cfg Config, deps Deps, h *health.Health) error {
 	var all []*Allocator
+	// All at once: each allocator's Stop may take its shutdown grace (the
+	// batch in hand, the relay's last pass); one after another, a process
+	// with several partitions would need a multiple of it and be killed
+	// half way.
 	stopAll := func() {
-		stops := make([]func(), len(all))
-		for i, a := range all {
-			stops[i] = a.Stop
+		var wg sync.WaitGroup
+		for _, a := range all {
+			wg.Go(a.Stop)
 		}
-		stopParallel(stops)
+		wg.Wait()
 	}
 	for p := range cfg.Partitions {
 		d := deps
@@ -166,7 +143,7 @@ func runAll(ctx context.Context, cfg Config, deps Deps, h *health) error {
 	}
 	deps.Log.InfoContext(ctx, "allocator running", slog.Int("partitions", len(all)),
 		slog.Int("batch_size", cfg.BatchSize), slog.Duration("batch_wait", cfg.BatchWait))
-	h.ready.Store(true)
+	h.SetReady()
 	done := make(chan error, len(all))
 	var waits sync.WaitGroup
 	for _, a := range all {
@@ -184,102 +161,4 @@ func runAll(ctx context.Context, cfg Config, deps Deps, h *health) error {
 		err = nil
 	}
 	return err
-}
-
-// stopParallel runs every stop at once and returns when all have returned.
-// Each allocator's Stop may take its shutdown grace (the batch in hand, the
-// relay's last pass); one after another, a process with several partitions
-// would need a multiple of it and be killed half way.
-func stopParallel(stops []func()) {
-	var wg sync.WaitGroup
-	for _, stop := range stops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			stop()
-		}()
-	}
-	wg.Wait()
-}
-
-// serverTimeouts bound how long a client of the metrics server may hold a
-// connection: a scraper that stalls must not keep it (and shutdown) busy.
-type serverTimeouts struct {
-	readHeader, read, write, idle time.Duration
-}
-
-var metricsTimeouts = serverTimeouts{readHeader: 5 * time.Second, read: 10 * time.Second, write: 30 * time.Second, idle: 60 * time.Second}
-
-func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: t.readHeader, ReadTimeout: t.read, WriteTimeout: t.write, IdleTimeout: t.idle}
-}
-
-// health is what /readyz answers from.
-type health struct {
-	db    *sql.DB
-	nc    *nats.Conn
-	ready atomic.Bool // set once every partition has started
-	// stalls holds the partitions given up because they could not commit.
-	stalls stallSet
-}
-
-// serveMetrics returns the part that serves /metrics, /healthz and
-// /readyz on ln, or on a listener it opens on addr (nothing when both are
-// unset). /readyz answers 503 until h.ready is set, while NATS or MySQL is
-// unreachable, and while a partition is given up because it could not
-// commit.
-func serveMetrics(addr string, ln net.Listener, reg *prometheus.Registry, h *health) (*lifecycle.Part, error) {
-	if addr == "" && ln == nil {
-		return nil, nil
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte(`{"status":"ok"}`)) //nolint:errcheck // the client is gone; nothing to do
-	})
-	mux.HandleFunc("GET /readyz", h.readyz)
-	if ln == nil {
-		var err error
-		if ln, err = net.Listen("tcp", addr); err != nil {
-			return nil, fmt.Errorf("listen %s: %w", addr, err)
-		}
-	}
-	p := lifecycle.HTTPServer("allocator metrics", newMetricsServer(mux, metricsTimeouts), ln, 5*time.Second, nil)
-	return &p, nil
-}
-
-func (h *health) readyz(w http.ResponseWriter, r *http.Request) {
-	if !h.ready.Load() {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		w.Write([]byte(`{"error":"the allocator is starting: waiting for NATS JetStream."}`)) //nolint:errcheck // the client is gone; nothing to do
-		return
-	}
-	// A hung route to MySQL must not hang the probe.
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if !h.nc.IsConnected() || h.db.PingContext(ctx) != nil {
-		w.WriteHeader(http.StatusServiceUnavailable)
-		w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
-		return
-	}
-	if parts := h.stalls.list(); len(parts) > 0 {
-		body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(
-			"partitions given up to peers, no commit to mysql while their requests waited: %s.", joinInts(parts))})
-		w.WriteHeader(http.StatusServiceUnavailable)
-		w.Write(body) //nolint:errcheck // the client is gone; nothing to do
-		return
-	}
-	w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
-}
-
-// joinInts is "1, 2, 3".
-func joinInts(xs []int) string {
-	var b []byte
-	for i, x := range xs {
-		if i > 0 {
-			b = append(b, ", "...)
-		}
-		b = strconv.AppendInt(b, int64(x), 10)
-	}
-	return string(b)
 }

@@ -2,11 +2,8 @@ package allocator
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -76,51 +73,5 @@ func TestPartitionsStopInParallel(t *testing.T) {
 	}
 	if most != partitions {
 		t.Fatalf("at most %d of %d partitions were stopping at once, want all of them", most, partitions)
-	}
-}
-
-// TestMetricsServerCutsStalledClients: the metrics server had only a
-// header timeout, so an idle keep-alive connection or a client that sent a
-// body slowly held a connection open for ever (and Shutdown waited on it).
-func TestMetricsServerCutsStalledClients(t *testing.T) {
-	t.Parallel()
-	for name, d := range map[string]time.Duration{"read header": metricsTimeouts.readHeader, "read": metricsTimeouts.read,
-		"write": metricsTimeouts.write, "idle": metricsTimeouts.idle} {
-		if d <= 0 {
-			t.Errorf("metrics server %s timeout is %s, want one", name, d)
-		}
-	}
-	short := 200 * time.Millisecond
-	srv := newMetricsServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body) //nolint:errcheck
-		w.Write([]byte("ok"))       //nolint:errcheck
-	}), serverTimeouts{readHeader: short, read: short, write: short, idle: short})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln) //nolint:errcheck
-	defer srv.Close()
-
-	tests := []struct {
-		name, send string
-	}{
-		{"idle keep-alive connection", "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"},
-		{"body that never comes", "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"},
-	}
-	for _, tt := range tests {
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.Write([]byte(tt.send)); err != nil {
-			t.Fatal(err)
-		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck
-		_, err = io.Copy(io.Discard, c)                    // until the server closes it
-		c.Close()
-		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
-			t.Errorf("%s: still open after 5s, want it closed after about %s", tt.name, short)
-		}
 	}
 }

@@ -4,39 +4,19 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/allocator/stallwatch"
 )
 
 // errGaveUp says the batch in hand was given up: the allocator could not
 // commit for StallTimeout while requests waited.
 var errGaveUp = errors.New("partition given up: no commit while requests wait")
 
-// A stalled partition.
-//
-// Liveness is progress, not a heartbeat: an allocator that holds its
-// partition but cannot commit (its route to MySQL is gone, MySQL answers
-// "too many connections", every transaction hangs) keeps the partition's
-// requests pending while healthy peers stand by. So an allocator that has
-// not committed for StallTimeout while requests of its partition wait (a
-// batch in hand, or messages pending on the consumer) gives the partition
-// up: it aborts the attempt in flight, stops pulling, unpins the partition
-// and tells the membership, so that the partition's preferred owner becomes
-// another process. While given up it tries a transaction every probeEvery;
-// the first that commits ends the stall, and the allocator takes part again
-// as any member does.
-//
-// Exactly-once does not rest on any of this: every transaction locks the
-// partition's fence row first and applies only what lies past it, so an
-// old owner whose transaction still reaches MySQL later either held the
-// fence lock all along (the peer waited for it) or finds the fence moved
-// and applies nothing. A session cut off while it holds the fence lock is
-// ended by MySQL itself (Env.SessionDSN's wait_timeout). The whole story
-// is in docs/allocator-liveness.md.
+// A stalled partition: see package stallwatch.
 
 // probeEvery is how often a given-up allocator tries MySQL again.
 const probeEvery = time.Second
@@ -60,46 +40,24 @@ func (a *Allocator) stalled() bool { return a.stall.gaveUp.Load() }
 // noteProgress records a commit: the stall clock restarts.
 func (a *Allocator) noteProgress() { a.stall.lastCommit.Store(time.Now().UnixNano()) }
 
-// watchStall watches the batch in hand (msgs, when inHand) from now on,
-// in a goroutine of its own that the returned stop ends and joins. When
-// nothing has committed for StallTimeout and requests wait, it gives the
-// partition up and calls abort, which ends the attempt in flight.
+// watchStall watches the batch in hand (msgs, when inHand) from now on
+// (stallwatch.Watch): once nothing has committed for StallTimeout while
+// requests wait, it gives the partition up and calls abort, which ends the
+// attempt in flight. The returned stop ends and joins the watch.
 func (a *Allocator) watchStall(ctx context.Context, inHand bool, abort func()) (stop func()) {
 	if !a.cfg.stallWatched() {
 		return func() {}
 	}
-	start := time.Now().UnixNano()
-	quit, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTimer(a.cfg.StallTimeout)
-		defer t.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			since := time.Unix(0, max(start, a.stall.lastCommit.Load()))
-			if left := a.cfg.StallTimeout - time.Since(since); left > 0 {
-				t.Reset(left)
-				continue
-			}
-			if inHand || a.requestsWait(ctx) {
-				a.giveUp(time.Since(since))
-				abort()
-				return
-			}
-			a.stall.idleChecks.Add(1)
-			t.Reset(min(a.cfg.StallTimeout, time.Second))
-		}
-	}()
-	return func() {
-		close(quit)
-		<-done
-	}
+	return stallwatch.Watch(ctx, stallwatch.Watched{
+		Timeout:    a.cfg.StallTimeout,
+		LastCommit: func() int64 { return a.stall.lastCommit.Load() },
+		Waiting:    func(ctx context.Context) bool { return inHand || a.requestsWait(ctx) },
+		Idle:       func() { a.stall.idleChecks.Add(1) },
+		Stalled: func(since time.Duration) {
+			a.giveUp(since)
+			abort()
+		},
+	})
 }
 
 // requestsWait reports whether requests of the partition wait: stored and
@@ -175,35 +133,4 @@ func (a *Allocator) probe(ctx context.Context) {
 	if a.deps.OnStall != nil {
 		a.deps.OnStall(a.deps.Partition, false)
 	}
-}
-
-// stallSet is a process's given-up partitions, for /readyz.
-type stallSet struct {
-	mu sync.Mutex
-	m  map[int]bool
-}
-
-func (s *stallSet) set(p int, stalled bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = map[int]bool{}
-	}
-	if stalled {
-		s.m[p] = true
-	} else {
-		delete(s.m, p)
-	}
-}
-
-// list is the given-up partitions, sorted.
-func (s *stallSet) list() []int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]int, 0, len(s.m))
-	for p := range s.m {
-		out = append(out, p)
-	}
-	slices.Sort(out)
-	return out
 }

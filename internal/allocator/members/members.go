@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
@@ -68,6 +69,26 @@ func Join(ctx context.Context, js jetstream.JetStream, log *slog.Logger, beat, t
 		kick: make(chan struct{}, 1)}
 	if err := m.refresh(ctx); err != nil {
 		return nil, err
+	}
+	return m, nil
+}
+
+// JoinIfThere joins the membership on nc (Join, with the process's beat
+// and bus.MembersTTL). Without the membership bucket it returns nil and no
+// error: every process then pulls on every partition, which is safe, only
+// less even. A bucket not as set up is an error.
+func JoinIfThere(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*Members, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil
+	}
+	m, err := Join(ctx, js, log, time.Second, bus.MembersTTL)
+	if bus.IsSetupError(err) {
+		return nil, err
+	}
+	if err != nil {
+		log.WarnContext(ctx, "allocator membership unavailable; pulling on every partition", slog.Any("err", err))
+		return nil, nil
 	}
 	return m, nil
 }
