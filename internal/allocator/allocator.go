@@ -178,7 +178,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 
 // viewDeps is what the allocator's view publisher works with.
 func (a *Allocator) viewDeps(kv jetstream.KeyValue) viewpub.Deps {
-	return viewpub.Deps{NATS: a.deps.NATS, KV: kv, DB: a.deps.DB, Log: a.deps.Log, Registerer: a.m.reg,
+	return viewpub.Deps{NATS: a.deps.NATS, KV: kv, DB: a.deps.DB, Log: a.deps.Log, Metrics: a.m.views,
 		Partition: a.deps.Partition, Partitions: a.cfg.Partitions, ClearTTL: a.deps.Test.ViewClearTTL,
 		Track: 4 * a.cfg.Cache, Restore: activityOf, Between: a.deps.Test.ViewSnapshot}
 }
@@ -200,7 +200,9 @@ func (a *Allocator) launch(ctx context.Context) error {
 		lifecycle.Part{Name: "allocator views", Run: a.pub.Run},
 		lifecycle.Part{Name: "allocator relay", Run: a.relay.Run},
 	)
-	parts = append(parts, lifecycle.Part{Name: "allocator gauges", Run: a.gauges})
+	parts = append(parts, lifecycle.Part{Name: "allocator gauges", Run: func(ctx context.Context) error {
+		return a.m.gauges.Run(ctx, a.cons, a.deps.DB, a.deps.Partition)
+	}})
 	if a.cfg.checkpoints() {
 		cp := &checkpoints.Taker{DB: a.deps.DB, Stream: a.stream, Log: a.deps.Log,
 			Partition: a.deps.Partition, Partitions: a.cfg.Partitions, Every: a.cfg.CheckpointInterval}
@@ -269,48 +271,19 @@ func (a *Allocator) setErr(err error) {
 
 // run is the apply loop: collect a batch, apply it, repeat.
 func (a *Allocator) run(ctx context.Context) error {
-	var (
-		mu   sync.Mutex
-		iter jetstream.MessagesContext
-	)
-	stopIter := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if iter != nil {
-			iter.Stop()
-			iter = nil
-		}
-	}
-	stopWatch := context.AfterFunc(ctx, stopIter)
+	var p puller
+	stopWatch := context.AfterFunc(ctx, p.stop)
 	defer stopWatch()
 	defer func() {
-		stopIter()
+		p.stop()
 		a.handOver(context.WithoutCancel(ctx))
 	}()
 	for ctx.Err() == nil {
 		if !a.prefers() {
-			// Another live allocator is this partition's preferred owner:
-			// stop pulling and hand the pin over rather than wait it out.
-			mu.Lock()
-			pulling := iter != nil
-			mu.Unlock()
-			if pulling {
-				stopIter()
-				a.handOver(ctx)
-				if a.pub != nil {
-					a.pub.Forget() // the next owner rebuilds them
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
-			a.probe(ctx)
+			a.standBy(ctx, &p)
 			continue
 		}
-		mu.Lock()
-		it := iter
-		mu.Unlock()
+		it := p.current()
 		if it == nil {
 			var err error
 			it, err = a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
@@ -319,9 +292,7 @@ func (a *Allocator) run(ctx context.Context) error {
 				time.Sleep(250 * time.Millisecond)
 				continue
 			}
-			mu.Lock()
-			iter = it
-			mu.Unlock()
+			p.set(it)
 			a.loop.viewsStale = true
 			if ctx.Err() != nil {
 				break
@@ -331,11 +302,7 @@ func (a *Allocator) run(ctx context.Context) error {
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 			// Stopped (shutdown, a handover) or its connection closed: a
 			// new one is made on the next round.
-			mu.Lock()
-			if iter == it {
-				iter = nil
-			}
-			mu.Unlock()
+			p.forget(it)
 			if len(msgs) == 0 {
 				if ctx.Err() == nil {
 					time.Sleep(100 * time.Millisecond)
@@ -346,14 +313,7 @@ func (a *Allocator) run(ctx context.Context) error {
 			a.deps.Log.WarnContext(ctx, "fetch requests", slog.Any("err", err))
 		}
 		if len(msgs) > 0 {
-			if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
-				if pin != a.loop.pinID {
-					// Newly pinned here: this allocator takes the
-					// partition, and with it the views of its activities.
-					a.loop.viewsStale = true
-				}
-				a.loop.pinID = pin
-			}
+			a.notePin(msgs)
 		} else if ctx.Err() != nil || !a.holdsPartition(ctx) {
 			continue
 		}
@@ -362,7 +322,7 @@ func (a *Allocator) run(ctx context.Context) error {
 		if err := a.handleUntilDone(ctx, msgs); errors.Is(err, errGaveUp) {
 			// Hand the partition over at once, and the batch in hand with
 			// it: redelivered now to the next owner, not after AckWait.
-			stopIter()
+			p.stop()
 			a.handOver(ctx)
 			for _, m := range msgs {
 				m.Nak() //nolint:errcheck // unacknowledged anyway: redelivered after AckWait
@@ -372,6 +332,73 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// puller is the apply loop's pull on the consumer; its stop may come from
+// another goroutine (ctx's end).
+type puller struct {
+	mu   sync.Mutex
+	iter jetstream.MessagesContext
+}
+
+func (p *puller) current() jetstream.MessagesContext {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.iter
+}
+
+func (p *puller) set(it jetstream.MessagesContext) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.iter = it
+}
+
+// forget drops it, closed, unless another pull replaced it.
+func (p *puller) forget(it jetstream.MessagesContext) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.iter == it {
+		p.iter = nil
+	}
+}
+
+func (p *puller) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.iter != nil {
+		p.iter.Stop()
+		p.iter = nil
+	}
+}
+
+// standBy is a round of an allocator that another live one outranks on
+// its partition: it stops pulling and hands the pin over rather than wait
+// it out, waits a little, and probes MySQL if it gave the partition up.
+func (a *Allocator) standBy(ctx context.Context, p *puller) {
+	if p.current() != nil {
+		p.stop()
+		a.handOver(ctx)
+		if a.pub != nil {
+			a.pub.Forget() // the next owner rebuilds them
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(250 * time.Millisecond):
+	}
+	a.probe(ctx)
+}
+
+// notePin remembers the pin msgs were delivered with.
+func (a *Allocator) notePin(msgs []jetstream.Msg) {
+	if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
+		if pin != a.loop.pinID {
+			// Newly pinned here: this allocator takes the partition, and
+			// with it the views of its activities.
+			a.loop.viewsStale = true
+		}
+		a.loop.pinID = pin
+	}
 }
 
 // prefers reports whether this allocator should pull on its partition:

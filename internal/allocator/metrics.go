@@ -1,19 +1,17 @@
 package allocator
 
 import (
-	"context"
-	"time"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
 
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/allocator/gauges"
+	"github.com/allot-dev/allot/internal/allocator/viewpub"
 )
 
 type metrics struct {
-	// reg is where they are registered (labelled with the partition),
-	// for the parts that register their own.
-	reg           prometheus.Registerer
+	// views and gauges are the view publisher's and the gauges'.
+	views         *viewpub.Metrics
+	gauges        *gauges.Gauges
 	decisions     *prometheus.CounterVec
 	batchSize     prometheus.Histogram
 	txSeconds     prometheus.Histogram
@@ -23,8 +21,6 @@ type metrics struct {
 	cacheHits     prometheus.Counter
 	cacheLoads    prometheus.Counter
 	acceptToApply prometheus.Histogram
-	pending       prometheus.Gauge
-	backlog       prometheus.Gauge
 	stalled       prometheus.Gauge
 	giveUps       prometheus.Counter
 }
@@ -34,7 +30,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	f := promauto.With(reg)
 	return &metrics{
-		reg: reg,
+		views: viewpub.NewMetrics(reg), gauges: gauges.New(reg),
 		decisions: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "allot_allocator_decisions_total", Help: "Requests applied, by op and outcome.",
 		}, []string{"op", "outcome"}),
@@ -65,9 +61,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 		}),
-		pending: f.NewGauge(prometheus.GaugeOpts{
-			Name: "allot_allocator_consumer_pending_messages", Help: "Requests stored on this partition and not yet acknowledged (the allocator's lag).",
-		}),
 		stalled: f.NewGauge(prometheus.GaugeOpts{
 			Name: "allot_allocator_partition_stalled",
 			Help: "1 while this allocator has given its partition up because it could not commit while requests waited (ALLOT_STALL_TIMEOUT), until a transaction commits again.",
@@ -76,31 +69,5 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_stall_giveups_total",
 			Help: "Times this allocator gave its partition up to a peer because it could not commit for ALLOT_STALL_TIMEOUT while requests waited.",
 		}),
-		backlog: f.NewGauge(prometheus.GaugeOpts{
-			Name: "allot_allocator_outbox_backlog_requests", Help: "Applied requests whose events are not yet relayed to ALLOT_EVENTS.",
-		}),
-	}
-}
-
-// gaugePeriod is how often gauges asks.
-const gaugePeriod = 2 * time.Second
-
-// gauges refreshes the gauges that need a question to the broker or the
-// database, every gaugePeriod until ctx ends.
-func (a *Allocator) gauges(ctx context.Context) error {
-	t := time.NewTicker(gaugePeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-		if info, err := a.cons.Info(ctx); err == nil {
-			a.m.pending.Set(float64(info.NumPending + uint64(info.NumAckPending)))
-		}
-		if n, err := store.OutboxBacklog(ctx, a.deps.DB, a.deps.Partition); err == nil {
-			a.m.backlog.Set(float64(n))
-		}
 	}
 }

@@ -5,17 +5,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
-type metrics struct {
+// Metrics are a publisher's; NewMetrics registers them.
+type Metrics struct {
 	viewRebuilds    prometheus.Counter
 	viewRebuildSecs prometheus.Histogram
 	viewsPending    prometheus.Gauge
 	viewsDropped    *prometheus.CounterVec
 }
 
-// newMetrics builds the publisher's metrics, each registered with reg.
-func newMetrics(reg prometheus.Registerer) metrics {
+// NewMetrics builds the publisher's metrics, each registered with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
 	f := promauto.With(reg)
-	return metrics{
+	return &Metrics{
 		viewRebuilds: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_view_rebuilds_total",
 			Help: "Rebuilds of this partition's views from MySQL: at start and whenever the allocator takes the partition.",

@@ -51,7 +51,7 @@ import (
 type Publisher struct {
 	d        Deps
 	js       jetstream.JetStream
-	m        metrics
+	m        *Metrics
 	clearTTL string // the Nats-TTL of a cleared view
 	stream   jetstream.Stream
 	wake     chan struct{}
@@ -76,10 +76,13 @@ type queueState struct {
 
 // Deps is what a publisher works with.
 type Deps struct {
-	NATS       *nats.Conn
-	KV         jetstream.KeyValue // the view bucket
-	DB         *sql.DB
-	Log        *slog.Logger
+	NATS *nats.Conn
+	KV   jetstream.KeyValue // the view bucket
+	DB   *sql.DB
+	Log  *slog.Logger
+	// Metrics are where it counts (nil: new ones, registered with
+	// Registerer).
+	Metrics    *Metrics
 	Registerer prometheus.Registerer
 	// Partition is the partition whose views it writes, of Partitions.
 	Partition, Partitions int
@@ -139,12 +142,15 @@ func New(d Deps) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics(d.Registerer)
+	}
 	ttl := d.ClearTTL
 	if ttl <= 0 {
 		ttl = DefaultClearTTL
 	}
 	p := &Publisher{
-		d: d, js: js, m: newMetrics(d.Registerer),
+		d: d, js: js, m: d.Metrics,
 		clearTTL: strconv.Itoa(max(1, int(ttl.Round(time.Second)/time.Second))) + "s",
 		wake:     make(chan struct{}, 1),
 	}
