@@ -29,6 +29,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/stacktest"
@@ -255,7 +256,7 @@ const (
 // validates each request and each response against api/openapi.yaml.
 func TestSpecMatchesTheRouter(t *testing.T) {
 	sp := loadSpec(t)
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 
 	// Everything the allocator says after a commit, for the message check.
 	rnc, _ := st.NS.Connect(t)

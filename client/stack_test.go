@@ -12,6 +12,7 @@ import (
 
 	"github.com/allot-dev/allot/client"
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/store"
@@ -23,7 +24,7 @@ import (
 // client: every call, the waitlist's promotion, idempotent resubmission,
 // state reads and the events the allocator published.
 func TestAgainstTheStack(t *testing.T) {
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(st.URL, client.WithWait(5*time.Second))

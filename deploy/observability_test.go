@@ -90,7 +90,7 @@ func registeredMetrics(t *testing.T) *recorder {
 	if _, err := ingest.New(config.Defaults[ingest.Config](), ingest.Deps{DB: db.DB, NATS: nc, JS: js, Log: log, Registry: rec, Gatherer: rec.Registry}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := allocator.New(db.DB, nc, log, rec, allocator.Config{}, allocator.Hooks{}); err != nil {
+	if _, err := allocator.New(config.Defaults[allocator.Config](), allocator.Deps{DB: db.DB, NATS: nc, Log: log, Registerer: rec}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := notifier.New(config.Defaults[notifier.Config](), notifier.Deps{NC: nc, Log: log, Registry: rec}); err != nil {

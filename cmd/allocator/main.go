@@ -45,7 +45,7 @@ func (c *cfg) Validate() error {
 	if c.NATSURL == "" {
 		return fmt.Errorf("ALLOT_NATS_URL is empty: set it to your NATS server, or use `make run`, which embeds one")
 	}
-	return c.Env.Validate()
+	return c.Config.Validate()
 }
 
 func main() {
@@ -101,7 +101,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	defer nc.Drain() //nolint:errcheck
-	err = allocator.Run(ctx, c.RunConfig(), db, nc, log)
+	err = allocator.Run(ctx, c.Config, allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		if bus.IsSetupError(err) { // a stream missing or not as set up

@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -115,7 +116,7 @@ func TestBinary(t *testing.T) {
 	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	a, err := allocator.New(db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, allocator.Config{}, allocator.Hooks{})
+	a, err := allocator.New(config.Defaults[allocator.Config](), allocator.Deps{DB: db.DB, NATS: nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

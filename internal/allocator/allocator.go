@@ -8,13 +8,11 @@ package allocator
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -23,137 +21,43 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator/checkpoints"
+	"github.com/allot-dev/allot/internal/allocator/postcommit"
+	"github.com/allot-dev/allot/internal/allocator/viewpub"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/lifecycle"
+	"github.com/allot-dev/allot/internal/relay"
 	"github.com/allot-dev/allot/internal/store"
 )
-
-// Config tunes an Allocator. Zero values take the defaults.
-type Config struct {
-	// Partition is the request-stream partition this allocator applies,
-	// one of Partitions (default 1).
-	Partition, Partitions int
-	// Prefers, when set, says whether this process should pull on a
-	// partition (Members.Prefers); nil pulls on every partition.
-	Prefers func(partition int) bool
-	// PinnedTTL is how long the server waits for a pinned allocator that
-	// stopped pulling before it hands the partition to another (default 5s).
-	PinnedTTL time.Duration
-	// BatchSize is the most requests applied in one transaction (default 2000).
-	BatchSize int
-	// BatchWait is how long a batch waits for more requests after its first
-	// one (default 2ms): a little latency buys much larger commits under load.
-	BatchWait time.Duration
-	// AckWait is the consumer's redelivery timeout (default 30s).
-	AckWait time.Duration
-	// CheckpointInterval is how often the partition's state is
-	// checkpointed for the audit (default DefaultCheckpointInterval;
-	// negative: never). See checkpoints.
-	CheckpointInterval time.Duration
-	// IdleCheck is how often an idle allocator looks for a gap between its
-	// fence and the stream (default 1s), which a crashed peer leaves behind.
-	IdleCheck time.Duration
-	// CacheActivities bounds the activities whose live state the allocator
-	// keeps between batches (default DefaultCacheActivities); the least
-	// recently used is dropped and reloaded from MySQL when next needed.
-	// Four times as many full activities are tracked for their views.
-	CacheActivities int
-	// ViewClearTTL is how long a cleared view stays in the view bucket
-	// before it expires (default DefaultViewClearTTL, at least a second):
-	// while it is there, a late put of an older view is refused by the
-	// bucket (see viewpub.go); after it, the key is gone.
-	ViewClearTTL time.Duration
-	// PieceBytes bounds a piece of a long promoted or event list in MySQL
-	// (0: derived from the server's max_allowed_packet; tests set it low).
-	PieceBytes int
-	// StallTimeout is how long the allocator may go without a commit while
-	// requests of its partition wait before it gives the partition up to a
-	// peer (default DefaultStallTimeout; negative: never). See stall.go.
-	StallTimeout time.Duration
-	// OnStall, when set, is told when the allocator gives its partition up
-	// (stalled true) and when it can commit again (false): Run tells the
-	// membership, so that peers take the partition.
-	OnStall func(partition int, stalled bool)
-	// bucketSize bounds the waiters of a waitlist bucket; 0:
-	// store.BucketSize (tests choose smaller ones).
-	bucketSize int64
-}
-
-// DefaultCacheActivities is Config.CacheActivities' default.
-const DefaultCacheActivities = 10_000
-
-func (c Config) withDefaults() Config {
-	if c.BatchSize <= 0 {
-		c.BatchSize = 2000
-	}
-	if c.BatchWait <= 0 {
-		c.BatchWait = 2 * time.Millisecond
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 30 * time.Second
-	}
-	if c.CheckpointInterval == 0 {
-		c.CheckpointInterval = DefaultCheckpointInterval
-	}
-	if c.IdleCheck <= 0 {
-		c.IdleCheck = time.Second
-	}
-	if c.CacheActivities <= 0 {
-		c.CacheActivities = DefaultCacheActivities
-	}
-	if c.ViewClearTTL <= 0 {
-		c.ViewClearTTL = DefaultViewClearTTL
-	}
-	c.Partitions = max(c.Partitions, 1)
-	if c.PinnedTTL <= 0 {
-		c.PinnedTTL = 5 * time.Second
-	}
-	if c.StallTimeout == 0 {
-		c.StallTimeout = DefaultStallTimeout
-	}
-	return c
-}
-
-// Hooks let tests stop the allocator at the points where a real process can
-// die. Production code leaves them nil.
-type Hooks struct {
-	// AfterCommit runs after a batch commits and before its messages are
-	// acknowledged. A non-nil error makes the allocator stop right there, as
-	// if the process had been killed between commit and ack.
-	AfterCommit func() error
-	// BeforeConfirm runs in the post-commit goroutine before it confirms a
-	// batch's acks: a slow broker round trip, for tests of the ordering.
-	BeforeConfirm func()
-	// Stopping runs when Stop begins: a slow drain, for tests of shutdown.
-	Stopping func()
-	// ViewSnapshot runs inside a view rebuild's MySQL snapshot, between
-	// its read of the activity rows and of the signups.
-	ViewSnapshot func()
-}
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.
 var ErrCrashed = errors.New("allocator stopped by a crash hook")
 
 // Allocator applies one partition of the request stream.
 type Allocator struct {
-	cfg   Config
-	db    *sql.DB
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	log   *slog.Logger
-	m     *metrics
-	hooks Hooks
+	cfg  Config
+	deps Deps // deps.Log names the partition
+	js   jetstream.JetStream
+	m    *metrics
 
 	stream jetstream.Stream
 	cons   jetstream.Consumer
-	relay  *Relay
-	// views holds the views of full activities for ingest's shedding,
-	// written by pub off the apply loop.
-	views jetstream.KeyValue
-	pub   *viewPub
+	relay  *relay.Relay
+	// pub writes the views of full activities for ingest's early answers,
+	// off the apply loop.
+	pub *viewpub.Publisher
+
+	loop  loopState         // the apply loop's own
+	stall stallClock        // shared with the stall watch (stall.go)
+	post  *postcommit.Queue // acks and result notices, in commit order
+	life  lifeState         // Start, Stop and Wait
+}
+
+// loopState is what the apply loop alone reads and writes.
+type loopState struct {
 	// viewsStale says the views must be rebuilt before the next batch: this
 	// allocator has (re)started pulling or was newly pinned.
 	viewsStale bool
-
 	// cache holds each activity's live state between batches. An entry is
 	// trusted only while its NextSeq, capacity and count match the row
 	// locked in the transaction; otherwise it is reloaded.
@@ -168,61 +72,42 @@ type Allocator struct {
 	// pinID is the pin the server last delivered with: this allocator
 	// holds the partition while the consumer's pinned id equals it.
 	pinID string
-	// checkDuplicates makes a batch look up which of its requests were
-	// already applied before deciding; set only to redo a batch that ran
-	// into one.
-	checkDuplicates bool
-	// single makes a transaction apply one message only: isolate's mode;
-	// tried is then the stream sequence of the message it tried last.
-	single bool
-	tried  uint64
-	// post carries what follows a commit but need not hold up the next
-	// batch (confirming the acks, telling waiting clients) to postLoop, in
-	// commit order.
-	post     chan postCommit
-	postDone chan struct{}
-	// gaveUp is set while the partition is given up for want of commits;
-	// lastCommit is when a transaction last committed (UnixNano), and
-	// lastProbe when a given-up allocator last tried MySQL (apply loop).
-	gaveUp     atomic.Bool
-	lastCommit atomic.Int64
-	lastProbe  time.Time
-	// idleChecks counts the times the stall watch found nothing waiting.
-	idleChecks atomic.Int64
-	// applied is the fence as this allocator's last commit left it, for
-	// the stall watch (lastFence is the apply loop's own).
-	applied atomic.Uint64
+	// lastProbe is when a given-up allocator last tried MySQL.
+	lastProbe time.Time
+}
 
+// lifeState runs the allocator's parts between Start and Stop.
+type lifeState struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	errMu  sync.Mutex
 	err    error
 }
 
-// New returns an allocator; Start runs it.
-func New(db *sql.DB, nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config, hooks Hooks) (*Allocator, error) {
-	js, err := jetstream.New(nc)
+// New returns the allocator of partition deps.Partition; Start runs it.
+// It takes cfg as it is: Run, and a binary's config.Load, check it with
+// Validate once (tests shorten timings below what an operator may set).
+func New(cfg Config, deps Deps) (*Allocator, error) {
+	js, err := jetstream.New(deps.NATS)
 	if err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
-	if reg == nil {
-		reg = prometheus.NewRegistry()
+	if deps.Registerer == nil {
+		deps.Registerer = prometheus.NewRegistry()
 	}
-	cfg = cfg.withDefaults()
-	if cfg.Partition < 0 || cfg.Partition >= cfg.Partitions {
-		return nil, fmt.Errorf("allocator: partition %d is not one of %d", cfg.Partition, cfg.Partitions)
+	if deps.Partition < 0 || deps.Partition >= cfg.Partitions {
+		return nil, fmt.Errorf("allocator: partition %d is not one of %d", deps.Partition, cfg.Partitions)
 	}
-	m := newMetrics(prometheus.WrapRegistererWith(prometheus.Labels{"partition": strconv.Itoa(cfg.Partition)}, reg))
-	log = log.With(slog.Int("partition", cfg.Partition))
-	a := &Allocator{
-		cfg: cfg, db: db, nc: nc, js: js, log: log, m: m, hooks: hooks,
-		relay: newRelay(db, js, log, m, cfg.Partition),
-	}
+	reg := prometheus.WrapRegistererWith(prometheus.Labels{"partition": strconv.Itoa(deps.Partition)}, deps.Registerer)
+	deps.Log = deps.Log.With(slog.Int("partition", deps.Partition))
+	a := &Allocator{cfg: cfg, deps: deps, js: js, m: newMetrics(reg)}
+	a.relay = relay.New(relay.Deps{DB: deps.DB, JS: js, Log: deps.Log, Registerer: reg, Partition: deps.Partition,
+		AwaitingAcks: deps.Test.AwaitingAcks})
 	// Both callbacks run in the apply loop, which alone uses the caches.
-	if a.cache, err = lru.New[int64, *allocation.Activity](cfg.CacheActivities); err != nil {
+	if a.loop.cache, err = lru.New[int64, *allocation.Activity](cfg.Cache); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
-	if a.waits, err = lru.New[int64, *store.Waitlist](cfg.CacheActivities); err != nil {
+	if a.loop.waits, err = lru.New[int64, *store.Waitlist](cfg.Cache); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
 	return a, nil
@@ -262,159 +147,153 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	}
 	a.stream = st
 	a.cons, err = bus.EnsureAllocatorConsumer(ctx, a.js, bus.ConsumerConfig{
-		Partition: a.cfg.Partition, Partitions: a.cfg.Partitions,
-		MaxAckPending: 4 * a.cfg.BatchSize, AckWait: a.cfg.AckWait, PinnedTTL: a.cfg.PinnedTTL,
+		Partition: a.deps.Partition, Partitions: a.cfg.Partitions,
+		MaxAckPending: 4 * a.cfg.BatchSize, AckWait: a.deps.Test.ackWait(), PinnedTTL: a.cfg.PinnedTTL,
 	})
 	if err != nil {
 		return err
 	}
-	if err := store.EnsurePartition(ctx, a.db, a.cfg.Partition); err != nil {
+	if err := store.EnsurePartition(ctx, a.deps.DB, a.deps.Partition); err != nil {
 		return err
 	}
 	info, err := st.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: %w", bus.ErrUnavailable, err)
 	}
-	if err := store.BindPartition(ctx, a.db, a.cfg.Partition, info.Created.UTC().Format(time.RFC3339Nano), info.State.LastSeq); err != nil {
+	if err := store.BindPartition(ctx, a.deps.DB, a.deps.Partition, info.Created.UTC().Format(time.RFC3339Nano), info.State.LastSeq); err != nil {
 		return err
 	}
-	if a.views, err = bus.CheckBucket(ctx, a.js, bus.ViewBucketConfig(1)); err != nil {
+	kv, err := bus.CheckBucket(ctx, a.js, bus.ViewBucketConfig(1))
+	if err != nil {
 		return err
 	}
-	if a.pub, err = newViewPub(a, a.views); err != nil {
+	if a.pub, err = viewpub.New(a.viewDeps(kv)); err != nil {
 		return fmt.Errorf("allocator: %w", err)
 	}
 	// The views are rebuilt before the first batch, as at every takeover;
 	// they are an optimisation, so a failure there does not fail Start.
-	a.viewsStale = true
+	a.loop.viewsStale = true
 	return nil
 }
 
-// launch runs the apply loop and the relay.
+// viewDeps is what the allocator's view publisher works with.
+func (a *Allocator) viewDeps(kv jetstream.KeyValue) viewpub.Deps {
+	return viewpub.Deps{NATS: a.deps.NATS, KV: kv, DB: a.deps.DB, Log: a.deps.Log, Metrics: a.m.views,
+		Partition: a.deps.Partition, Partitions: a.cfg.Partitions, ClearTTL: a.deps.Test.ViewClearTTL,
+		Track: 4 * a.cfg.Cache, Restore: activityOf, Between: a.deps.Test.ViewSnapshot}
+}
+
+// launch runs the allocator's parts on one lifecycle until Stop, or
+// until one of them fails: the apply loop; after it, in this order, the
+// post-commit loop, the view publisher and the outbox relay, each stopped
+// only once the one before it has returned (so the relay's last pass
+// covers the last commit); and, beside them, the checkpoints and the
+// gauges. Wait returns once every one has returned.
 func (a *Allocator) launch(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	a.cancel = cancel
-	a.wg.Add(2)
-	a.post = make(chan postCommit, postQueue)
-	a.postDone = make(chan struct{})
-	go a.postLoop()
-	if a.pub != nil {
-		go a.pub.run()
+	a.life.cancel = cancel
+	a.post = a.newPost()
+	parts := chain(
+		// No name: the allocator's errors are returned as they always were.
+		lifecycle.Part{Run: a.run},
+		lifecycle.Part{Name: "allocator post-commit", Run: a.post.Run},
+		lifecycle.Part{Name: "allocator views", Run: a.pub.Run},
+		lifecycle.Part{Name: "allocator relay", Run: a.relay.Run},
+	)
+	parts = append(parts, lifecycle.Part{Name: "allocator gauges", Run: func(ctx context.Context) error {
+		return a.m.gauges.Run(ctx, a.cons, a.deps.DB, a.deps.Partition)
+	}})
+	if a.cfg.checkpoints() {
+		cp := &checkpoints.Taker{DB: a.deps.DB, Stream: a.stream, Log: a.deps.Log,
+			Partition: a.deps.Partition, Partitions: a.cfg.Partitions, Every: a.cfg.CheckpointInterval}
+		parts = append(parts, lifecycle.Part{Name: "allocator checkpoints", Run: cp.Run})
 	}
+	a.life.wg.Add(1)
 	go func() {
-		defer a.wg.Done()
-		err := a.run(runCtx)
-		// The acks of the last batches are confirmed before Stop returns.
-		close(a.post)
-		<-a.postDone
-		if a.pub != nil {
-			a.pub.close() // writes what is pending, for a bounded while
-		}
-		if err != nil && !errors.Is(err, context.Canceled) {
+		defer a.life.wg.Done()
+		if err := lifecycle.Run(runCtx, parts...); err != nil {
 			a.setErr(err)
-			a.log.ErrorContext(runCtx, "allocator stopped", slog.Any("err", err))
+			a.deps.Log.ErrorContext(runCtx, "allocator stopped", slog.Any("err", err))
 		}
-		a.relay.stop()
-	}()
-	go func() {
-		defer a.wg.Done()
-		a.relay.run(runCtx)
-	}()
-	go a.watch(runCtx, 2*time.Second)
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		a.checkpoints(runCtx)
 	}()
 	return nil
+}
+
+// chain returns parts, each after the first told to stop only once the
+// one before it has returned.
+func chain(parts ...lifecycle.Part) []lifecycle.Part {
+	out := make([]lifecycle.Part, len(parts))
+	var prev chan struct{}
+	for i, p := range parts {
+		done := make(chan struct{})
+		run := p.Run
+		p.Run = func(ctx context.Context) error {
+			defer close(done)
+			return run(ctx)
+		}
+		if prev != nil {
+			p = lifecycle.StopAfter(prev, p)
+		}
+		out[i], prev = p, done
+	}
+	return out
 }
 
 // Stop finishes the batch in hand (commit and ack), stops the relay and
-// returns once both have exited.
+// returns once every part has exited.
 func (a *Allocator) Stop() {
-	if a.hooks.Stopping != nil {
-		a.hooks.Stopping()
+	if a.deps.Test.Stopping != nil {
+		a.deps.Test.Stopping()
 	}
-	if a.cancel != nil {
-		a.cancel()
+	if a.life.cancel != nil {
+		a.life.cancel()
 	}
-	a.wg.Wait()
+	a.life.wg.Wait()
 }
 
 // Wait blocks until the allocator exits by itself or is stopped, and returns
 // why it exited (nil after Stop).
 func (a *Allocator) Wait() error {
-	a.wg.Wait()
-	a.errMu.Lock()
-	defer a.errMu.Unlock()
-	return a.err
+	a.life.wg.Wait()
+	a.life.errMu.Lock()
+	defer a.life.errMu.Unlock()
+	return a.life.err
 }
 
 func (a *Allocator) setErr(err error) {
-	a.errMu.Lock()
-	a.err = err
-	a.errMu.Unlock()
-	if a.cancel != nil {
-		a.cancel()
+	a.life.errMu.Lock()
+	a.life.err = err
+	a.life.errMu.Unlock()
+	if a.life.cancel != nil {
+		a.life.cancel()
 	}
 }
 
 // run is the apply loop: collect a batch, apply it, repeat.
 func (a *Allocator) run(ctx context.Context) error {
-	var (
-		mu   sync.Mutex
-		iter jetstream.MessagesContext
-	)
-	stopIter := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if iter != nil {
-			iter.Stop()
-			iter = nil
-		}
-	}
-	stopWatch := context.AfterFunc(ctx, stopIter)
+	var p puller
+	stopWatch := context.AfterFunc(ctx, p.stop)
 	defer stopWatch()
 	defer func() {
-		stopIter()
+		p.stop()
 		a.handOver(context.WithoutCancel(ctx))
 	}()
 	for ctx.Err() == nil {
 		if !a.prefers() {
-			// Another live allocator is this partition's preferred owner:
-			// stop pulling and hand the pin over rather than wait it out.
-			mu.Lock()
-			pulling := iter != nil
-			mu.Unlock()
-			if pulling {
-				stopIter()
-				a.handOver(ctx)
-				if a.pub != nil {
-					a.pub.forget() // the next owner rebuilds them
-				}
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
-			a.probe(ctx)
+			a.standBy(ctx, &p)
 			continue
 		}
-		mu.Lock()
-		it := iter
-		mu.Unlock()
+		it := p.current()
 		if it == nil {
 			var err error
 			it, err = a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
 			if err != nil {
-				a.log.WarnContext(ctx, "consume requests", slog.Any("err", err))
+				a.deps.Log.WarnContext(ctx, "consume requests", slog.Any("err", err))
 				time.Sleep(250 * time.Millisecond)
 				continue
 			}
-			mu.Lock()
-			iter = it
-			mu.Unlock()
-			a.viewsStale = true
+			p.set(it)
+			a.loop.viewsStale = true
 			if ctx.Err() != nil {
 				break
 			}
@@ -423,11 +302,7 @@ func (a *Allocator) run(ctx context.Context) error {
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 			// Stopped (shutdown, a handover) or its connection closed: a
 			// new one is made on the next round.
-			mu.Lock()
-			if iter == it {
-				iter = nil
-			}
-			mu.Unlock()
+			p.forget(it)
 			if len(msgs) == 0 {
 				if ctx.Err() == nil {
 					time.Sleep(100 * time.Millisecond)
@@ -435,17 +310,10 @@ func (a *Allocator) run(ctx context.Context) error {
 				continue
 			}
 		} else if err != nil {
-			a.log.WarnContext(ctx, "fetch requests", slog.Any("err", err))
+			a.deps.Log.WarnContext(ctx, "fetch requests", slog.Any("err", err))
 		}
 		if len(msgs) > 0 {
-			if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
-				if pin != a.pinID {
-					// Newly pinned here: this allocator takes the
-					// partition, and with it the views of its activities.
-					a.viewsStale = true
-				}
-				a.pinID = pin
-			}
+			a.notePin(msgs)
 		} else if ctx.Err() != nil || !a.holdsPartition(ctx) {
 			continue
 		}
@@ -454,7 +322,7 @@ func (a *Allocator) run(ctx context.Context) error {
 		if err := a.handleUntilDone(ctx, msgs); errors.Is(err, errGaveUp) {
 			// Hand the partition over at once, and the batch in hand with
 			// it: redelivered now to the next owner, not after AckWait.
-			stopIter()
+			p.stop()
 			a.handOver(ctx)
 			for _, m := range msgs {
 				m.Nak() //nolint:errcheck // unacknowledged anyway: redelivered after AckWait
@@ -466,22 +334,91 @@ func (a *Allocator) run(ctx context.Context) error {
 	return ctx.Err()
 }
 
+// puller is the apply loop's pull on the consumer; its stop may come from
+// another goroutine (ctx's end).
+type puller struct {
+	mu   sync.Mutex
+	iter jetstream.MessagesContext
+}
+
+func (p *puller) current() jetstream.MessagesContext {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.iter
+}
+
+func (p *puller) set(it jetstream.MessagesContext) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.iter = it
+}
+
+// forget drops it, closed, unless another pull replaced it.
+func (p *puller) forget(it jetstream.MessagesContext) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.iter == it {
+		p.iter = nil
+	}
+}
+
+func (p *puller) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.iter != nil {
+		p.iter.Stop()
+		p.iter = nil
+	}
+}
+
+// standBy is a round of an allocator that another live one outranks on
+// its partition: it stops pulling and hands the pin over rather than wait
+// it out, waits a little, and probes MySQL if it gave the partition up.
+func (a *Allocator) standBy(ctx context.Context, p *puller) {
+	if p.current() != nil {
+		p.stop()
+		a.handOver(ctx)
+		if a.pub != nil {
+			a.pub.Forget() // the next owner rebuilds them
+		}
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(250 * time.Millisecond):
+	}
+	a.probe(ctx)
+}
+
+// notePin remembers the pin msgs were delivered with.
+func (a *Allocator) notePin(msgs []jetstream.Msg) {
+	if pin := msgs[len(msgs)-1].Headers().Get("Nats-Pin-Id"); pin != "" {
+		if pin != a.loop.pinID {
+			// Newly pinned here: this allocator takes the partition, and
+			// with it the views of its activities.
+			a.loop.viewsStale = true
+		}
+		a.loop.pinID = pin
+	}
+}
+
 // prefers reports whether this allocator should pull on its partition:
 // never while it is given up for want of commits.
 func (a *Allocator) prefers() bool {
-	return !a.stalled() && (a.cfg.Prefers == nil || a.cfg.Prefers(a.cfg.Partition))
+	return !a.stalled() && (a.deps.Prefers == nil || a.deps.Prefers(a.deps.Partition))
 }
 
 // handOver unpins the partition if it is pinned to this allocator, so that
 // the server pins a puller of another process at once instead of after
 // PinnedTTL.
 func (a *Allocator) handOver(ctx context.Context) {
-	if a.pinID == "" {
+	if a.loop.pinID == "" {
 		return
 	}
 	// The last batch's acks first, so the next owner is not handed
 	// messages that are already applied.
-	a.flushPost()
+	if a.post != nil {
+		a.post.Flush()
+	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	info, err := a.cons.Info(ctx)
@@ -489,13 +426,13 @@ func (a *Allocator) handOver(ctx context.Context) {
 		return
 	}
 	for _, g := range info.PriorityGroups {
-		if g.Group == bus.PriorityGroup && g.PinnedClientID == a.pinID {
-			if err := a.stream.UnpinConsumer(ctx, bus.AllocatorConsumer(a.cfg.Partition), bus.PriorityGroup); err == nil {
-				a.log.InfoContext(ctx, "partition handed over")
+		if g.Group == bus.PriorityGroup && g.PinnedClientID == a.loop.pinID {
+			if err := a.stream.UnpinConsumer(ctx, bus.AllocatorConsumer(a.deps.Partition), bus.PriorityGroup); err == nil {
+				a.deps.Log.InfoContext(ctx, "partition handed over")
 			}
 		}
 	}
-	a.pinID = ""
+	a.loop.pinID = ""
 }
 
 // shutdownGrace bounds how long a stopping allocator keeps trying to
@@ -522,11 +459,11 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 	// flight is aborted (a hung connection included) and the partition
 	// given up.
 	defer a.watchStall(hctx, a.unapplied(msgs), cancel)()
-	if a.viewsStale && a.pub != nil {
+	if a.loop.viewsStale && a.pub != nil {
 		// Off the apply loop: the publisher rebuilds while this batch
 		// is applied; views of later states queued meanwhile win.
-		a.pub.requestRebuild()
-		a.viewsStale = false
+		a.pub.RequestRebuild()
+		a.loop.viewsStale = false
 	}
 	backoff := 100 * time.Millisecond
 	for {
@@ -535,14 +472,14 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 			return err
 		}
 		if ctx.Err() != nil {
-			a.log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))
+			a.deps.Log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))
 			return nil
 		}
 		if a.stalled() {
-			a.log.WarnContext(ctx, "batch not applied; handing it over with the partition", slog.Any("err", err))
+			a.deps.Log.WarnContext(ctx, "batch not applied; handing it over with the partition", slog.Any("err", err))
 			return errGaveUp
 		}
-		a.log.ErrorContext(ctx, "batch not applied; trying again", slog.Any("err", err), slog.Duration("backoff", backoff))
+		a.deps.Log.ErrorContext(ctx, "batch not applied; trying again", slog.Any("err", err), slog.Duration("backoff", backoff))
 		for _, m := range msgs {
 			m.InProgress() //nolint:errcheck // best effort: keep the lease
 		}
@@ -568,7 +505,7 @@ func (a *Allocator) holdsPartition(ctx context.Context) bool {
 		return false
 	}
 	for _, g := range info.PriorityGroups {
-		if g.Group == bus.PriorityGroup && g.PinnedClientID != "" && g.PinnedClientID != a.pinID {
+		if g.Group == bus.PriorityGroup && g.PinnedClientID != "" && g.PinnedClientID != a.loop.pinID {
 			return false
 		}
 	}
@@ -578,7 +515,7 @@ func (a *Allocator) holdsPartition(ctx context.Context) bool {
 // collect returns the next batch: it waits up to IdleCheck for a first
 // message, then up to BatchWait more for the rest.
 func (a *Allocator) collect(iter jetstream.MessagesContext) ([]jetstream.Msg, error) {
-	first, err := iter.Next(jetstream.NextMaxWait(a.cfg.IdleCheck))
+	first, err := iter.Next(jetstream.NextMaxWait(a.deps.Test.idleCheck()))
 	if err != nil {
 		if errors.Is(err, nats.ErrTimeout) {
 			return nil, nil

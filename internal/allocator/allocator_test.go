@@ -46,9 +46,9 @@ func newEnv(t *testing.T) *env {
 }
 
 // start runs an allocator until the test ends.
-func (e *env) start(cfg Config, hooks Hooks) *Allocator {
+func (e *env) start(cfg Config, hooks TestHooks) *Allocator {
 	e.t.Helper()
-	a, err := New(e.db.DB, e.nc, e.log, nil, cfg, hooks)
+	a, err := New(cfg, Deps{DB: e.db.DB, NATS: e.nc, Log: e.log, Test: hooks})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
 	last := e.publish(j, "")
 
 	var crashed atomic.Bool
-	a := e.start(Config{AckWait: time.Second}, Hooks{AfterCommit: func() error {
+	a := e.start(conf(nil), TestHooks{AckWait: time.Second, AfterCommit: func() error {
 		crashed.Store(true)
 		return errors.New("killed after commit")
 	}})
@@ -231,7 +231,7 @@ func TestRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
 	e.waitFence(last)
 
 	// The second allocator gets both messages again after AckWait.
-	e.start(Config{AckWait: time.Second}, Hooks{})
+	e.start(conf(nil), TestHooks{AckWait: time.Second})
 	cons, err := e.js.Consumer(context.Background(), wire.RequestStream, bus.AllocatorConsumer(0))
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestSameRequestStoredTwice(t *testing.T) {
 	j := req(wire.OpJoin, 1, 7)
 	e.publish(j, "first")
 	last := e.publish(j, "second") // a different Nats-Msg-Id: the broker stores it again
-	e.start(Config{}, Hooks{})
+	e.start(conf(nil), TestHooks{})
 	e.waitFence(last)
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE request_id = ?", j.RequestID); n != 1 {
 		t.Fatalf("results for the request = %d, want 1", n)
@@ -331,7 +331,7 @@ func TestGapLeftByDeadConsumerIsFilledInOrder(t *testing.T) {
 	for _, r := range late {
 		last = e.publish(r, "")
 	}
-	e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
+	e.start(conf(func(k *Config) { k.PinnedTTL = time.Second }), TestHooks{AckWait: time.Minute})
 	e.waitFence(last)
 
 	for i, want := range []wire.Outcome{wire.OutcomeConfirmed, wire.OutcomeWaiting, wire.OutcomeWaiting} {
@@ -375,7 +375,7 @@ func TestMalformedMessagesAreTerminatedAndRecorded(t *testing.T) {
 	}
 	good := req(wire.OpJoin, 1, 9)
 	last := e.publish(good, "")
-	e.start(Config{}, Hooks{})
+	e.start(conf(nil), TestHooks{})
 	e.waitFence(last)
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message"); n != int64(len(poison)) {
 		t.Fatalf("rejected = %d, want %d", n, len(poison))
@@ -402,13 +402,18 @@ func TestBatchSizesDecideIdentically(t *testing.T) {
 			for _, r := range reqs {
 				last = e.publish(r, "")
 			}
-			a := e.start(Config{BatchSize: c.size, CacheActivities: c.cache}, Hooks{})
+			a := e.start(conf(func(k *Config) {
+				k.BatchSize = c.size
+				if c.cache > 0 {
+					k.Cache = c.cache
+				}
+			}), TestHooks{})
 			e.waitFence(last)
 			if c.cache > 0 {
 				// A cache of one over three activities: reloads from
 				// MySQL all along, the same decisions.
 				a.Stop()
-				if n := a.cache.Len(); n > c.cache {
+				if n := a.loop.cache.Len(); n > c.cache {
 					t.Fatalf("the cache holds %d activities, bounded at %d", n, c.cache)
 				}
 				if loads := testutil.ToFloat64(a.m.cacheLoads); loads < 10 {
@@ -476,7 +481,7 @@ func TestHoleInsideABatchIsFilled(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	a, err := New(e.db.DB, e.nc, e.log, nil, Config{AckWait: time.Minute}, Hooks{})
+	a, err := New(conf(nil), Deps{DB: e.db.DB, NATS: e.nc, Log: e.log, Test: TestHooks{AckWait: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,7 +546,7 @@ func TestOneBadRequestDoesNotSinkItsBatch(t *testing.T) {
 		}
 		last = seq
 	}
-	e.start(Config{BatchWait: 50 * time.Millisecond}, Hooks{})
+	e.start(conf(func(k *Config) { k.BatchWait = 50 * time.Millisecond }), TestHooks{})
 	e.waitFence(last)
 	for r, want := range map[wire.Request]wire.Outcome{good1: wire.OutcomeConfirmed, good2: wire.OutcomeConfirmed, good3: wire.OutcomeWaiting} {
 		if got := e.result(r.RequestID).Outcome; got != want {
@@ -567,7 +572,7 @@ func TestReplacedStreamIsRefused(t *testing.T) {
 	ctx := context.Background()
 	e.publish(open(1, 5), "")
 	last := e.publish(req(wire.OpJoin, 1, 1), "")
-	a := e.start(Config{}, Hooks{})
+	a := e.start(conf(nil), TestHooks{})
 	e.waitFence(last)
 	a.Stop()
 
@@ -580,7 +585,7 @@ func TestReplacedStreamIsRefused(t *testing.T) {
 	fresh := req(wire.OpJoin, 1, 2)
 	e.publish(fresh, "") // seq 1 again, below the fence
 
-	b, err := New(e.db.DB, e.nc, e.log, nil, Config{}, Hooks{})
+	b, err := New(conf(nil), Deps{DB: e.db.DB, NATS: e.nc, Log: e.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -635,7 +640,7 @@ func TestBadRequestInsideAFilledGap(t *testing.T) {
 	for _, r := range late {
 		last = e.publish(r, "")
 	}
-	a := e.start(Config{AckWait: time.Minute, PinnedTTL: time.Second}, Hooks{})
+	a := e.start(conf(func(k *Config) { k.PinnedTTL = time.Second }), TestHooks{AckWait: time.Minute})
 	e.waitFence(last)
 	// The held messages are not redelivered within AckWait: the allocator
 	// applied them only because it read the gap from the stream.
@@ -672,9 +677,9 @@ func TestStopConfirmsEveryAck(t *testing.T) {
 	for u := range int64(300) {
 		last = e.publish(req(wire.OpJoin, 1, u+1), "")
 	}
-	a, err := New(e.db.DB, e.nc, e.log, nil, Config{BatchSize: 50}, Hooks{
+	a, err := New(conf(func(k *Config) { k.BatchSize = 50 }), Deps{DB: e.db.DB, NATS: e.nc, Log: e.log, Test: TestHooks{
 		BeforeConfirm: func() { time.Sleep(50 * time.Millisecond) },
-	})
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func TestRedeliveryDoesNotProveAGap(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	a, err := New(e.db.DB, e.nc, e.log, nil, Config{AckWait: time.Minute}, Hooks{})
+	a, err := New(conf(nil), Deps{DB: e.db.DB, NATS: e.nc, Log: e.log, Test: TestHooks{AckWait: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,27 +29,16 @@ func TestRunFirstErrorWins(t *testing.T) {
 	ns.Setup(t, bus.StreamConfig{Partitions: partitions})
 	nc, _ := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var ln *testenv.BrokenListener
-	listening := make(chan struct{})
-	var stops atomic.Int32
-	cfg := RunConfig{Config: Config{Partitions: partitions}, MetricsAddr: "127.0.0.1:0",
-		hooks: Hooks{Stopping: func() { stops.Add(1) }},
-		listen: func(network, address string) (net.Listener, error) {
-			defer close(listening)
-			inner, err := net.Listen(network, address)
-			if err != nil {
-				return nil, err
-			}
-			ln = &testenv.BrokenListener{Listener: inner}
-			return ln, nil
-		}}
-	ran := make(chan error, 1)
-	go func() { ran <- Run(context.Background(), cfg, db.DB, nc, log) }()
-	select {
-	case <-listening:
-	case err := <-ran:
-		t.Fatalf("Run returned %v before listening", err)
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
+	ln := &testenv.BrokenListener{Listener: inner}
+	var stops atomic.Int32
+	cfg := conf(func(k *Config) { k.Partitions = partitions; k.MetricsAddr = ln.Addr().String() })
+	deps := Deps{DB: db.DB, NATS: nc, Log: log, MetricsListener: ln, Test: TestHooks{Stopping: func() { stops.Add(1) }}}
+	ran := make(chan error, 1)
+	go func() { ran <- Run(context.Background(), cfg, deps) }()
 	readyz := func() int {
 		r, err := http.Get("http://" + ln.Addr().String() + "/readyz")
 		if err != nil {

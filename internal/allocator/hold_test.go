@@ -54,7 +54,7 @@ func TestHoldsExpireThroughTheStream(t *testing.T) {
 			if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
 				t.Fatal(err)
 			}
-			e.startProcess(partitions, Config{BatchSize: 50})
+			e.startProcess(partitions, conf(func(k *Config) { k.BatchSize = 50 }), Deps{})
 
 			const act = 42
 			const hold = time.Second

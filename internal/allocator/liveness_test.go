@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/audit"
@@ -36,7 +35,10 @@ type proc struct {
 
 // startProc runs an allocator process (Run, membership included) for the
 // test's database, through a proxy, its sessions ending on the server's
-// side once idle for idle (as Env.SessionDSN makes them; 0: never).
+// side once idle for idle (as Config.SessionDSN makes them; 0: never).
+// ackWait is the redelivery timeout of a liveness test's allocators.
+const ackWait = 5 * time.Second
+
 func startProc(t *testing.T, name string, db *dbtest.DB, ns *natstest.Server, cfg Config, idle time.Duration) *proc {
 	t.Helper()
 	dsn, err := mysql.ParseDSN(db.DSN)
@@ -59,12 +61,12 @@ func startProc(t *testing.T, name string, db *dbtest.DB, ns *natstest.Server, cf
 		t.Fatal(err)
 	}
 	p.addr = ln.Addr().String()
-	rc := RunConfig{Config: cfg, MetricsAddr: p.addr,
-		listen: func(string, string) (net.Listener, error) { return ln, nil },
-		hooks:  Hooks{AfterCommit: func() error { p.commits.Add(1); return nil }}}
+	cfg.MetricsAddr = p.addr
+	deps := Deps{DB: pdb, NATS: nc, Log: discardLog(), MetricsListener: ln,
+		Test: TestHooks{AckWait: ackWait, AfterCommit: func() error { p.commits.Add(1); return nil }}}
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() { ran <- Run(ctx, rc, pdb, nc, discardLog()) }()
+	go func() { ran <- Run(ctx, cfg, deps) }()
 	var stopped bool
 	p.stop = func() {
 		if stopped {
@@ -142,7 +144,7 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{PinnedTTL: time.Second, AckWait: 5 * time.Second, StallTimeout: stall}
+	cfg := conf(func(k *Config) { k.PinnedTTL = time.Second; k.StallTimeout = stall })
 	// One after the other: two processes ensuring the same streams at
 	// once trip a data race inside the embedded server.
 	var procs []*proc
@@ -300,8 +302,7 @@ func TestIdlePartitionIsNotStalled(t *testing.T) {
 	release := make(chan struct{})
 	var released sync.Once
 	unblock := func() { released.Do(func() { close(release) }) }
-	a, err := New(pdb, e.nc, e.log, nil, Config{StallTimeout: 300 * time.Millisecond, IdleCheck: 100 * time.Millisecond,
-		AckWait: time.Minute, PinnedTTL: time.Minute}, Hooks{BeforeConfirm: func() { <-release }})
+	a, err := New(conf(func(k *Config) { k.StallTimeout = 300 * time.Millisecond; k.PinnedTTL = time.Minute }), Deps{DB: pdb, NATS: e.nc, Log: e.log, Test: TestHooks{IdleCheck: 100 * time.Millisecond, AckWait: time.Minute, BeforeConfirm: func() { <-release }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +323,7 @@ func TestIdlePartitionIsNotStalled(t *testing.T) {
 
 	proxy.Refuse()
 	testenv.WaitFor(t, 30*time.Second, "the stall watch looks at the idle partition several times",
-		func() bool { return a.idleChecks.Load() >= 5 || a.stalled() })
+		func() bool { return a.stall.idleChecks.Load() >= 5 || a.stalled() })
 	if a.stalled() {
 		t.Fatal("an idle partition was given up")
 	}
@@ -352,13 +353,13 @@ func TestSessionDSN(t *testing.T) {
 	const base = "u:p@tcp(db:3306)/allot?parseTime=true"
 	for _, c := range []struct {
 		dsn  string
-		env  Env
+		env  Config
 		want string
 	}{
-		{base, Env{StallTimeout: 15 * time.Second}, "15"},
-		{base, Env{StallTimeout: 1500 * time.Millisecond}, "2"},
-		{base + "&wait_timeout=99", Env{StallTimeout: 15 * time.Second}, "99"},
-		{base, Env{}, ""},
+		{base, Config{StallTimeout: 15 * time.Second}, "15"},
+		{base, Config{StallTimeout: 1500 * time.Millisecond}, "2"},
+		{base + "&wait_timeout=99", Config{StallTimeout: 15 * time.Second}, "99"},
+		{base, Config{}, ""},
 	} {
 		got, err := c.env.SessionDSN(c.dsn)
 		if err != nil {
@@ -372,48 +373,11 @@ func TestSessionDSN(t *testing.T) {
 			t.Errorf("SessionDSN(%q) with %s = %q, want wait_timeout %q and the rest kept", c.dsn, c.env.StallTimeout, got, c.want)
 		}
 	}
-	if _, err := (Env{StallTimeout: time.Second}).SessionDSN("not a dsn"); err == nil {
+	if _, err := (Config{StallTimeout: time.Second}).SessionDSN("not a dsn"); err == nil {
 		t.Error("a bad DSN was accepted")
 	}
-	env := Env{Partitions: 1, PinnedTTL: time.Second, BatchSize: 1, Cache: 1, StallTimeout: 100 * time.Millisecond}
+	env := Config{Partitions: 1, PinnedTTL: time.Second, BatchSize: 1, Cache: 1, StallTimeout: 100 * time.Millisecond}
 	if err := env.Validate(); err == nil || !strings.Contains(err.Error(), "ALLOT_STALL_TIMEOUT") {
 		t.Errorf("ALLOT_STALL_TIMEOUT=100ms: %v, want it refused", err)
-	}
-}
-
-// TestReadyzNamesGivenUpPartitions: /readyz answers 503 naming the
-// partitions this process gave up, and 200 again once none is.
-func TestReadyzNamesGivenUpPartitions(t *testing.T) {
-	t.Parallel()
-	db := dbtest.New(t)
-	ns := natstest.New(t)
-	nc, _ := ns.Connect(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ready atomic.Bool
-	ready.Store(true)
-	stalls := &stallSet{}
-	part, err := serveMetrics(ln.Addr().String(), func(string, string) (net.Listener, error) { return ln, nil },
-		prometheus.NewRegistry(), db.DB, nc, &ready, stalls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- part.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-	p := &proc{addr: ln.Addr().String()}
-	testenv.WaitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK })
-	stalls.set(3, true)
-	stalls.set(1, true)
-	if code, body := p.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, ": 1, 3.") {
-		t.Fatalf("/readyz with partitions 1 and 3 given up: %d %s", code, body)
-	}
-	stalls.set(1, false)
-	stalls.set(3, false)
-	if code, body := p.get("/readyz"); code != http.StatusOK {
-		t.Fatalf("/readyz once none is given up: %d %s", code, body)
 	}
 }

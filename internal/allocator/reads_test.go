@@ -21,7 +21,7 @@ import (
 func TestReadsMatchAFullCount(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.start(Config{BatchSize: 300, bucketSize: 16}, Hooks{})
+	e.start(conf(func(k *Config) { k.BatchSize = 300 }), TestHooks{BucketSize: 16})
 	ctx := context.Background()
 	const users = 1500
 	acts := map[int64]time.Duration{1: 0, 2: time.Hour} // activity → hold
@@ -153,7 +153,7 @@ func compareReads(t *testing.T, e *env, pos *store.Positions, round int, acts []
 func TestWaitlistBucketsRepairedOnLoad(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	a := e.start(Config{bucketSize: 4}, Hooks{})
+	a := e.start(conf(nil), TestHooks{BucketSize: 4})
 	last := e.publish(open(1, 1), "")
 	for u := int64(1); u <= 30; u++ {
 		last = e.publish(req(wire.OpJoin, 1, u), "")
@@ -166,7 +166,7 @@ func TestWaitlistBucketsRepairedOnLoad(t *testing.T) {
 	if n := e.db.Count(t, "SELECT SUM(waiting) - (SELECT COUNT(*) FROM activity_signup WHERE activity_id = 1 AND status = 'WAITING') FROM waitlist_bucket WHERE activity_id = 1"); n != 1 {
 		t.Fatalf("the tampered bucket is not off: %d", n)
 	}
-	e.start(Config{bucketSize: 4}, Hooks{})
+	e.start(conf(nil), TestHooks{BucketSize: 4})
 	e.waitFence(e.publish(req(wire.OpCancel, 1, 5), ""))
 	e.db.CheckInvariants(t)
 	compareReads(t, e, store.NewPositions(e.db.DB), 0, []int64{1})
@@ -180,7 +180,7 @@ func TestWaitlistBucketsRepairedOnLoad(t *testing.T) {
 func TestCachedPositionsFollowTheLine(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.start(Config{bucketSize: 4}, Hooks{})
+	e.start(conf(nil), TestHooks{BucketSize: 4})
 	ctx := context.Background()
 	last := e.publish(open(1, 1), "")
 	for u := int64(1); u <= 40; u++ {
@@ -235,7 +235,7 @@ func TestCachedPositionsFollowTheLine(t *testing.T) {
 func TestCachedPositionsNeverGoBack(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.start(Config{bucketSize: 8}, Hooks{})
+	e.start(conf(nil), TestHooks{BucketSize: 8})
 	ctx := context.Background()
 	last := e.publish(open(1, 1), "")
 	for u := int64(1); u <= 200; u++ {
@@ -294,7 +294,7 @@ func TestCachedPositionsNeverGoBack(t *testing.T) {
 func TestCachedPositionsAfterAVersionWrittenLower(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.start(Config{bucketSize: 4}, Hooks{})
+	e.start(conf(nil), TestHooks{BucketSize: 4})
 	ctx := context.Background()
 	last := e.publish(open(1, 1), "")
 	for u := int64(1); u <= 30; u++ {

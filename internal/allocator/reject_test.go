@@ -22,7 +22,7 @@ func TestRejectOnlyTheMessageThatFailed(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	first := e.publish(open(1, 2), "")
-	a := e.start(Config{}, Hooks{})
+	a := e.start(conf(nil), TestHooks{})
 	e.waitFence(first)
 	a.Stop()
 

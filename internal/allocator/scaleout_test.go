@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/allot-dev/allot/internal/allocator/members"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
@@ -62,14 +63,15 @@ type process struct {
 	all []*Allocator
 }
 
-func (e *env) startProcess(partitions int, cfg Config) *process {
+func (e *env) startProcess(partitions int, cfg Config, d Deps) *process {
 	e.t.Helper()
 	nc, _ := e.ns.Connect(e.t)
 	p := &process{nc: nc}
+	cfg.Partitions = partitions
+	d.DB, d.NATS, d.Log = e.db.DB, nc, e.log
 	for i := range partitions {
-		c := cfg
-		c.Partition, c.Partitions = i, partitions
-		a, err := New(e.db.DB, nc, e.log, nil, c, Hooks{})
+		d.Partition = i
+		a, err := New(cfg, d)
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -108,9 +110,10 @@ func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
 	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{PinnedTTL: time.Second, AckWait: 2 * time.Second, BatchSize: 50}
-	a := e.startProcess(partitions, cfg)
-	b := e.startProcess(partitions, cfg)
+	cfg := conf(func(k *Config) { k.PinnedTTL = time.Second; k.BatchSize = 50 })
+	d := Deps{Test: TestHooks{AckWait: 2 * time.Second}}
+	a := e.startProcess(partitions, cfg, d)
+	b := e.startProcess(partitions, cfg, d)
 
 	reqs := mixedBurst(3000, 12, 8, 60)
 	var (
@@ -277,7 +280,7 @@ func TestEventsMatchResultsByKind(t *testing.T) {
 	for _, r := range reqs {
 		last = e.publish(r, "")
 	}
-	e.start(Config{}, Hooks{})
+	e.start(conf(nil), TestHooks{})
 	e.waitFence(last)
 
 	want := map[wire.EventKind]int{}
@@ -382,15 +385,24 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
 		t.Fatal(err)
 	}
-	join := func() *Members {
-		m, err := JoinMembers(ctx, e.js, e.log, 100*time.Millisecond, bus.MembersTTL)
+	join := func() (*members.Members, func()) {
+		m, err := members.Join(ctx, e.js, e.log, 100*time.Millisecond, bus.MembersTTL)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(m.Leave)
-		return m
+		mctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			m.Run(mctx) //nolint:errcheck // it returns nil
+		}()
+		var once sync.Once
+		leave := func() { once.Do(func() { cancel(); <-done }) }
+		t.Cleanup(leave)
+		return m, leave
 	}
-	ma, mb := join(), join()
+	ma, leaveA := join()
+	mb, _ := join()
 	// Both see both before pulling, so neither grabs everything first.
 	deadline := time.Now().Add(5 * time.Second)
 	for !(ma.Prefers(0) != mb.Prefers(0) && ma.Prefers(1) != mb.Prefers(1)) {
@@ -402,11 +414,10 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 	// The pin outlives a stall of a loaded machine (CI runs every
 	// package at once): with a second, the other process took a partition
 	// over while its own process was merely slow.
-	cfg := Config{PinnedTTL: 5 * time.Second, AckWait: 2 * time.Second}
-	cfgA, cfgB := cfg, cfg
-	cfgA.Prefers, cfgB.Prefers = ma.Prefers, mb.Prefers
-	a := e.startProcess(partitions, cfgA)
-	b := e.startProcess(partitions, cfgB)
+	cfg := conf(func(k *Config) { k.PinnedTTL = 5 * time.Second })
+	test := TestHooks{AckWait: 2 * time.Second}
+	a := e.startProcess(partitions, cfg, Deps{Prefers: ma.Prefers, Test: test})
+	b := e.startProcess(partitions, cfg, Deps{Prefers: mb.Prefers, Test: test})
 
 	reqs := mixedBurst(1500, 16, 8, 60)
 	for _, r := range reqs[:len(reqs)/2] {
@@ -438,7 +449,7 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 
 	// One process leaves: the other takes its partitions over.
 	a.stop()
-	ma.Leave()
+	leaveA()
 	for _, r := range reqs[len(reqs)/2:] {
 		e.publish(r, "")
 	}

@@ -4,94 +4,60 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-)
 
-// DefaultStallTimeout is Config.StallTimeout's default.
-const DefaultStallTimeout = 15 * time.Second
+	"github.com/allot-dev/allot/internal/allocator/stallwatch"
+)
 
 // errGaveUp says the batch in hand was given up: the allocator could not
 // commit for StallTimeout while requests waited.
 var errGaveUp = errors.New("partition given up: no commit while requests wait")
 
-// A stalled partition.
-//
-// Liveness is progress, not a heartbeat: an allocator that holds its
-// partition but cannot commit (its route to MySQL is gone, MySQL answers
-// "too many connections", every transaction hangs) keeps the partition's
-// requests pending while healthy peers stand by. So an allocator that has
-// not committed for StallTimeout while requests of its partition wait (a
-// batch in hand, or messages pending on the consumer) gives the partition
-// up: it aborts the attempt in flight, stops pulling, unpins the partition
-// and tells the membership, so that the partition's preferred owner becomes
-// another process. While given up it tries a transaction every probeEvery;
-// the first that commits ends the stall, and the allocator takes part again
-// as any member does.
-//
-// Exactly-once does not rest on any of this: every transaction locks the
-// partition's fence row first and applies only what lies past it, so an
-// old owner whose transaction still reaches MySQL later either held the
-// fence lock all along (the peer waited for it) or finds the fence moved
-// and applies nothing. A session cut off while it holds the fence lock is
-// ended by MySQL itself (Env.SessionDSN's wait_timeout). The whole story
-// is in docs/allocator-liveness.md.
+// A stalled partition: see package stallwatch.
 
 // probeEvery is how often a given-up allocator tries MySQL again.
 const probeEvery = time.Second
 
+// stallClock is what the apply loop and the stall watch share.
+type stallClock struct {
+	// gaveUp is set while the partition is given up for want of commits;
+	// lastCommit is when a transaction last committed (UnixNano).
+	gaveUp     atomic.Bool
+	lastCommit atomic.Int64
+	// idleChecks counts the times the stall watch found nothing waiting.
+	idleChecks atomic.Int64
+	// applied is the fence as this allocator's last commit left it, for
+	// the stall watch (loop.lastFence is the apply loop's own).
+	applied atomic.Uint64
+}
+
 // stalled reports whether the allocator gave its partition up.
-func (a *Allocator) stalled() bool { return a.gaveUp.Load() }
+func (a *Allocator) stalled() bool { return a.stall.gaveUp.Load() }
 
 // noteProgress records a commit: the stall clock restarts.
-func (a *Allocator) noteProgress() { a.lastCommit.Store(time.Now().UnixNano()) }
+func (a *Allocator) noteProgress() { a.stall.lastCommit.Store(time.Now().UnixNano()) }
 
-// watchStall watches the batch in hand (msgs, when inHand) from now on.
-// When nothing has committed for StallTimeout and requests wait, it gives
-// the partition up and calls abort, which ends the attempt in flight. The
-// returned stop ends the watch; a batch that commits in time costs one
-// timer, no goroutine.
+// watchStall watches the batch in hand (msgs, when inHand) from now on
+// (stallwatch.Watch): once nothing has committed for StallTimeout while
+// requests wait, it gives the partition up and calls abort, which ends the
+// attempt in flight. The returned stop ends and joins the watch.
 func (a *Allocator) watchStall(ctx context.Context, inHand bool, abort func()) (stop func()) {
-	if a.cfg.StallTimeout <= 0 {
+	if !a.cfg.stallWatched() {
 		return func() {}
 	}
-	start := time.Now().UnixNano()
-	var (
-		mu      sync.Mutex
-		stopped bool
-		t       *time.Timer
-	)
-	check := func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped || ctx.Err() != nil {
-			return
-		}
-		since := time.Unix(0, max(start, a.lastCommit.Load()))
-		if left := a.cfg.StallTimeout - time.Since(since); left > 0 {
-			t.Reset(left)
-			return
-		}
-		if inHand || a.requestsWait(ctx) {
-			a.giveUp(time.Since(since))
+	return stallwatch.Watch(ctx, stallwatch.Watched{
+		Timeout:    a.cfg.StallTimeout,
+		LastCommit: func() int64 { return a.stall.lastCommit.Load() },
+		Waiting:    func(ctx context.Context) bool { return inHand || a.requestsWait(ctx) },
+		Idle:       func() { a.stall.idleChecks.Add(1) },
+		Stalled: func(since time.Duration) {
+			a.giveUp(since)
 			abort()
-			return
-		}
-		a.idleChecks.Add(1)
-		t.Reset(min(a.cfg.StallTimeout, time.Second))
-	}
-	mu.Lock()
-	t = time.AfterFunc(a.cfg.StallTimeout, check)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-	}
+		},
+	})
 }
 
 // requestsWait reports whether requests of the partition wait: stored and
@@ -108,7 +74,7 @@ func (a *Allocator) requestsWait(ctx context.Context) bool {
 	if err != nil {
 		return false // nobody can tell; the broker is away as well
 	}
-	return info.NumPending > 0 || (info.NumAckPending > 0 && info.Delivered.Stream > a.applied.Load())
+	return info.NumPending > 0 || (info.NumAckPending > 0 && info.Delivered.Stream > a.stall.applied.Load())
 }
 
 // unapplied reports whether msgs hold a request past the fence of this
@@ -116,7 +82,7 @@ func (a *Allocator) requestsWait(ctx context.Context) bool {
 // covers (applied through a walk of the stream before its delivery came),
 // waits for nothing, even while MySQL cannot say so.
 func (a *Allocator) unapplied(msgs []jetstream.Msg) bool {
-	applied := a.applied.Load()
+	applied := a.stall.applied.Load()
 	for _, m := range msgs {
 		md, err := m.Metadata()
 		if err != nil || md.Sequence.Stream > applied {
@@ -128,27 +94,27 @@ func (a *Allocator) unapplied(msgs []jetstream.Msg) bool {
 
 // giveUp marks the partition given up and says so.
 func (a *Allocator) giveUp(since time.Duration) {
-	if a.gaveUp.Swap(true) {
+	if a.stall.gaveUp.Swap(true) {
 		return
 	}
 	a.m.stalled.Set(1)
 	a.m.giveUps.Inc()
-	a.log.Error("partition given up: no commit while its requests wait; a peer takes it over",
+	a.deps.Log.Error("partition given up: no commit while its requests wait; a peer takes it over",
 		slog.Duration("without_commit", since.Round(time.Millisecond)), slog.Duration("stall_timeout", a.cfg.StallTimeout))
-	if a.cfg.OnStall != nil {
-		a.cfg.OnStall(a.cfg.Partition, true)
+	if a.deps.OnStall != nil {
+		a.deps.OnStall(a.deps.Partition, true)
 	}
 }
 
 // probe ends the stall once a transaction commits again.
 func (a *Allocator) probe(ctx context.Context) {
-	if !a.gaveUp.Load() || time.Since(a.lastProbe) < probeEvery {
+	if !a.stall.gaveUp.Load() || time.Since(a.loop.lastProbe) < probeEvery {
 		return
 	}
-	a.lastProbe = time.Now()
+	a.loop.lastProbe = time.Now()
 	pctx, cancel := context.WithTimeout(ctx, probeEvery)
 	defer cancel()
-	tx, err := a.db.BeginTx(pctx, nil)
+	tx, err := a.deps.DB.BeginTx(pctx, nil)
 	if err == nil {
 		var one int
 		if err = tx.QueryRowContext(pctx, "SELECT 1").Scan(&one); err == nil {
@@ -160,42 +126,11 @@ func (a *Allocator) probe(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	a.gaveUp.Store(false)
+	a.stall.gaveUp.Store(false)
 	a.noteProgress()
 	a.m.stalled.Set(0)
-	a.log.Info("partition can commit again; taking part as a member")
-	if a.cfg.OnStall != nil {
-		a.cfg.OnStall(a.cfg.Partition, false)
+	a.deps.Log.Info("partition can commit again; taking part as a member")
+	if a.deps.OnStall != nil {
+		a.deps.OnStall(a.deps.Partition, false)
 	}
-}
-
-// stallSet is a process's given-up partitions, for /readyz.
-type stallSet struct {
-	mu sync.Mutex
-	m  map[int]bool
-}
-
-func (s *stallSet) set(p int, stalled bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.m == nil {
-		s.m = map[int]bool{}
-	}
-	if stalled {
-		s.m[p] = true
-	} else {
-		delete(s.m, p)
-	}
-}
-
-// list is the given-up partitions, sorted.
-func (s *stallSet) list() []int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]int, 0, len(s.m))
-	for p := range s.m {
-		out = append(out, p)
-	}
-	slices.Sort(out)
-	return out
 }

@@ -31,11 +31,11 @@ func TestRunWaitsForJetStream(t *testing.T) {
 	}
 	t.Cleanup(func() { mln.Close() })
 	addr := mln.Addr().String()
-	cfg := RunConfig{MetricsAddr: addr, listen: func(string, string) (net.Listener, error) { return mln, nil }}
+	cfg := conf(func(k *Config) { k.MetricsAddr = addr })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ran := make(chan error, 1)
-	go func() { ran <- Run(ctx, cfg, db.DB, nc, log) }()
+	go func() { ran <- Run(ctx, cfg, Deps{DB: db.DB, NATS: nc, Log: log, MetricsListener: mln}) }()
 	readyz := func() int {
 		r, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator/viewpub"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -69,7 +70,7 @@ func TestViewBucketHoldsOnlyLiveViews(t *testing.T) {
 	// Fewer keys tracked than activities filled: the untracked ones are
 	// deleted, and leave the bucket too.
 	reg := prometheus.NewRegistry()
-	a, err := New(e.db.DB, e.nc, e.log, reg, Config{ViewClearTTL: time.Second, CacheActivities: 250}, Hooks{})
+	a, err := New(conf(func(k *Config) { k.Cache = 250 }), Deps{DB: e.db.DB, NATS: e.nc, Log: e.log, Registerer: reg, Test: TestHooks{ViewClearTTL: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func (e *env) waitStored(activity int64, what string, ok func(v wire.View, prese
 func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	a := e.start(Config{ViewClearTTL: time.Second}, Hooks{})
+	a := e.start(conf(nil), TestHooks{ViewClearTTL: time.Second})
 	const act = 7
 	e.publish(open(act, 1), "")
 	e.waitFence(e.publish(req(wire.OpClaim, act, 1), ""))
@@ -177,15 +178,7 @@ func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 	// view itself; both hold the full view, late.
 	ctx := context.Background()
 	for _, rev := range []uint64{0, fullRev} {
-		stale, err := newViewPub(a, a.views)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stale.keys.Add(act, keyState{rev: rev, seq: full.Seq, live: true})
-		stale.queue(viewOp{v: full})
-		for len(stale.pending) > 0 {
-			stale.round(ctx)
-		}
+		e.staleWriter(a).PutStale(ctx, full, rev)
 		if v, _, ok := e.storedView(act); !ok || allocation.ViewDecides(v) || v.Seq != cleared.Seq {
 			t.Fatalf("a late put (expecting revision %d) replaced the clear: %+v", rev, v)
 		}
@@ -194,15 +187,7 @@ func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 	// Once the clear expired, the key is empty; the late put still cannot
 	// fill it, since MySQL has the activity past the view's sequence.
 	e.waitStored(act, "gone", func(_ wire.View, ok bool) bool { return !ok })
-	stale, err := newViewPub(a, a.views)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale.keys.Add(act, keyState{rev: fullRev, seq: full.Seq, live: true})
-	stale.queue(viewOp{v: full})
-	for len(stale.pending) > 0 {
-		stale.round(ctx)
-	}
+	e.staleWriter(a).PutStale(ctx, full, fullRev)
 	if v, _, ok := e.storedView(act); ok {
 		t.Fatalf("a late put resurrected an expired clear: %+v", v)
 	}
@@ -221,7 +206,7 @@ func TestLatePutCannotResurrectAClearedView(t *testing.T) {
 func TestRebuiltViewIsOneSnapshot(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	a := e.start(Config{}, Hooks{})
+	a := e.start(conf(nil), TestHooks{})
 	const act = 8
 	e.publish(open(act, 2), "")
 	e.publish(req(wire.OpClaim, act, 1), "")
@@ -251,7 +236,7 @@ func TestRebuiltViewIsOneSnapshot(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	var once sync.Once
-	e.start(Config{}, Hooks{ViewSnapshot: func() {
+	e.start(conf(nil), TestHooks{ViewSnapshot: func() {
 		once.Do(func() {
 			// A commit of the previous owner between the reads: user 2
 			// leaves, user 3 takes the seat, two requests later.
@@ -304,7 +289,7 @@ func TestRebuildExpiresLegacyClears(t *testing.T) {
 	// Older than any clear this version writes (twice the TTL and the
 	// marker's, and a margin).
 	time.Sleep(10 * time.Second)
-	e.start(Config{ViewClearTTL: time.Second}, Hooks{})
+	e.start(conf(nil), TestHooks{ViewClearTTL: time.Second})
 	deadline := time.Now().Add(time.Minute)
 	for e.viewBucketMsgs() > 0 {
 		if time.Now().After(deadline) {
@@ -331,7 +316,7 @@ func TestFrozenViewBucketCostsTheApplyLoopNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	a, err := New(e.db.DB, nc, e.log, nil, Config{}, Hooks{})
+	a, err := New(conf(nil), Deps{DB: e.db.DB, NATS: nc, Log: e.log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -354,4 +339,21 @@ func TestFrozenViewBucketCostsTheApplyLoopNothing(t *testing.T) {
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM activity WHERE confirmed_count = 1"); n != 50 {
 		t.Fatalf("%d activities filled, want 50", n)
 	}
+}
+
+// staleWriter is a second view publisher of a's partition, as a late
+// writer (an old owner) is.
+func (e *env) staleWriter(a *Allocator) *viewpub.Publisher {
+	e.t.Helper()
+	kv, err := e.js.KeyValue(context.Background(), wire.ViewBucket)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	d := a.viewDeps(kv)
+	d.Registerer = prometheus.NewRegistry()
+	p, err := viewpub.New(d)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return p
 }

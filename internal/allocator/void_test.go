@@ -76,7 +76,7 @@ func TestVoidSettlesARequestIDForGood(t *testing.T) {
 	e.publishVoid(voidOf(twice.RequestID, 9), "void-3")
 	last := e.publishVoid(voidOf(twice.RequestID, 9), "void-4")
 
-	e.start(Config{}, Hooks{})
+	e.start(conf(nil), TestHooks{})
 	e.waitFence(max(late, copyAfter, last))
 
 	if r := e.result(applied.RequestID); r.Op != wire.OpJoin || r.Outcome != wire.OutcomeConfirmed || r.Seq >= late {
@@ -122,7 +122,7 @@ func TestVoidOnTheWrongSubjectIsRefused(t *testing.T) {
 	v2.ActivityID = 1
 	data2, _ := json.Marshal(v2)
 	withActivity := e.publishRaw(wire.RequestSubject(1), data2)
-	e.start(Config{}, Hooks{})
+	e.start(conf(nil), TestHooks{})
 	e.waitFence(withActivity)
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message WHERE seq IN (?, ?)", wrong, withActivity); n != 2 {
 		t.Fatalf("%d of the two misplaced voids rejected, want both", n)
@@ -147,12 +147,12 @@ func TestVoidOfARefusedRequestIsARepeat(t *testing.T) {
 	}
 	same, _ := misplaced()
 	e.publishVoid(voidOf(same.RequestID, 5), "void-same-batch")
-	a := e.start(Config{}, Hooks{})
+	a := e.start(conf(nil), TestHooks{})
 	earlier, seq := misplaced()
 	e.waitFence(seq)
 	a.Stop()
 	last := e.publishVoid(voidOf(earlier.RequestID, 5), "void-later-batch")
-	e.start(Config{}, Hooks{})
+	e.start(conf(nil), TestHooks{})
 	e.waitFence(last)
 	for _, id := range []string{same.RequestID, earlier.RequestID} {
 		r := e.result(id)

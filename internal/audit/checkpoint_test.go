@@ -15,6 +15,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -68,8 +69,7 @@ func TestAuditFromCheckpointAfterRetention(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
 	e.setRequestsMaxAge(2 * time.Second)
-	a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
-		allocator.Config{CheckpointInterval: 200 * time.Millisecond}, allocator.Hooks{})
+	a, err := allocator.New(checkpointing(200*time.Millisecond), allocator.Deps{DB: e.db.DB, NATS: e.nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +246,7 @@ func TestAuditFromCheckpointPartitioned(t *testing.T) {
 		}
 		allocs = allocs[:0]
 		for p := range partitions {
-			a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
-				allocator.Config{Partition: p, Partitions: partitions, CheckpointInterval: interval}, allocator.Hooks{})
+			a, err := allocator.New(checkpointingPartitions(interval, partitions), allocator.Deps{DB: e.db.DB, NATS: e.nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Partition: p})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -356,8 +355,7 @@ func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
 		}
 	}
 	for p := range partitions {
-		a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
-			allocator.Config{Partition: p, Partitions: partitions, CheckpointInterval: 100 * time.Millisecond}, allocator.Hooks{})
+		a, err := allocator.New(checkpointingPartitions(100*time.Millisecond, partitions), allocator.Deps{DB: e.db.DB, NATS: e.nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Partition: p})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -399,4 +397,16 @@ func TestAuditFromCheckpointQuietPartitions(t *testing.T) {
 	if rep := e.audit(audit.Config{FromCheckpoint: true}); rep.OK {
 		t.Fatal("a changed row of the quiet partition went unreported")
 	}
+}
+
+// checkpointing is the allocator's default configuration with checkpoints
+// every interval.
+func checkpointing(interval time.Duration) allocator.Config {
+	return checkpointingPartitions(interval, 1)
+}
+
+func checkpointingPartitions(interval time.Duration, partitions int) allocator.Config {
+	c := config.Defaults[allocator.Config]()
+	c.CheckpointInterval, c.Partitions = interval, partitions
+	return c
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store/checkpoint"
@@ -46,7 +47,7 @@ func newEnv(t testing.TB) *env {
 // startAllocator runs a real allocator until stopAllocator or the test ends.
 func (e *env) startAllocator() {
 	e.t.Helper()
-	a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, allocator.Config{}, allocator.Hooks{})
+	a, err := allocator.New(config.Defaults[allocator.Config](), allocator.Deps{DB: e.db.DB, NATS: e.nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -325,8 +325,7 @@ func TestHoldsAuditFromCheckpoint(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := newEnv(t)
-	a, err := allocator.New(e.db.DB, e.nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil,
-		allocator.Config{CheckpointInterval: 100 * time.Millisecond}, allocator.Hooks{})
+	a, err := allocator.New(checkpointing(100*time.Millisecond), allocator.Deps{DB: e.db.DB, NATS: e.nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	}
 	total := cfg.Requests + cfg.Activities
 
-	a, err := allocator.New(db, nc, log, nil, cfg.Allocator, allocator.Hooks{})
+	a, err := allocator.New(cfg.Allocator, allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		return DrainResult{}, err
 	}
@@ -95,7 +95,7 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	if cfg.AfterStart != nil {
 		cfg.AfterStart()
 	}
-	if err := waitFence(ctx, db, cfg.Allocator.Partition, last, 5*time.Minute); err != nil {
+	if err := waitFence(ctx, db, 0, last, 5*time.Minute); err != nil {
 		return DrainResult{}, err
 	}
 	return DrainResult{Decisions: total, Elapsed: time.Since(start)}, nil

@@ -107,7 +107,7 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return res, err
 	}
 
-	a, err := allocator.New(db, nc, log, nil, cfg.Allocator, allocator.Hooks{})
+	a, err := allocator.New(cfg.Allocator, allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		return res, err
 	}
@@ -116,7 +116,7 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return res, err
 	}
 	defer a.Stop()
-	if err := waitFence(ctx, db, cfg.Allocator.Partition, last, 5*time.Minute); err != nil {
+	if err := waitFence(ctx, db, 0, last, 5*time.Minute); err != nil {
 		return res, err
 	}
 	res.JoinsElapsed = time.Since(start)

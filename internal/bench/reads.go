@@ -199,7 +199,7 @@ func Reads(ctx context.Context, db, readDB *sql.DB, nc *nats.Conn, log *slog.Log
 		base = "http://" + ln.Addr().String()
 	}
 
-	a, err := allocator.New(db, nc, log, nil, cfg.Allocator, allocator.Hooks{})
+	a, err := allocator.New(cfg.Allocator, allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		return res, err
 	}

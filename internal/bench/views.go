@@ -71,7 +71,7 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 		return ChurnResult{}, err
 	}
 	areg := prometheus.NewRegistry()
-	a, err := allocator.New(db, nc, log, areg, cfg, allocator.Hooks{})
+	a, err := allocator.New(cfg, allocator.Deps{DB: db, NATS: nc, Log: log, Registerer: areg})
 	if err != nil {
 		return ChurnResult{}, err
 	}
@@ -79,7 +79,7 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 	if err := a.Start(ctx); err != nil {
 		return ChurnResult{}, err
 	}
-	if err := waitFence(ctx, db, cfg.Partition, last, 30*time.Minute); err != nil {
+	if err := waitFence(ctx, db, 0, last, 30*time.Minute); err != nil {
 		a.Stop()
 		return ChurnResult{}, err
 	}
@@ -135,8 +135,9 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 	// A takeover: a new allocator of the partition, timed to the end of
 	// its first rebuild.
 	reg := prometheus.NewRegistry()
-	cfg.IdleCheck = 50 * time.Millisecond
-	b, err := allocator.New(db, nc, log, reg, cfg, allocator.Hooks{})
+	// A quick look for work once idle (a seam otherwise only tests use).
+	b, err := allocator.New(cfg, allocator.Deps{DB: db, NATS: nc, Log: log, Registerer: reg,
+		Test: allocator.TestHooks{IdleCheck: 50 * time.Millisecond}})
 	if err != nil {
 		return res, err
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/allocator/viewpub"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -95,6 +97,6 @@ func drainThroughFreezer(b *testing.B, cfg DrainConfig, freeze bool) DrainResult
 
 // churnSettle is how long BenchmarkViewChurn waits for cleared views to
 // leave the bucket: their TTL, the marker's, and a margin.
-const churnSettle = allocator.DefaultViewClearTTL + 5*time.Second
+const churnSettle = viewpub.DefaultClearTTL + 5*time.Second
 
-func churnConfig() allocator.Config { return allocator.Config{} }
+func churnConfig() allocator.Config { return config.Defaults[allocator.Config]() }

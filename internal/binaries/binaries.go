@@ -35,7 +35,7 @@ type Ingest struct {
 // Allocator is cmd/allocator's configuration.
 type Allocator struct {
 	config.Common
-	allocator.Env
+	allocator.Config
 }
 
 // Allotctl is cmd/allotctl's configuration (setup).
@@ -62,7 +62,7 @@ type Notifier struct {
 // structs' fields as the binary's own). ALLOT_PARTITIONS fills both alike.
 type (
 	IngestEnv    = ingest.Config
-	AllocatorEnv = allocator.Env
+	AllocatorEnv = allocator.Config
 )
 
 // Stack is internal/cmd/stack's configuration.

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -221,7 +222,7 @@ func (s *stack) eventsFor(activity int, atLeast int) []wire.Event {
 // TestSeedWaitlistStory is the seed waitlist's story, through HTTP.
 func TestSeedWaitlistStory(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act, A, B, C = 9001, 1, 2, 3
 	s.open(act, 1)
 	want(t, "A joins", s.join(act, A), "outcome", string(wire.OutcomeConfirmed), "status", string(wire.StatusConfirmed))
@@ -273,7 +274,7 @@ func TestSeedWaitlistStory(t *testing.T) {
 // from new users never take the seat ahead of the first waiter.
 func TestCancelVersusJoinRace(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const rounds, joiners = 25, 12
 	for r := 1; r <= rounds; r++ {
 		act := 100 + r
@@ -322,7 +323,7 @@ func TestFlashSaleBurst(t *testing.T) {
 			t.Parallel()
 			icfg := stacktest.IngestConfig()
 			icfg.Shed = shed
-			flashSale(t, newStackOpts(t, allocator.Config{}, icfg, ingest.Deps{}), shed)
+			flashSale(t, newStackOpts(t, config.Defaults[allocator.Config](), icfg, ingest.Deps{}), shed)
 		})
 	}
 }
@@ -481,7 +482,7 @@ func (s *stack) sameAsRecorded(what string, m map[string]any) {
 // TestIdempotencyKeyEndToEnd: a repeat is one request with one effect.
 func TestIdempotencyKeyEndToEnd(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	s.open(5, 10)
 	_, first := s.call("POST", "/v1/activities/5/signups/8?wait=10s", "", "Idempotency-Key", "tap-1")
 	_, again := s.call("POST", "/v1/activities/5/signups/8?wait=10s", "", "Idempotency-Key", "tap-1")
@@ -538,7 +539,7 @@ func (s *stack) claimStream(a, u int, outcome string) map[string]any {
 // activity full without waiters starts it again.
 func TestShedAnswersAreExact(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 77
 	s.open(act, 2)
 	s.join(act, 1)

@@ -21,6 +21,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -43,18 +44,19 @@ type fleet struct {
 	allocs  []*allocator.Allocator
 	regs    []*prometheus.Registry
 	acfg    allocator.Config
+	ackWait time.Duration // the consumer's redelivery timeout (0: production's)
 }
 
-func newFleet(t *testing.T, ingests int, acfg allocator.Config) *fleet {
+func newFleet(t *testing.T, ingests int, fo failover) *fleet {
 	t.Helper()
-	f := &fleet{t: t, db: dbtest.New(t), ns: natstest.New(t), acfg: acfg}
-	f.ns.Setup(t, bus.StreamConfig{Partitions: acfg.Partitions})
+	f := &fleet{t: t, db: dbtest.New(t), ns: natstest.New(t), acfg: fo.acfg, ackWait: fo.ackWait}
+	f.ns.Setup(t, bus.StreamConfig{Partitions: fo.acfg.Partitions})
 	f.startAllocator()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range ingests {
 		nc, js := f.ns.Connect(t)
 		icfg := stacktest.IngestConfig()
-		icfg.Partitions = max(acfg.Partitions, 1)
+		icfg.Partitions = max(fo.acfg.Partitions, 1)
 		svc, err := ingest.New(icfg, ingest.Deps{DB: f.db.DB, NATS: nc, JS: js, Log: log, Registry: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
@@ -76,7 +78,8 @@ func (f *fleet) startAllocator() int {
 	f.t.Helper()
 	nc, _ := f.ns.Connect(f.t)
 	reg := prometheus.NewRegistry()
-	a, err := allocator.New(f.db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)), reg, f.acfg, allocator.Hooks{})
+	a, err := allocator.New(f.acfg, allocator.Deps{DB: f.db.DB, NATS: nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Registerer: reg,
+		Test: allocator.TestHooks{AckWait: f.ackWait}})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -185,7 +188,7 @@ func (s *stack) claimBehindPending(act int, method, path string, user int) map[s
 // is GRANTED, never answered SOLD_OUT from the view taken before it.
 func TestEarlyAnswerAfterPendingCancel(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 88
 	fullAndShedding(s, act)
 
@@ -200,7 +203,7 @@ func TestEarlyAnswerAfterPendingCancel(t *testing.T) {
 // as the allocator answers, not SOLD_OUT.
 func TestEarlyAnswerAfterJoin(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 89
 	fullAndShedding(s, act)
 
@@ -216,7 +219,7 @@ func TestEarlyAnswerAfterJoin(t *testing.T) {
 // the views it inherited, so no sheddable view outlives the state.
 func TestEarlyAnswerAfterHandover(t *testing.T) {
 	t.Parallel()
-	f := newFleet(t, 2, allocator.Config{PinnedTTL: time.Second, AckWait: 2 * time.Second})
+	f := newFleet(t, 2, fastFailover())
 	in1, in2 := f.ingests[0], f.ingests[1]
 	const act = 90
 	in1.open(act, 1) // applied by the first allocator, which is pinned
@@ -267,7 +270,7 @@ func TestEarlyAnswerAfterHandover(t *testing.T) {
 // claim SOLD_OUT on an activity with a free seat.
 func TestLateViewAfterClearIsIgnored(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 91
 	fullAndShedding(s, act)
 	ctx := context.Background()
@@ -318,7 +321,7 @@ func waitView(t *testing.T, kv jetstream.KeyValue, act int, ok func(wire.View) b
 // replays it.
 func TestEarlyAnswerIsRecordedAndAudited(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 92
 	fullAndShedding(s, act)
 	holder := s.claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned))
@@ -373,7 +376,7 @@ func requireCleanAudit(t *testing.T, s *stack) {
 // and a ?wait= write is told at once.
 func TestRefusedRequestReadsRejected(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	if _, err := s.db.Exec(`CREATE TRIGGER poison_signup BEFORE INSERT ON activity_signup FOR EACH ROW
 		BEGIN IF NEW.user_id = 666 THEN SET NEW.status = 'BOGUS'; END IF; END`); err != nil {
 		t.Fatal(err)
@@ -420,7 +423,7 @@ func TestEarlyAnswersMatchTheStream(t *testing.T) {
 // on activities from first on; with a hold, the activities hold the seats
 // they give for that long, and confirms join the mix.
 func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
-	f := newFleet(t, 2, allocator.Config{PinnedTTL: time.Second, AckWait: 2 * time.Second})
+	f := newFleet(t, 2, fastFailover())
 	f.startAllocator()
 	rng := rand.New(rand.NewPCG(9, 1))
 	openBody := func(c int) string {
@@ -513,4 +516,17 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 	t.Logf("%d answers, %d of them early in the concurrent mix, all equal to the recorded decisions", len(answers), early)
 	f.db.CheckInvariants(t)
 	requireCleanAudit(t, f.ingests[0])
+}
+
+// failover is the configuration of a fleet that hands partitions over
+// quickly: a short pin, and a short redelivery timeout.
+type failover struct {
+	acfg    allocator.Config
+	ackWait time.Duration
+}
+
+func fastFailover() failover {
+	c := config.Defaults[allocator.Config]()
+	c.PinnedTTL = time.Second
+	return failover{acfg: c, ackWait: 2 * time.Second}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
@@ -60,7 +61,7 @@ func (s *stack) waitNoneHeld(a int, what string, within time.Duration) map[strin
 // expire, later, finds B confirmed and changes nothing.
 func TestHoldWaitlistStory(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act, A, B, C = 9101, 1, 2, 3
 	s.openHold(act, 1, "2s")
 	a := s.join(act, A)
@@ -122,7 +123,7 @@ func TestHoldWaitlistStory(t *testing.T) {
 // received_at, not from when it was sent.
 func TestConfirmRacingItsExpiry(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 9102
 	s.openHold(act, 2, "2s")
 	before, after := s.claim(act, 1), s.claim(act, 2)
@@ -199,7 +200,7 @@ func TestConfirmRacingItsExpiry(t *testing.T) {
 // the invariants hold and the audit is clean.
 func TestFlashSaleWithHolds(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act, items, waves, perWave = 9103, 100, 4, 120
 	// Long enough that a buyer's confirm, sent on the claim's answer, is
 	// in time on a loaded machine.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -104,7 +105,7 @@ func (s *stack) holdEnd(seq any, d time.Duration) time.Time {
 // hold change nothing.
 func TestHoldJoinAndConfirm(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 1401
 	want(t, "open", s.openHold(act, 2, "1h"), "outcome", wire.OutcomeOpened)
 	want(t, "state after open", s.activity(act), "capacity", 2, "confirmed", 0, "held", 0, "waiting", 0, "remaining", 2, "hold", "1h0m0s")
@@ -194,7 +195,7 @@ func TestHoldJoinAndConfirm(t *testing.T) {
 // later, and a resize without a hold gives them confirmed.
 func TestHoldPromotions(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act, A, B, C, D = 1402, 1, 2, 3, 4
 	s.openHold(act, 1, "1h")
 	want(t, "A joins", s.join(act, A), "outcome", wire.OutcomeHeld)
@@ -245,7 +246,7 @@ func TestHoldPromotions(t *testing.T) {
 // the expiry schedules in place), the confirm finds NOT_HELD.
 func TestHoldConfirmTooLate(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act, A, B = 1403, 1, 2
 	// Long enough for the steps before the confirm on a loaded machine.
 	s.openHold(act, 1, "2s")
@@ -285,7 +286,7 @@ func TestHoldConfirmTooLate(t *testing.T) {
 // the held one confirms.
 func TestEarlyAnswerInAHoldActivity(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 1404
 	s.openHold(act, 2, "1h")
 	j := s.join(act, 1)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -22,7 +23,7 @@ import (
 // promotion must reach ALLOT_EVENTS once.
 func TestHugeResizeThroughHTTP(t *testing.T) {
 	t.Parallel()
-	s := newStack(t, allocator.Config{})
+	s := newStack(t, config.Defaults[allocator.Config]())
 	const joiners = 5001
 	s.open(1, 1)
 	var (

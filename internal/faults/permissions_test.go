@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
@@ -268,10 +267,10 @@ func (s *stack) tryAsIngest(r *faultResult) error {
 	}
 
 	// A fake allocator that would take a share of the partitions.
-	if err := refused("write membership", "$KV."+allocator.MembersBucket+".fake", func(ctx context.Context) error {
-		_, err := nc.Request("$KV."+allocator.MembersBucket+".fake", []byte("{}"), time.Second)
+	if err := refused("write membership", "$KV."+bus.MembersBucket+".fake", func(ctx context.Context) error {
+		_, err := nc.Request("$KV."+bus.MembersBucket+".fake", []byte("{}"), time.Second)
 		return err
-	}, func() (bool, error) { return s.keyAbsent(allocator.MembersBucket, "fake") }); err != nil {
+	}, func() (bool, error) { return s.keyAbsent(bus.MembersBucket, "fake") }); err != nil {
 		return err
 	}
 

@@ -18,6 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/ingest/reply"
 	"github.com/allot-dev/allot/internal/wire"
@@ -171,9 +172,10 @@ func startAllocator(t *testing.T, h *harness) { startAllocators(t, h, 1) }
 // startAllocators starts one allocator per partition.
 func startAllocators(t *testing.T, h *harness, partitions int) {
 	t.Helper()
+	acfg := config.Defaults[allocator.Config]()
+	acfg.Partitions = partitions
 	for p := range partitions {
-		a, err := allocator.New(h.db.DB, h.nc, slog.New(slog.DiscardHandler), nil,
-			allocator.Config{Partition: p, Partitions: partitions}, allocator.Hooks{})
+		a, err := allocator.New(acfg, allocator.Deps{DB: h.db.DB, NATS: h.nc, Log: slog.New(slog.DiscardHandler), Partition: p})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,7 +19,7 @@ import (
 // result, and what loadgen reports agrees with what MySQL recorded.
 func TestRunAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 	const act, capacity, requests = 4242, 40, 1500
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -67,7 +67,7 @@ func TestRunAgainstTheRealStack(t *testing.T) {
 // held 0, confirmed = the CONFIRMED signups), and MySQL agrees.
 func TestRunHoldsAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 	const act, capacity, requests = 4343, 20, 600
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -54,7 +54,7 @@ func Start(t testing.TB, acfg allocator.Config, icfg ingest.Config, ideps ingest
 	ctx := context.Background()
 
 	anc, _ := s.NS.Connect(t)
-	a, err := allocator.New(s.DB.DB, anc, log, nil, acfg, allocator.Hooks{})
+	a, err := allocator.New(acfg, allocator.Deps{DB: s.DB.DB, NATS: anc, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/stacktest"
 	"github.com/allot-dev/allot/internal/tracing"
@@ -57,7 +58,7 @@ func BenchmarkBurstTracing(b *testing.B) {
 					tp.Shutdown(context.Background()) //nolint:errcheck
 				})
 			}
-			st := stacktest.Start(b, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+			st := stacktest.Start(b, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 			cl := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 			b.Cleanup(cl.CloseIdleConnections)
 			const joins, clients = 2000, 64

@@ -109,7 +109,7 @@ func (w *webhooks) got(traceID string) bool {
 // call are all in one trace, each under the span that caused it.
 func TestOneJoinIsOneTrace(t *testing.T) {
 	exp := traced(t)
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 	hooks := &webhooks{}
 	hook := httptest.NewServer(hooks)
 	t.Cleanup(hook.Close)
@@ -207,7 +207,7 @@ func TestOffInjectsNothing(t *testing.T) {
 	if tracing.Enabled() {
 		t.Fatal("tracing is on before the test")
 	}
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 	post(t, http.MethodPut, st.URL+"/v1/activities/7")
 	req, _ := http.NewRequest(http.MethodPost, st.URL+"/v1/activities/7/signups/1?wait=10s", nil)
 	// A caller's own trace context is not taken up either.

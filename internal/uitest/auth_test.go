@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/auth"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/stacktest"
 )
@@ -30,7 +31,7 @@ func TestOperatorPageWithToken(t *testing.T) {
 	t.Cleanup(v.Close)
 	icfg := stacktest.IngestConfig()
 	icfg.BadAuthRate = -1
-	st := stacktest.Start(t, allocator.Config{}, icfg, ingest.Deps{Verifier: v})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), icfg, ingest.Deps{Verifier: v})
 	b := launch(t, path)
 	mint := func(sub string, scopes ...string) string {
 		tok, err := auth.MintHS256([]byte(key), auth.Claims{Subject: sub, Scopes: scopes})

@@ -35,7 +35,7 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	st := stacktest.Start(t, allocator.Config{}, stacktest.IngestConfig(), ingest.Deps{})
+	st := stacktest.Start(t, config.Defaults[allocator.Config](), stacktest.IngestConfig(), ingest.Deps{})
 	return &stack{t: t, js: st.JS, url: st.URL}
 }
 

@@ -149,6 +149,14 @@ type row struct {
 	detail       string
 }
 
+// allocator is the allocator's configuration of a run: the defaults,
+// with the batch size asked for.
+func (o opts) allocator() allocator.Config {
+	c := config.Defaults[allocator.Config]()
+	c.BatchSize = o.batch
+	return c
+}
+
 func run(ctx context.Context, o opts) error {
 	if o.e2eOnly {
 		return e2e(ctx, o)
@@ -186,12 +194,12 @@ func run(ctx context.Context, o opts) error {
 	// A first, small drain warms MySQL and the page cache up; it is not
 	// reported.
 	if _, err := drain(ctx, o, log, bench.DrainConfig{Requests: 2000, Activities: 1, Capacity: 100, Op: wire.OpJoin,
-		Allocator: allocator.Config{BatchSize: o.batch}}); err != nil {
+		Allocator: o.allocator()}); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	var hotJoin, hotClaim float64
 	for i, d := range drains {
-		d.cfg.Allocator = allocator.Config{BatchSize: o.batch}
+		d.cfg.Allocator = o.allocator()
 		res, err := median(o.repeat, func() (bench.DrainResult, error) { return drain(ctx, o, log, d.cfg) },
 			func(r bench.DrainResult) float64 { return r.PerSecond() })
 		if err != nil {
@@ -252,7 +260,7 @@ func reads(ctx context.Context, o opts, log *slog.Logger) error {
 		return fmt.Errorf("-reads, -reads-readers and -reads-joins must be at least 1")
 	}
 	cfg := o.reads
-	cfg.Allocator = allocator.Config{BatchSize: o.batch}
+	cfg.Allocator = o.allocator()
 	cfg.OldReads = 3
 	cfg.Progress = func(f string, args ...any) { fmt.Fprintf(os.Stderr, "  reads: "+f+"\n", args...) }
 	var res bench.ReadsResult
@@ -322,7 +330,7 @@ func holds(ctx context.Context, o opts, log *slog.Logger) error {
 	err := withStack(ctx, o, log, func(db *sql.DB, nc *nats.Conn) error {
 		var err error
 		res, err = bench.Holds(ctx, db, nc, log, bench.HoldsConfig{Holds: o.holds, Hold: holdFor(o.holds),
-			Allocator: allocator.Config{BatchSize: o.batch}})
+			Allocator: o.allocator()})
 		return err
 	})
 	if err != nil {

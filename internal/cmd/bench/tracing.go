@@ -19,7 +19,6 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bench"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/tracing"
@@ -127,7 +126,7 @@ func tracingBench(ctx context.Context, o opts) error {
 	}
 	drainOnce := func(on bool) error {
 		cfg := bench.DrainConfig{Requests: o.n, Activities: 1, Capacity: 100, Op: wire.OpJoin,
-			Allocator: allocator.Config{BatchSize: o.batch}}
+			Allocator: o.allocator()}
 		before := snap()
 		flush := func(context.Context) error { return nil }
 		if on {
@@ -163,7 +162,7 @@ func tracingBench(ctx context.Context, o opts) error {
 	}
 	// A small drain warms MySQL up; it is not reported.
 	if _, err := drain(ctx, o, log, bench.DrainConfig{Requests: 2000, Activities: 1, Capacity: 100, Op: wire.OpJoin,
-		Allocator: allocator.Config{BatchSize: o.batch}}); err != nil {
+		Allocator: o.allocator()}); err != nil {
 		return fmt.Errorf("warm-up: %w", err)
 	}
 	for i := range rounds {

@@ -157,7 +157,7 @@ func run(ctx context.Context, args []string) int {
 		switch name {
 		case "allocator":
 			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {
-				return allocator.Run(ctx, c.AllocatorEnv.RunConfig(), db, nc, plog)
+				return allocator.Run(ctx, c.AllocatorEnv, allocator.Deps{DB: db, NATS: nc, Log: plog})
 			}})
 		case "ingest":
 			parts = append(parts, lifecycle.Part{Name: name, Run: func(ctx context.Context) error {

@@ -1,4 +1,8 @@
-package allocator
+// Package relay publishes the outbox: the events each committed request
+// caused, written with its result row in the allocator's transaction, go
+// to ALLOT_EVENTS (and the expiries of the holds they gave to
+// ALLOT_HOLDS), behind a cursor per partition.
+package relay
 
 import (
 	"context"
@@ -12,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
@@ -31,10 +37,9 @@ type Relay struct {
 	db        *sql.DB
 	js        jetstream.JetStream
 	log       *slog.Logger
-	m         *metrics
+	m         metrics
 	partition int
 	wake      chan struct{}
-	done      chan struct{}
 	batch     int
 	period    time.Duration
 	// awaitingAcks, when set, runs while a pass's publishes await their
@@ -46,24 +51,60 @@ type Relay struct {
 	book         traceBook // decision spans of traced requests (trace.go)
 }
 
-func newRelay(db *sql.DB, js jetstream.JetStream, log *slog.Logger, m *metrics, partition int) *Relay {
-	return &Relay{db: db, js: js, log: log, m: m, partition: partition,
-		wake: make(chan struct{}, 1), done: make(chan struct{}), batch: 2000, period: time.Second,
-		warnedAtomic: make(map[string]bool)}
+// Deps is what a relay works with.
+type Deps struct {
+	DB  *sql.DB
+	JS  jetstream.JetStream
+	Log *slog.Logger
+	// Registerer takes the relay's metrics (labelled by the caller).
+	Registerer prometheus.Registerer
+	Partition  int
+	// AwaitingAcks, when set, runs while a pass's publishes await their
+	// PubAcks (tests only).
+	AwaitingAcks func()
 }
 
-// kick asks the relay to look at the outbox now.
-func (r *Relay) kick() {
+type metrics struct {
+	eventsPublished prometheus.Counter
+	holdsScheduled  prometheus.Counter
+	badEntries      prometheus.Counter
+}
+
+// New returns the relay of d.Partition; Run runs it.
+func New(d Deps) *Relay {
+	f := promauto.With(d.Registerer)
+	m := metrics{
+		eventsPublished: f.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_events_published_total", Help: "Outbox events relayed to ALLOT_EVENTS.",
+		}),
+		holdsScheduled: f.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_holds_scheduled_total", Help: "Hold expiries scheduled in ALLOT_HOLDS by the outbox relay.",
+		}),
+		badEntries: f.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_outbox_bad_entries_total",
+			Help: "Outbox entries the relay could not read and skipped (recorded in outbox_skipped).",
+		}),
+	}
+	return &Relay{db: d.DB, js: d.JS, log: d.Log, m: m, partition: d.Partition,
+		wake: make(chan struct{}, 1), batch: 2000, period: time.Second,
+		awaitingAcks: d.AwaitingAcks, warnedAtomic: make(map[string]bool)}
+}
+
+// BadEntries is how many outbox entries the relay skipped (tests).
+func (r *Relay) BadEntries() prometheus.Counter { return r.m.badEntries }
+
+// Kick asks the relay to look at the outbox now.
+func (r *Relay) Kick() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
-// stop makes run return after a last pass, once the apply loop has ended.
-func (r *Relay) stop() { close(r.done) }
-
-func (r *Relay) run(ctx context.Context) {
+// Run relays until ctx ends, then makes a last pass (bounded) over what
+// the last batches committed: the allocator ends it only once its apply
+// loop has stopped. It returns nil.
+func (r *Relay) Run(ctx context.Context) error {
 	if err := store.EnsureRelay(ctx, r.db, r.partition); err != nil {
 		r.log.ErrorContext(ctx, "outbox relay", slog.Any("err", err))
 	}
@@ -71,10 +112,10 @@ func (r *Relay) run(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		select {
-		case <-r.done:
+		case <-ctx.Done():
 			// Relay what the last batches committed before exiting.
 			r.drain(context.WithoutCancel(ctx), 3*time.Second)
-			return
+			return nil
 		case <-r.wake:
 		case <-tick.C:
 		}

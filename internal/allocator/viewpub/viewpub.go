@@ -1,4 +1,7 @@
-package allocator
+// Package viewpub writes the views of full activities (wire.View) to the
+// ALLOT_VIEW bucket for ingest's early answers, off the allocator's apply
+// loop.
+package viewpub
 
 import (
 	"context"
@@ -14,6 +17,7 @@ import (
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/bus"
@@ -44,20 +48,20 @@ import (
 //     full activities; it queues their views, and clears the stored views
 //     of activities no longer viewed. Views queued meanwhile by the apply
 //     loop are newer and win.
-type viewPub struct {
-	js         jetstream.JetStream
-	kv         jetstream.KeyValue
-	db         *sql.DB
-	log        *slog.Logger
-	m          *metrics
-	partition  int
-	partitions int
-	clearTTL   string // the Nats-TTL of a cleared view
-	maxPending int
-	// between runs inside a rebuild's snapshot (tests).
-	between func()
+type Publisher struct {
+	d        Deps
+	js       jetstream.JetStream
+	m        *Metrics
+	clearTTL string // the Nats-TTL of a cleared view
+	stream   jetstream.Stream
+	wake     chan struct{}
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	queueState
+}
+
+// queueState is what the publisher knows and has to write, under its mu.
+type queueState struct {
 	keys    *simplelru.LRU[int64, keyState]
 	quiet   bool     // a removal from keys that is not an eviction
 	evicted []viewOp // deletes for keys evicted from keys, to queue
@@ -68,11 +72,30 @@ type viewPub struct {
 	// changed meanwhile.
 	rebuilding bool
 	seen       map[int64]uint64
-	stream     jetstream.Stream
+}
 
-	wake chan struct{}
-	stop chan struct{}
-	done chan struct{}
+// Deps is what a publisher works with.
+type Deps struct {
+	NATS *nats.Conn
+	KV   jetstream.KeyValue // the view bucket
+	DB   *sql.DB
+	Log  *slog.Logger
+	// Metrics are where it counts (nil: new ones, registered with
+	// Registerer).
+	Metrics    *Metrics
+	Registerer prometheus.Registerer
+	// Partition is the partition whose views it writes, of Partitions.
+	Partition, Partitions int
+	// ClearTTL is how long a cleared view stays in the bucket (0:
+	// DefaultClearTTL, at least a second).
+	ClearTTL time.Duration
+	// Track bounds the activities tracked: four times as many as the
+	// allocator caches (and as many views pending).
+	Track int
+	// Restore is an activity's state from its row and live signups.
+	Restore func(row store.ActivityRow, seats []store.SignupRow) (*allocation.Activity, error)
+	// Between runs inside a rebuild's snapshot (tests).
+	Between func()
 }
 
 // keyState is what the publisher knows of one key.
@@ -106,30 +129,33 @@ const (
 	// viewStopGrace bounds how long a stopping allocator keeps writing
 	// the views still pending.
 	viewStopGrace = 2 * time.Second
-	// DefaultViewClearTTL is Config.ViewClearTTL's default.
-	DefaultViewClearTTL = 30 * time.Second
+	// DefaultClearTTL is Deps.ClearTTL's default.
+	DefaultClearTTL = 30 * time.Second
 )
 
-func newViewPub(a *Allocator, kv jetstream.KeyValue) (*viewPub, error) {
+// New returns a publisher; Run runs it.
+func New(d Deps) (*Publisher, error) {
 	// Its own JetStream context: its pending asynchronous publishes, which
 	// a frozen bucket leaves unanswered, do not fill the relay's window.
-	js, err := jetstream.New(a.nc, jetstream.WithPublishAsyncMaxPending(4*viewRound),
+	js, err := jetstream.New(d.NATS, jetstream.WithPublishAsyncMaxPending(4*viewRound),
 		jetstream.WithPublishAsyncTimeout(viewAckWait))
 	if err != nil {
 		return nil, err
 	}
-	p := &viewPub{
-		js: js, kv: kv, db: a.db, log: a.log, m: a.m,
-		partition: a.cfg.Partition, partitions: a.cfg.Partitions,
-		clearTTL:   strconv.Itoa(max(1, int(a.cfg.ViewClearTTL.Round(time.Second)/time.Second))) + "s",
-		maxPending: 4 * a.cfg.CacheActivities,
-		between:    a.hooks.ViewSnapshot,
-		pending:    make(map[int64]viewOp),
-		wake:       make(chan struct{}, 1),
-		stop:       make(chan struct{}),
-		done:       make(chan struct{}),
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics(d.Registerer)
 	}
-	p.keys, err = simplelru.NewLRU(4*a.cfg.CacheActivities, func(id int64, ks keyState) {
+	ttl := d.ClearTTL
+	if ttl <= 0 {
+		ttl = DefaultClearTTL
+	}
+	p := &Publisher{
+		d: d, js: js, m: d.Metrics,
+		clearTTL: strconv.Itoa(max(1, int(ttl.Round(time.Second)/time.Second))) + "s",
+		wake:     make(chan struct{}, 1),
+	}
+	p.pending = make(map[int64]viewOp)
+	p.keys, err = simplelru.NewLRU(d.Track, func(id int64, ks keyState) {
 		if !p.quiet && ks.live {
 			// No longer tracked, it could not be cleared later: deleted.
 			p.evicted = append(p.evicted, viewOp{v: wire.View{ActivityID: id}, del: true, rev: ks.rev})
@@ -141,10 +167,10 @@ func newViewPub(a *Allocator, kv jetstream.KeyValue) (*viewPub, error) {
 	return p, nil
 }
 
-// offer queues the views of the activities a commit changed and returns
+// Offer queues the views of the activities a commit changed and returns
 // those to tell ingest about at once. It takes the lock briefly and does
 // no I/O: the apply loop never waits for the bucket.
-func (p *viewPub) offer(changed []*allocation.Activity) []wire.View {
+func (p *Publisher) Offer(changed []*allocation.Activity) []wire.View {
 	var notify []wire.View
 	p.mu.Lock()
 	for _, act := range changed {
@@ -175,7 +201,7 @@ func (p *viewPub) offer(changed []*allocation.Activity) []wire.View {
 	return notify
 }
 
-func (p *viewPub) signal() {
+func (p *Publisher) signal() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -183,9 +209,9 @@ func (p *viewPub) signal() {
 }
 
 // queue makes op the pending write of its activity, under p.mu.
-func (p *viewPub) queue(op viewOp) {
+func (p *Publisher) queue(op viewOp) {
 	id := op.v.ActivityID
-	if _, ok := p.pending[id]; !ok && len(p.pending) >= p.maxPending {
+	if _, ok := p.pending[id]; !ok && len(p.pending) >= p.d.Track {
 		p.m.viewsDropped.WithLabelValues("queue_full").Inc()
 		// What the key holds is no longer known here; the rebuild that
 		// follows repairs it.
@@ -198,7 +224,7 @@ func (p *viewPub) queue(op viewOp) {
 	p.pending[id] = op
 }
 
-func (p *viewPub) queueEvicted() {
+func (p *Publisher) queueEvicted() {
 	for _, op := range p.evicted {
 		if _, ok := p.pending[op.v.ActivityID]; ok {
 			// A view not yet written: the delete replaces it, or the view
@@ -211,17 +237,17 @@ func (p *viewPub) queueEvicted() {
 	p.evicted = p.evicted[:0]
 }
 
-// requestRebuild asks for a rebuild; it does not wait for it.
-func (p *viewPub) requestRebuild() {
+// RequestRebuild asks for a rebuild; it does not wait for it.
+func (p *Publisher) RequestRebuild() {
 	p.mu.Lock()
 	p.rebuild = true
 	p.mu.Unlock()
 	p.signal()
 }
 
-// forget drops the pending writes: the partition went to another
+// Forget drops the pending writes: the partition went to another
 // allocator, whose rebuild writes its views from MySQL.
-func (p *viewPub) forget() {
+func (p *Publisher) Forget() {
 	p.mu.Lock()
 	if n := len(p.pending); n > 0 {
 		p.m.viewsDropped.WithLabelValues("handover").Add(float64(n))
@@ -234,11 +260,10 @@ func (p *viewPub) forget() {
 	p.mu.Unlock()
 }
 
-// run writes pending views until close; then it goes on for at most
-// viewStopGrace while some are pending.
-func (p *viewPub) run() {
-	defer close(p.done)
-	ctx, cancel := context.WithCancel(context.Background())
+// Run writes pending views until ctx ends; then it goes on for at most
+// viewStopGrace while some are pending. It returns nil.
+func (p *Publisher) Run(stop context.Context) error {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(stop))
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
@@ -247,7 +272,7 @@ func (p *viewPub) run() {
 	go func() {
 		defer wg.Done()
 		select {
-		case <-p.stop:
+		case <-stop.Done():
 			t := time.NewTimer(viewStopGrace)
 			defer t.Stop()
 			select {
@@ -273,7 +298,7 @@ func (p *viewPub) run() {
 		if rebuild {
 			if err := p.rebuildViews(ctx); err != nil {
 				if ctx.Err() == nil {
-					p.log.Warn("rebuild views; claims go through the allocator until it succeeds", slog.Any("err", err))
+					p.d.Log.Warn("rebuild views; claims go through the allocator until it succeeds", slog.Any("err", err))
 				}
 				p.mu.Lock()
 				p.rebuild = true
@@ -290,7 +315,7 @@ func (p *viewPub) run() {
 			continue
 		}
 		if stopping {
-			return
+			return nil
 		}
 		var timer <-chan time.Time
 		p.mu.Lock()
@@ -301,16 +326,29 @@ func (p *viewPub) run() {
 		select {
 		case <-p.wake:
 		case <-timer:
-		case <-p.stop:
+		case <-stop.Done():
 			stopping = true
 		}
 	}
+	return nil
 }
 
-// close stops run and waits for it.
-func (p *viewPub) close() {
-	close(p.stop)
-	<-p.done
+// PutStale writes v as a publisher that last knew its key at revision
+// rev: what a late writer does. Only tests call it.
+func (p *Publisher) PutStale(ctx context.Context, v wire.View, rev uint64) {
+	p.mu.Lock()
+	p.keys.Add(v.ActivityID, keyState{rev: rev, seq: v.Seq, live: allocation.ViewDecides(v)})
+	p.queue(viewOp{v: v})
+	p.mu.Unlock()
+	for {
+		p.mu.Lock()
+		n := len(p.pending)
+		p.mu.Unlock()
+		if n == 0 || ctx.Err() != nil {
+			return
+		}
+		p.round(ctx)
+	}
 }
 
 // sent is one write of a round.
@@ -322,7 +360,7 @@ type sent struct {
 
 // round sends up to viewRound pending writes, conditional on their keys'
 // revisions, and waits for their acknowledgements.
-func (p *viewPub) round(ctx context.Context) {
+func (p *Publisher) round(ctx context.Context) {
 	p.mu.Lock()
 	ops := make([]sent, 0, min(len(p.pending), viewRound))
 	for id, op := range p.pending {
@@ -386,7 +424,7 @@ func (p *viewPub) round(ctx context.Context) {
 				continue
 			}
 			p.m.viewsDropped.WithLabelValues("failed").Inc()
-			p.log.Warn("view not stored", slog.Int64("activity_id", s.op.v.ActivityID), slog.Any("err", err))
+			p.d.Log.Warn("view not stored", slog.Int64("activity_id", s.op.v.ActivityID), slog.Any("err", err))
 			p.mu.Lock()
 			p.rebuild = true
 			p.mu.Unlock()
@@ -413,7 +451,7 @@ func isConflict(err error) bool {
 }
 
 // requeue puts op back unless a later write of its key is pending.
-func (p *viewPub) requeue(op viewOp) {
+func (p *Publisher) requeue(op viewOp) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if _, ok := p.pending[op.v.ActivityID]; !ok {
@@ -422,7 +460,7 @@ func (p *viewPub) requeue(op viewOp) {
 }
 
 // stored records a write's new revision.
-func (p *viewPub) stored(op viewOp, rev uint64) {
+func (p *Publisher) stored(op viewOp, rev uint64) {
 	if op.del {
 		return
 	}
@@ -436,7 +474,7 @@ func (p *viewPub) stored(op viewOp, rev uint64) {
 
 // resolve handles a write that found its key at another revision than it
 // expected: it reads the key and decides (see the top of this file).
-func (p *viewPub) resolve(ctx context.Context, op viewOp) {
+func (p *Publisher) resolve(ctx context.Context, op viewOp) {
 	id := op.v.ActivityID
 	if op.tries >= 5 || op.del {
 		// The key keeps moving under this write, or a delete lost its
@@ -464,7 +502,7 @@ func (p *viewPub) resolve(ctx context.Context, op viewOp) {
 	default:
 		// Empty (a clear that expired, or never written): a full view goes
 		// in only if it is still the activity's state.
-		row, ok, err := store.GetActivityRow(ctx, p.db, id)
+		row, ok, err := store.GetActivityRow(ctx, p.d.DB, id)
 		if err != nil {
 			p.requeue(op)
 			return
@@ -504,7 +542,7 @@ type storedView struct {
 }
 
 // current reads the last message of id's key.
-func (p *viewPub) current(ctx context.Context, id int64) (storedView, bool, error) {
+func (p *Publisher) current(ctx context.Context, id int64) (storedView, bool, error) {
 	if p.stream == nil {
 		st, err := p.js.Stream(ctx, bus.KeyValueStream(wire.ViewBucket))
 		if err != nil {
@@ -541,7 +579,7 @@ type listed struct {
 	created   time.Time
 }
 
-func (p *viewPub) clearTTLDuration() time.Duration {
+func (p *Publisher) clearTTLDuration() time.Duration {
 	d, _ := time.ParseDuration(p.clearTTL)
 	return d
 }
@@ -553,7 +591,7 @@ func (p *viewPub) clearTTLDuration() time.Duration {
 // stored sheddable view of an activity no longer viewed. At start and
 // whenever this allocator takes the partition: the previous owner may have
 // stopped between a commit and its views.
-func (p *viewPub) rebuildViews(ctx context.Context) error {
+func (p *Publisher) rebuildViews(ctx context.Context) error {
 	start := time.Now()
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -571,7 +609,7 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 	// written again with one, once.
 	var legacy []viewOp
 	oldest := time.Now().Add(-2*p.clearTTLDuration() - 2*bus.ViewMarkerTTL - 5*time.Second)
-	w, err := p.kv.WatchAll(lctx)
+	w, err := p.d.KV.WatchAll(lctx)
 	if err != nil {
 		return err
 	}
@@ -594,7 +632,7 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 			continue
 		}
 		id, err := strconv.ParseInt(strings.TrimPrefix(e.Key(), "a."), 10, 64)
-		if err != nil || bus.PartitionOf(id, p.partitions) != p.partition {
+		if err != nil || bus.PartitionOf(id, p.d.Partitions) != p.d.Partition {
 			continue
 		}
 		if e.Operation() != jetstream.KeyValuePut {
@@ -618,8 +656,8 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 			also = append(also, id)
 		}
 	}
-	mine := func(id int64) bool { return bus.PartitionOf(id, p.partitions) == p.partition }
-	snap, err := store.ReadViewSnapshot(ctx, p.db, mine, also, wire.MaxViewHolders, p.between)
+	mine := func(id int64) bool { return bus.PartitionOf(id, p.d.Partitions) == p.d.Partition }
+	snap, err := store.ReadViewSnapshot(ctx, p.d.DB, mine, also, wire.MaxViewHolders, p.d.Between)
 	if err != nil {
 		return err
 	}
@@ -632,9 +670,9 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 			rebuilt[row.ID] = wire.View{ActivityID: row.ID, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: row.NextSeq - 1}
 			continue
 		}
-		act, err := allocation.Restore(row.ID, row.Capacity, row.Confirmed, row.NextSeq, row.Hold, toSignups(snap.Seats[row.ID]))
+		act, err := p.d.Restore(row, snap.Seats[row.ID])
 		if err != nil {
-			p.log.Warn("rebuild view: skipped", slog.Int64("activity_id", row.ID), slog.Any("err", err))
+			p.d.Log.Warn("rebuild view: skipped", slog.Int64("activity_id", row.ID), slog.Any("err", err))
 			continue
 		}
 		if viewed(act) {
@@ -653,7 +691,7 @@ func (p *viewPub) rebuildViews(ctx context.Context) error {
 	}
 	full := false
 	for id, v := range rebuilt {
-		if len(p.pending) >= p.maxPending {
+		if len(p.pending) >= p.d.Track {
 			// The rest after the queue drained: a later rebuild.
 			full = true
 			break

@@ -1,4 +1,4 @@
-package allocator
+package members
 
 import (
 	"context"
@@ -171,12 +171,26 @@ func threeMembers(t *testing.T) []*Members {
 	}
 	var ms []*Members
 	for range 3 {
-		m, err := JoinMembers(ctx, js, log, time.Hour, time.Minute)
+		m, err := Join(ctx, js, log, time.Hour, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(m.Leave)
+		run(t, m)
 		ms = append(ms, m)
 	}
 	return ms
+}
+
+// run runs m until the test ends.
+func run(t *testing.T, m *Members) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		m.Run(ctx) //nolint:errcheck // it returns nil
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }

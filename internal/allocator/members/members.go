@@ -1,4 +1,6 @@
-package allocator
+// Package members spreads the partitions of the request stream over the
+// allocator processes that are alive (the ALLOT_ALLOCATORS bucket).
+package members
 
 import (
 	"context"
@@ -11,24 +13,21 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
 )
 
-// MembersBucket is the KV bucket where allocator processes announce
-// themselves, so that partitions spread over the live ones.
-const MembersBucket = bus.MembersBucket
-
 // Members spreads partitions over the allocator processes that are alive.
-// Each process puts a key in MembersBucket every beat; keys expire after
+// Each process puts a key in bus.MembersBucket every beat; keys expire after
 // ttl. Partition p's preferred owner is live[p mod len(live)] of the sorted
 // member ids: every process computes the same answer, and the partitions
 // split as evenly as they can. The server's pin still decides who applies;
 // preference only decides who pulls, and MySQL's fence covers any overlap
 // while membership changes.
 //
-// A member that gave a partition up because it could not commit (stall.go)
+// A member that gave a partition up because it could not commit (the allocator's stall watch)
 // names it in its key's value; the partition's preferred owner is then
 // picked the same way among the members that did not give it up (all of
 // them, when every one did). Every process still computes the same answer.
@@ -48,8 +47,6 @@ type Members struct {
 	mine   map[int]bool
 
 	kick chan struct{} // a beat now: mine changed
-	stop chan struct{}
-	done chan struct{}
 }
 
 // memberValue is what a member's key holds.
@@ -59,44 +56,66 @@ type memberValue struct {
 	GaveUp []int `json:"gave_up,omitempty"`
 }
 
-// JoinMembers announces this process and keeps its view of the live ones.
-// The bucket must exist with keys that expire after ttl
-// (bus.MembersBucketConfig; `allotctl setup` creates it with bus.MembersTTL).
-func JoinMembers(ctx context.Context, js jetstream.JetStream, log *slog.Logger, beat, ttl time.Duration) (*Members, error) {
+// Join announces this process and reads the live ones once; Run keeps
+// its view until ctx ends. The bucket must exist with keys that expire
+// after ttl (bus.MembersBucketConfig; `allotctl setup` creates it with
+// bus.MembersTTL).
+func Join(ctx context.Context, js jetstream.JetStream, log *slog.Logger, beat, ttl time.Duration) (*Members, error) {
 	kv, err := bus.CheckBucket(ctx, js, bus.MembersBucketConfig(1, ttl))
 	if err != nil {
 		return nil, err
 	}
 	m := &Members{kv: kv, id: uuid.NewString(), log: log, beat: beat, ttl: ttl, view: memberView{}, mine: map[int]bool{},
-		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1)}
 	if err := m.refresh(ctx); err != nil {
 		return nil, err
 	}
-	go m.run()
+	return m, nil
+}
+
+// JoinIfThere joins the membership on nc (Join, with the process's beat
+// and bus.MembersTTL). Without the membership bucket it returns nil and no
+// error: every process then pulls on every partition, which is safe, only
+// less even. A bucket not as set up is an error.
+func JoinIfThere(ctx context.Context, nc *nats.Conn, log *slog.Logger) (*Members, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, nil
+	}
+	m, err := Join(ctx, js, log, time.Second, bus.MembersTTL)
+	if bus.IsSetupError(err) {
+		return nil, err
+	}
+	if err != nil {
+		log.WarnContext(ctx, "allocator membership unavailable; pulling on every partition", slog.Any("err", err))
+		return nil, nil
+	}
 	return m, nil
 }
 
 // ID is this process's member id.
 func (m *Members) ID() string { return m.id }
 
-func (m *Members) run() {
-	defer close(m.done)
+// Run renews this process's key and reads the live ones every beat until
+// ctx ends; then it removes the key, so that the others take this
+// process's partitions over at once, and returns nil.
+func (m *Members) Run(ctx context.Context) error {
 	t := time.NewTicker(m.beat)
 	defer t.Stop()
 	for {
 		select {
-		case <-m.stop:
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			m.kv.Delete(ctx, m.id) //nolint:errcheck // it expires anyway
+		case <-ctx.Done():
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			m.kv.Delete(dctx, m.id) //nolint:errcheck // it expires anyway
 			cancel()
-			return
+			return nil
 		case <-t.C:
 		case <-m.kick:
 		}
 		// A refresh may take longer than a beat under load; it only has
 		// to finish before this process's key would expire.
-		ctx, cancel := context.WithTimeout(context.Background(), m.ttl/2)
-		if err := m.refresh(ctx); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.ttl/2)
+		if err := m.refresh(rctx); err != nil {
 			m.log.Warn("allocator membership", slog.Any("err", err))
 		}
 		cancel()
@@ -263,15 +282,4 @@ func (m *Members) GiveUp(p int, stalled bool) {
 	case m.kick <- struct{}{}:
 	default:
 	}
-}
-
-// Leave removes this process's key, so that the others take its
-// partitions over at once.
-func (m *Members) Leave() {
-	select {
-	case <-m.stop:
-	default:
-		close(m.stop)
-	}
-	<-m.done
 }

@@ -1,0 +1,356 @@
+package allocator
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// valid is a decoded request at its place in the stream.
+type valid struct {
+	item
+	req wire.Request
+}
+
+// decision is one transaction's decisions in the making: decide's steps
+// share it.
+type decision struct {
+	now      time.Time
+	out      outcome
+	reqs     []valid             // decoded, in stream order
+	rejected []store.RejectedRow // refused: undecodable, or by the domain
+	// done holds the request ids already applied (or applied by this
+	// batch): a repeat is skipped.
+	done map[string]bool
+	// refusedAt maps a void's target to the first sequence it was refused
+	// at (nil: the batch holds no void).
+	refusedAt map[string]uint64
+	actIDs    []int64                        // the activities locked, ascending
+	acts      map[int64]*allocation.Activity // their states, as decided so far
+	waits     map[int64]*store.Waitlist      // their waitlist buckets
+	signups   map[[2]int64]store.SignupRow   // rows to write, by (activity, user)
+	touched   map[int64]bool                 // activities to write; changed: whose view may change
+	changed   map[int64]bool
+	results   []store.ResultRow
+}
+
+// decide applies work (sorted, all above the fence) through the domain and
+// writes everything in the open transaction: decode, skip repeats, lock
+// and load the activities, decide each request, write.
+func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out outcome, mode txMode) (outcome, error) {
+	// The batch's one clock reading, as its results carry it and MySQL
+	// keeps it.
+	d := &decision{now: wire.Instant(time.Now()), out: out}
+	a.decode(d, work)
+	if err := a.findRepeats(ctx, tx, d, mode); err != nil {
+		return d.out, err
+	}
+	if err := a.lockActivities(ctx, tx, d); err != nil {
+		return d.out, err
+	}
+	d.out.results = slices.Grow(d.out.results, len(d.reqs))
+	for _, r := range d.reqs {
+		a.decideOne(ctx, d, r)
+	}
+	if err := a.write(ctx, tx, d); err != nil {
+		return d.out, err
+	}
+	d.out.fence = work[len(work)-1].seq
+	d.out.last = d.out.fence
+	return d.out, store.SetPartition(ctx, tx, a.deps.Partition, d.out.fence)
+}
+
+// decode reads each message of work as a request; one that cannot be read
+// (or is on the wrong subject) is refused.
+func (a *Allocator) decode(d *decision, work []item) {
+	d.reqs = make([]valid, 0, len(work))
+	for _, it := range work {
+		req, err := wire.DecodeRequest(it.subject, it.data)
+		if err == nil {
+			err = bus.CheckRequestSubject(it.subject, req, a.cfg.Partitions)
+		}
+		if err != nil {
+			d.rejected = append(d.rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error(), Request: req})
+			d.out.reject(it.seq, req, err.Error(), d.now)
+			continue
+		}
+		d.reqs = append(d.reqs, valid{it, req})
+	}
+}
+
+// findRepeats looks up the requests that already have their answer.
+//
+// Requests already applied: the same request stored twice (an
+// Idempotency-Key repeat after the broker's duplicate window). That is
+// rare, so it is looked up only after InsertResults ran into one
+// (mode.checkDuplicates). A void of a request stored and refused before it
+// is a repeat too: the id has its answer (rejected_message). Voids are
+// rare, so they are looked up whenever a batch holds one.
+func (a *Allocator) findRepeats(ctx context.Context, tx *sql.Tx, d *decision, mode txMode) error {
+	d.done = make(map[string]bool, len(d.reqs))
+	if mode.checkDuplicates {
+		ids := make([]string, len(d.reqs))
+		for i, r := range d.reqs {
+			ids[i] = r.req.RequestID
+		}
+		var err error
+		if d.done, err = store.Processed(ctx, tx, ids); err != nil {
+			return err
+		}
+	}
+	var err error
+	d.refusedAt, err = a.refusedBefore(ctx, tx, voidIDs(d.reqs), d.rejected)
+	return err
+}
+
+// lockActivities locks the rows of the activities the requests name, in
+// ascending id order, and takes their states and waitlists.
+func (a *Allocator) lockActivities(ctx context.Context, tx *sql.Tx, d *decision) error {
+	d.actIDs = make([]int64, 0, 4)
+	for _, r := range d.reqs {
+		if r.req.Op != wire.OpVoid { // a void names no activity
+			d.actIDs = append(d.actIDs, r.req.ActivityID)
+		}
+	}
+	slices.Sort(d.actIDs)
+	d.actIDs = slices.Compact(d.actIDs)
+	rows, err := store.LockActivities(ctx, tx, d.actIDs)
+	if err != nil {
+		return err
+	}
+	d.acts = make(map[int64]*allocation.Activity, len(d.actIDs))
+	d.waits = make(map[int64]*store.Waitlist, len(d.actIDs))
+	d.signups = make(map[[2]int64]store.SignupRow)
+	d.touched, d.changed = make(map[int64]bool), make(map[int64]bool)
+	d.results = make([]store.ResultRow, 0, len(d.reqs))
+	for _, id := range d.actIDs {
+		act, err := a.activity(ctx, tx, id, rows)
+		if err != nil {
+			return err
+		}
+		d.acts[id] = act
+		if act != nil {
+			if d.waits[id], err = a.waitlist(ctx, tx, act); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// decideOne decides request r, in stream order, on the states so far.
+func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
+	if d.done[r.req.RequestID] {
+		return
+	}
+	if r.req.Op == wire.OpVoid {
+		a.decideVoid(d, r)
+		return
+	}
+	act := d.acts[r.req.ActivityID]
+	var wasWaiting uint64 // the requester's queue_seq if it waits
+	if s, ok := act.Lookup(r.req.UserID); ok && s.Status == wire.StatusWaiting {
+		wasWaiting = s.QueueSeq
+	}
+	after, dec, err := allocation.Apply(act, allocation.RequestOf(r.req), r.seq)
+	if err != nil {
+		if _, ok := d.refusedAt[r.req.RequestID]; !ok && d.refusedAt != nil {
+			d.refusedAt[r.req.RequestID] = r.seq
+		}
+		d.rejected = append(d.rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
+		d.out.reject(r.seq, r.req, err.Error(), d.now)
+		return
+	}
+	d.done[r.req.RequestID] = true // a repeat later in this batch is skipped too
+	d.acts[r.req.ActivityID] = after
+	if after != nil {
+		d.touched[after.ID] = true
+		if dec.Changes {
+			d.changed[after.ID] = true
+		}
+	}
+	if after != nil && len(dec.Changed) > 0 {
+		if d.waits[after.ID] == nil {
+			d.waits[after.ID] = store.NewWaitlist(a.deps.Test.BucketSize) // opened by this request
+			a.loop.waits.Add(after.ID, d.waits[after.ID])
+		}
+		a.keepWaitlist(ctx, d.waits, after, r.req.UserID, wasWaiting, dec.Changed)
+	}
+	for _, s := range dec.Changed {
+		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = signupRow(r.req.ActivityID, s)
+	}
+	res := allocation.ResultOf(r.req, r.seq, dec, after, d.now)
+	a.traceDecision(ctx, r.item, res, len(dec.Events))
+	d.out.results = append(d.out.results, res)
+	a.m.decisions.WithLabelValues(string(r.req.Op), string(dec.Outcome)).Inc()
+	a.m.acceptToApply.Observe(d.now.Sub(r.req.ReceivedAt).Seconds())
+	d.results = append(d.results, resultRow(res, a.deps.Partition, dec.Events))
+	d.out.events += len(dec.Events)
+}
+
+// decideVoid decides a void, unless the id it voids was refused before it.
+func (a *Allocator) decideVoid(d *decision, r valid) {
+	if at, ok := d.refusedAt[r.req.RequestID]; ok && at < r.seq {
+		return
+	}
+	// The id has no result before this void in the partition's order (a
+	// repeat was skipped): it was never stored, and a copy stored later
+	// is a repeat of this result.
+	d.done[r.req.RequestID] = true
+	res := allocation.VoidResult(r.req, r.seq, d.now)
+	d.out.results = append(d.out.results, res)
+	a.m.decisions.WithLabelValues(string(r.req.Op), string(res.Outcome)).Inc()
+	d.results = append(d.results, store.ResultRow{Result: res, Partition: a.deps.Partition})
+}
+
+// write stores what d decided: the activities, signups, waitlists,
+// results and refusals, in an order that keeps lock acquisition
+// deterministic; it caches the activities' new states.
+func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
+	actRows := make([]store.ActivityRow, 0, len(d.touched))
+	for _, id := range d.actIDs {
+		if act := d.acts[id]; act != nil && d.touched[id] {
+			actRows = append(actRows, activityRow(act))
+			a.loop.cache.Add(id, act)
+			if d.changed[id] {
+				d.out.changed = append(d.out.changed, act)
+			}
+		}
+	}
+	// A stable order keeps lock acquisition deterministic.
+	signupRows := slices.SortedFunc(maps.Values(d.signups), func(x, y store.SignupRow) int {
+		if x.ActivityID != y.ActivityID {
+			return cmp.Compare(x.ActivityID, y.ActivityID)
+		}
+		return cmp.Compare(x.UserID, y.UserID)
+	})
+	if err := store.UpsertActivities(ctx, tx, actRows); err != nil {
+		return err
+	}
+	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
+		return err
+	}
+	if err := store.FlushWaitlists(ctx, tx, d.waits); err != nil {
+		return err
+	}
+	if err := store.InsertResults(ctx, tx, d.results, a.deps.Test.PieceBytes); err != nil {
+		return err
+	}
+	return store.InsertRejected(ctx, tx, d.rejected, d.now)
+}
+
+func voidIDs(reqs []valid) []string {
+	var ids []string
+	for _, r := range reqs {
+		if r.req.Op == wire.OpVoid {
+			ids = append(ids, r.req.RequestID)
+		}
+	}
+	return ids
+}
+
+// refusedBefore maps those of ids that were stored and refused (a
+// rejected_message row, or a refusal earlier in this batch) to the first
+// sequence they were refused at; nil when ids is empty.
+func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string, batch []store.RejectedRow) (map[string]uint64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	at, err := store.RefusedRequests(ctx, tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range batch {
+		if seq, ok := at[r.Request.RequestID]; store.ValidRequestID(r.Request.RequestID) && (!ok || r.Seq < seq) {
+			at[r.Request.RequestID] = r.Seq
+		}
+	}
+	return at, nil
+}
+
+// activity returns the live state of activity id under its row lock: the
+// cached one when it matches the row, else one loaded from MySQL.
+func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map[int64]store.ActivityRow) (*allocation.Activity, error) {
+	row, ok := rows[id]
+	if !ok {
+		a.loop.cache.Remove(id)
+		return nil, nil
+	}
+	if c, _ := a.loop.cache.Get(id); c != nil && matchesRow(c, row) {
+		a.m.cacheHits.Inc()
+		return c, nil
+	}
+	a.m.cacheLoads.Inc()
+	a.loop.waits.Remove(id) // its buckets are loaded with it
+	live, err := store.LiveSignups(ctx, tx, id)
+	if err != nil {
+		return nil, err
+	}
+	act, err := activityOf(row, live)
+	if err != nil {
+		return nil, err
+	}
+	a.loop.cache.Add(id, act)
+	return act, nil
+}
+
+// waitlist returns the waitlist buckets of act (its state under the row
+// lock, before this batch's requests): the cached ones, or the rows in
+// MySQL. Rows that do not describe act's waiters exactly (written by hand,
+// or by a version without buckets) are rebuilt from act and rewritten in
+// this transaction.
+func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Activity) (*store.Waitlist, error) {
+	if w, ok := a.loop.waits.Get(act.ID); ok {
+		return w, nil
+	}
+	w, err := store.LoadWaitlist(ctx, tx, act.ID, a.deps.Test.BucketSize)
+	if err != nil {
+		return nil, err
+	}
+	if seqs := waiterSeqs(act); !w.Fits(seqs) {
+		a.deps.Log.WarnContext(ctx, "waitlist buckets do not match the signups; rebuilding them", slog.Int64("activity_id", act.ID))
+		w = store.BuildWaitlist(seqs, a.deps.Test.BucketSize)
+	}
+	a.loop.waits.Add(act.ID, w)
+	return w, nil
+}
+
+// keepWaitlist applies to the buckets of after what one request changed
+// (changed, the decision's rows): a WAITING row joined the waitlist; the
+// requester (who waited at wasWaiting, or 0) left it when its row is no
+// longer WAITING; any other user's row changes only by a promotion, off
+// the waitlist. A change the buckets cannot take (which the load-time
+// check rules out) rebuilds them from after.
+func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*store.Waitlist, after *allocation.Activity,
+	requester int64, wasWaiting uint64, changed []allocation.Signup) {
+	w := waits[after.ID]
+	for _, s := range changed {
+		var err error
+		switch {
+		case s.Status == wire.StatusWaiting:
+			err = w.Join(s.QueueSeq)
+		case s.UserID == requester:
+			if wasWaiting != 0 {
+				err = w.Leave(wasWaiting)
+			}
+		default:
+			err = w.Leave(s.QueueSeq)
+		}
+		if err != nil {
+			a.deps.Log.ErrorContext(ctx, "waitlist buckets out of step; rebuilding them", slog.Int64("activity_id", after.ID), slog.Any("err", err))
+			w = store.BuildWaitlist(waiterSeqs(after), a.deps.Test.BucketSize)
+			waits[after.ID] = w
+			a.loop.waits.Add(after.ID, w)
+			return
+		}
+	}
+}

@@ -1,0 +1,19 @@
+package viewpub
+
+import (
+	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// viewed reports whether act gets a view: when a claim on it is decided
+// by allocation.ClaimOnFull from the view alone (full, nobody waiting).
+func viewed(act *allocation.Activity) bool { return allocation.Viewed(act) }
+
+// viewOf is the view of a viewed activity: what a claim on it is answered
+// from (allocation.ViewSeats).
+func viewOf(act *allocation.Activity) wire.View { return allocation.ViewOf(act) }
+
+// clearedView is the view that replaces a full activity's once it is not.
+func clearedView(act *allocation.Activity) wire.View {
+	return wire.View{ActivityID: act.ID, Capacity: act.Capacity, Confirmed: act.Confirmed, Seq: act.NextSeq - 1}
+}
