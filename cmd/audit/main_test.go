@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -112,7 +113,7 @@ func TestBinary(t *testing.T) {
 	db, ns := dbtest.New(t), natstest.New(t)
 	nc, js := ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	a, err := allocator.New(db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, allocator.Config{}, allocator.Hooks{})

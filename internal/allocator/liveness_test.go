@@ -17,6 +17,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
@@ -139,7 +140,7 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	cfg := Config{PinnedTTL: time.Second, AckWait: 5 * time.Second, StallTimeout: stall}

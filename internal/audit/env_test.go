@@ -16,6 +16,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store/checkpoint"
@@ -37,7 +38,7 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t)}
 	e.nc, e.js = e.ns.Connect(t)
-	if err := bus.EnsureStreams(context.Background(), e.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), e.js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	return e

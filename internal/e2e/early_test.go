@@ -20,7 +20,6 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -48,7 +47,7 @@ type fleet struct {
 func newFleet(t *testing.T, ingests int, acfg allocator.Config) *fleet {
 	t.Helper()
 	f := &fleet{t: t, db: dbtest.New(t), ns: natstest.New(t), acfg: acfg}
-	f.ns.Setup(t, bus.StreamConfig{Partitions: acfg.Partitions})
+	f.ns.Setup(t, natstest.Config(acfg.Partitions))
 	f.startAllocator()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range ingests {
