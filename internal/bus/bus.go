@@ -179,11 +179,13 @@ func partitionsOf(cfg jetstream.StreamConfig) int {
 	return n
 }
 
-// RequestStreamConfig is ALLOT_REQUESTS: every request accepted, kept by
-// limits (never by interest) so that the audit can replay it. When the size
-// bound is reached new requests are refused (DiscardNew) rather than old
-// ones dropped: a request the allocator has not applied yet must never
-// leave the stream to make room. Only age removes requests.
+// RequestStream is ALLOT_REQUESTS as c sets it up (a new stream; Setup
+// keeps an existing one's duplicate window and replicas): every request
+// accepted, kept by limits (never by interest) so that the audit can
+// replay it. When the size bound is reached new requests are refused
+// (DiscardNew) rather than old ones dropped: a request the allocator has
+// not applied yet must never leave the stream to make room. Only age
+// removes requests.
 func (c Config) RequestStream() jetstream.StreamConfig {
 	return requestStream(c.Partitions, c.Replicas, c.RequestsRetention(), 0)
 }
@@ -261,9 +263,10 @@ func HoldStreamConfig(replicas int) jetstream.StreamConfig {
 	}
 }
 
-// EventStreamConfig is ALLOT_EVENTS, fed by the allocator's outbox relay.
-// The oldest events leave first when a bound is reached: the relay must
-// never be refused, and MySQL keeps every event in processed_request.
+// EventStream is ALLOT_EVENTS as c sets it up, fed by the allocator's
+// outbox relay. The oldest events leave first when a bound is reached: the
+// relay must never be refused, and MySQL keeps every event in
+// processed_request.
 func (c Config) EventStream() jetstream.StreamConfig {
 	return eventStream(c.Replicas, c.EventsRetention())
 }
