@@ -413,7 +413,7 @@ func TestSpecMatchesTheRouter(t *testing.T) {
 	// pending; then that server stops (503 on writes and /readyz) and its
 	// database handle closes (503 on reads).
 	lonelyNS := natstest.New(t)
-	lonelyNS.Setup(t, bus.StreamConfig{})
+	lonelyNS.Setup(t, config.Defaults[bus.Config]())
 	lonely, closeDB := startIngest(t, st.DB.DSN, lonelyNS, func(c *ingest.Config, d *ingest.Deps) { c.PublishTimeout = 500 * time.Millisecond; c.Shed = false })
 	pending := d.do(lonely, exchange{routeActivity, "PUT", "/v1/activities/8001", nil, cap1, 202, mustConform})
 	pid := requestID(t, pending)

@@ -84,7 +84,7 @@ func registeredMetrics(t *testing.T) *recorder {
 	rec := &recorder{Registry: prometheus.NewRegistry(), labels: map[string][]string{}}
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, js := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if _, err := ingest.New(config.Defaults[ingest.Config](), ingest.Deps{DB: db.DB, NATS: nc, JS: js, Log: log, Registry: rec, Gatherer: rec.Registry}); err != nil {

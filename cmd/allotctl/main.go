@@ -12,11 +12,12 @@
 // the ALLOT_IDEMPOTENCY, ALLOT_VIEW, ALLOT_ALLOCATORS and ALLOT_SHARDS
 // buckets (the shard map's missing entries seeded as partition mod the
 // shards of ALLOT_MYSQL_SHARDS), or updates
-// them to allot's configuration; it never lowers replicas and keeps an
-// existing stream's retention unless ALLOT_REQUESTS_MAX_AGE and the others
-// say otherwise. ingest, the allocator and the notifier only check at start
-// that what they need is there (exit 2 otherwise). Run it once before them,
-// and again after an upgrade or a change of its settings.
+// them to allot's configuration (retention from ALLOT_REQUESTS_MAX_AGE and
+// the others, or their defaults); it never lowers replicas and keeps an
+// existing request stream's duplicate window. ingest, the allocator and
+// the notifier only check at start that what they need is there (exit 2
+// otherwise). Run it once before them, and again after an upgrade or a
+// change of its settings.
 package main
 
 import (
@@ -102,7 +103,7 @@ func (c *setupCfg) Validate() error {
 	if c.NATSURL == "" {
 		return errors.New("ALLOT_NATS_URL is empty: set it to your NATS server (with an identity that may manage streams, e.g. nats://allotctl:<password>@host:4222)")
 	}
-	return c.SetupEnv.Validate()
+	return c.Config.Validate()
 }
 
 // runSetup is `allotctl setup`: 0 done, 1 the server refused, 2 bad usage,
@@ -134,10 +135,8 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	wctx, cancel := context.WithTimeout(ctx, setupWait)
 	defer cancel()
-	sc := c.SetupEnv.StreamConfig()
 	set, _ := c.Shards() // checked by Validate
-	sc.Shards = set.Names()
-	changes, err := bus.SetupWait(wctx, js, sc, log)
+	changes, err := bus.SetupWait(wctx, js, c.Config, set.Names(), log)
 	bus.WriteChanges(stdout, changes)
 	switch {
 	case err == nil:

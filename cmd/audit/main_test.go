@@ -113,7 +113,7 @@ func TestBinary(t *testing.T) {
 	db, ns := dbtest.New(t), natstest.New(t)
 	nc, js := ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	a, err := allocator.New(config.Defaults[allocator.Config](), allocator.Deps{DB: db.DB, NATS: nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})

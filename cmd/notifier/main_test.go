@@ -158,7 +158,7 @@ func TestRunFailsFastWithOneLine(t *testing.T) {
 
 func TestRunDeliversUntilSignalled(t *testing.T) {
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	_, js := ns.Connect(t)
 
 	var mu sync.Mutex

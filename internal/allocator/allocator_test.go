@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
@@ -39,7 +40,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 	e.nc, e.js = e.ns.Connect(t)
-	if err := bus.EnsureStreams(context.Background(), e.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), e.js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -579,7 +580,7 @@ func TestReplacedStreamIsRefused(t *testing.T) {
 	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, e.js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	fresh := req(wire.OpJoin, 1, 2)

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -26,7 +25,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 	const partitions = 2
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{Partitions: partitions})
+	ns.Setup(t, natstest.Config(partitions))
 	nc, _ := ns.Connect(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	inner, err := net.Listen("tcp", "127.0.0.1:0")

@@ -51,7 +51,7 @@ func TestHoldsExpireThroughTheStream(t *testing.T) {
 			e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 			e.nc, e.js = e.ns.Connect(t)
 			ctx := context.Background()
-			if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+			if err := bus.EnsureStreams(ctx, e.js, natstest.Config(partitions)); err != nil {
 				t.Fatal(err)
 			}
 			e.startProcess(partitions, conf(func(k *Config) { k.BatchSize = 50 }), Deps{})

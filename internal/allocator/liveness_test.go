@@ -16,6 +16,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
@@ -141,7 +142,7 @@ func stalledOwner(t *testing.T, f ownerFault, stall time.Duration) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	cfg := conf(func(k *Config) { k.PinnedTTL = time.Second; k.StallTimeout = stall })

@@ -30,7 +30,7 @@ func TestPartitionOfMatchesTheServer(t *testing.T) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: 7}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, natstest.Config(7)); err != nil {
 		t.Fatal(err)
 	}
 	st, _ := js.Stream(ctx, wire.RequestStream)
@@ -48,11 +48,11 @@ func TestPartitionOfMatchesTheServer(t *testing.T) {
 		}
 	}
 	// The number of partitions cannot change under a running system.
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{Partitions: 3}); err == nil {
+	if err := bus.EnsureStreams(ctx, js, natstest.Config(3)); err == nil {
 		t.Fatal("re-partitioning an existing stream was accepted")
 	}
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
-		t.Fatalf("0 partitions (keep what exists): %v", err)
+	if err := bus.EnsureStreams(ctx, js, natstest.Config(7)); err != nil {
+		t.Fatalf("the same partitions again: %v", err)
 	}
 }
 
@@ -107,7 +107,7 @@ func TestTwoAllocatorsOverFourPartitions(t *testing.T) {
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 	e.nc, e.js = e.ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, e.js, natstest.Config(partitions)); err != nil {
 		t.Fatal(err)
 	}
 	cfg := conf(func(k *Config) { k.PinnedTTL = time.Second; k.BatchSize = 50 })
@@ -382,7 +382,7 @@ func TestPartitionsSpreadOverProcesses(t *testing.T) {
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: discardLog()}
 	e.nc, e.js = e.ns.Connect(t)
 	ctx := context.Background()
-	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, e.js, natstest.Config(partitions)); err != nil {
 		t.Fatal(err)
 	}
 	join := func() (*members.Members, func()) {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 )
@@ -22,7 +21,7 @@ func TestPartitionsStopInParallel(t *testing.T) {
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	e.nc, e.js = e.ns.Connect(t)
 	const partitions = 3
-	e.ns.Setup(t, bus.StreamConfig{Partitions: partitions})
+	e.ns.Setup(t, natstest.Config(partitions))
 	var (
 		mu            sync.Mutex
 		active, most  int

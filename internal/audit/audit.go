@@ -70,6 +70,7 @@ import (
 	"math"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/audit/snapshot"
 )
 
 // ErrIncompleteStream is returned by Run when the request stream no longer
@@ -181,7 +182,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 	from := uint64(0)
 	// The fence first: it starts the snapshot, and every message it covers
 	// was stored before the stream's last sequence is read below.
-	if a.fence, err = readFence(ctx, tx); err != nil {
+	if a.fence, err = snapshot.ReadFence(ctx, tx); err != nil {
 		return Report{}, err
 	}
 	var st stream
@@ -194,13 +195,13 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		return Report{}, err
 	}
 	a.last = st.last
-	if a.rejected, err = readRejected(ctx, tx); err != nil {
+	if a.rejected, err = snapshot.ReadRejected(ctx, tx); err != nil {
 		return Report{}, err
 	}
 	a.refusedAt = make(map[string]uint64)
 	for seq, r := range a.rejected {
-		if at, ok := a.refusedAt[r.requestID]; r.requestID != "" && (!ok || seq < at) {
-			a.refusedAt[r.requestID] = seq
+		if at, ok := a.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || seq < at) {
+			a.refusedAt[r.RequestID] = seq
 		}
 	}
 	if a.cp != nil {
@@ -212,10 +213,10 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		from = cfg.FromSeq - 1
 	}
 	pagerCtx, cancelPager := context.WithCancel(ctx)
-	a.results = startResults(pagerCtx, tx, from, a.activities)
+	a.results = snapshot.StartResults(pagerCtx, tx, from, a.activities)
 	defer func() {
 		cancelPager()
-		a.results.wait()
+		a.results.Wait()
 	}()
 
 	if err := a.replay(ctx, st); err != nil {

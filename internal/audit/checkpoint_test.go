@@ -16,6 +16,7 @@ import (
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store/checkpoint"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -24,7 +25,13 @@ import (
 // operator's ALLOT_REQUESTS_MAX_AGE does at the next start.
 func (e *env) setRequestsMaxAge(age time.Duration) {
 	e.t.Helper()
-	c := bus.RetentionEnv{RequestsMaxAge: age, RequestsMaxBytes: 64 << 20}.Apply(bus.StreamConfig{})
+	st, err := e.js.Stream(context.Background(), wire.RequestStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	c := natstest.Config(bus.PartitionsOf(st.CachedInfo().Config))
+	c.RequestsMaxAge, c.RequestsMaxBytes = age, 64<<20
+	c.EventsMaxAge, c.EventsMaxBytes = 0, 0 // no limit
 	if err := bus.EnsureStreams(context.Background(), e.js, c); err != nil {
 		e.t.Fatal(err)
 	}
@@ -52,7 +59,7 @@ func newPartitionedEnv(t testing.TB, partitions int) *env {
 	if err := e.js.DeleteStream(ctx, wire.RequestStream); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(ctx, e.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+	if err := bus.EnsureStreams(ctx, e.js, natstest.Config(partitions)); err != nil {
 		t.Fatal(err)
 	}
 	return e

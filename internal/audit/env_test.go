@@ -38,7 +38,7 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, db: dbtest.New(t), ns: natstest.New(t)}
 	e.nc, e.js = e.ns.Connect(t)
-	if err := bus.EnsureStreams(context.Background(), e.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), e.js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	return e

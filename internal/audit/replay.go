@@ -16,6 +16,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/audit/second"
+	"github.com/allot-dev/allot/internal/audit/snapshot"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -42,8 +43,8 @@ type auditor struct {
 	// window has found its first message.
 	winStart uint64
 
-	rejected map[uint64]rejectedRow
-	results  *resultCursor
+	rejected map[uint64]snapshot.Rejected
+	results  *snapshot.Results
 
 	acts map[int64]*allocation.Activity
 	// actLast is the request last applied to each activity: the one that
@@ -179,7 +180,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 			a.diverge(Divergence{
 				Seq: seq, RequestID: req.RequestID, Kind: KindRejectedUnexpected,
 				ActivityID: req.ActivityID, UserID: req.UserID,
-				Expected: "applied with outcome " + string(d.Outcome), Actual: "rejected: " + rej.reason,
+				Expected: "applied with outcome " + string(d.Outcome), Actual: "rejected: " + rej.Reason,
 				Detail: "the replay follows the allocator and leaves the request unapplied",
 			})
 		}
@@ -235,7 +236,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 
 // void checks the void of an id that has no result before it: the
 // allocator records REJECTED "never stored" and changes nothing.
-func (a *auditor) void(seq uint64, req wire.Request, got *resultRow, rej rejectedRow, rejected, check bool) {
+func (a *auditor) void(seq uint64, req wire.Request, got *snapshot.Result, rej snapshot.Rejected, rejected, check bool) {
 	if at, ok := a.refusedAt[req.RequestID]; ok && at < seq {
 		// The request was stored and refused before: it has its answer,
 		// and the void is a repeat, as of an applied request.
@@ -276,7 +277,7 @@ func (a *auditor) void(seq uint64, req wire.Request, got *resultRow, rej rejecte
 }
 
 // malformed checks a message the allocator must have refused.
-func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, got *resultRow, rejected, check bool) {
+func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, got *snapshot.Result, rejected, check bool) {
 	a.rep.Malformed++
 	if !check {
 		return
@@ -295,13 +296,13 @@ func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, 
 
 // resultAt returns the processed_request row at seq, or nil, after
 // reporting every row before seq: no message the replay read sits there.
-func (a *auditor) resultAt(seq uint64) (*resultRow, error) {
+func (a *auditor) resultAt(seq uint64) (*snapshot.Result, error) {
 	for {
-		r, err := a.results.peek()
+		r, err := a.results.Peek()
 		if err != nil || r == nil || r.Seq > seq {
 			return nil, err
 		}
-		a.results.next()
+		a.results.Next()
 		if r.Seq == seq {
 			return r, nil
 		}
@@ -314,11 +315,11 @@ func (a *auditor) resultAt(seq uint64) (*resultRow, error) {
 // drainResults reports the rows after the last message read.
 func (a *auditor) drainResults() error {
 	for {
-		r, err := a.results.peek()
+		r, err := a.results.Peek()
 		if err != nil || r == nil {
 			return err
 		}
-		a.results.next()
+		a.results.Next()
 		if a.inWindow(r.Seq) {
 			a.unexpectedResult(r, "no request message at this seq"+a.scope())
 		}
@@ -337,7 +338,7 @@ func (a *auditor) scope() string {
 func (a *auditor) leftoverRejected() {
 	seqs := make([]uint64, 0, len(a.rejected))
 	for seq, r := range a.rejected {
-		if a.subjects != nil && !a.subjects[wire.ActivityOfSubject(r.subject)] {
+		if a.subjects != nil && !a.subjects[wire.ActivityOfSubject(r.Subject)] {
 			continue
 		}
 		if a.inWindow(seq) {
@@ -350,7 +351,7 @@ func (a *auditor) leftoverRejected() {
 	}
 }
 
-func (a *auditor) unexpectedResult(r *resultRow, why string) {
+func (a *auditor) unexpectedResult(r *snapshot.Result, why string) {
 	a.diverge(Divergence{
 		Seq: r.Seq, RequestID: r.RequestID, Kind: KindResultUnexpected,
 		ActivityID: r.ActivityID, UserID: r.UserID,
@@ -359,17 +360,17 @@ func (a *auditor) unexpectedResult(r *resultRow, why string) {
 	})
 }
 
-func (a *auditor) unexpectedRejected(seq uint64, requestID string, r rejectedRow, why string) {
+func (a *auditor) unexpectedRejected(seq uint64, requestID string, r snapshot.Rejected, why string) {
 	a.diverge(Divergence{
 		Seq: seq, RequestID: requestID, Kind: KindRejectedUnexpected,
-		Expected: "no rejected_message row", Actual: "rejected on " + r.subject + ": " + r.reason,
+		Expected: "no rejected_message row", Actual: "rejected on " + r.Subject + ": " + r.Reason,
 		Detail: why,
 	})
 }
 
 // compareResult compares the recorded result with the replayed one, column
 // by column, so each difference reads as expected vs actual.
-func (a *auditor) compareResult(want wire.Result, got *resultRow) {
+func (a *auditor) compareResult(want wire.Result, got *snapshot.Result) {
 	field := func(name, exp, act string) {
 		a.diverge(Divergence{
 			Seq: want.Seq, RequestID: want.RequestID, Kind: KindResult,
@@ -429,11 +430,11 @@ func (a *auditor) compareResult(want wire.Result, got *resultRow) {
 
 // compareRows compares the final activity and signup rows with the replay.
 func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
-	rows, err := readActivities(ctx, tx, a.activities)
+	rows, err := snapshot.ReadActivities(ctx, tx, a.activities)
 	if err != nil {
 		return err
 	}
-	buckets, err := readBuckets(ctx, tx, a.activities)
+	buckets, err := snapshot.ReadBuckets(ctx, tx, a.activities)
 	if err != nil {
 		return err
 	}
@@ -443,37 +444,37 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	inRow := make(map[int64]bool, len(rows))
 	for _, r := range rows {
-		checked[r.id] = true
-		inRow[r.id] = true
-		bs := buckets[r.id]
-		delete(buckets, r.id) // the rest have no activity row
-		act := a.acts[r.id]
+		checked[r.ID] = true
+		inRow[r.ID] = true
+		bs := buckets[r.ID]
+		delete(buckets, r.ID) // the rest have no activity row
+		act := a.acts[r.ID]
 		if act == nil {
 			a.diverge(Divergence{
-				Kind: KindActivityUnexpected, ActivityID: r.id,
+				Kind: KindActivityUnexpected, ActivityID: r.ID,
 				Expected: "no activity row (never opened)",
-				Actual:   fmt.Sprintf("capacity %d, confirmed_count %d, next_seq %d", r.capacity, r.confirmed, r.nextSeq),
+				Actual:   fmt.Sprintf("capacity %d, confirmed_count %d, next_seq %d", r.Capacity, r.Confirmed, r.NextSeq),
 			})
 			continue
 		}
-		by := a.actLast[r.id]
+		by := a.actLast[r.ID]
 		if !a.inWindow(by.seq) {
 			continue
 		}
 		col := func(name string, exp, act int64) {
 			if exp != act {
 				a.diverge(Divergence{
-					Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.id,
+					Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID,
 					Field: name, Expected: itoa(exp), Actual: itoa(act),
 				})
 			}
 		}
-		col("capacity", act.Capacity, r.capacity)
-		col("confirmed_count", act.Confirmed, r.confirmed)
-		col("next_seq", int64(act.NextSeq), int64(r.nextSeq))
-		col("hold_ns", int64(act.Hold), r.hold)
-		col("held_count", act.Held, r.held)
-		col("waiting_count", act.Waiting(), r.waiting)
+		col("capacity", act.Capacity, r.Capacity)
+		col("confirmed_count", act.Confirmed, r.Confirmed)
+		col("next_seq", int64(act.NextSeq), int64(r.NextSeq))
+		col("hold_ns", int64(act.Hold), r.Hold)
+		col("held_count", act.Held, r.Held)
+		col("waiting_count", act.Waiting(), r.Waiting)
 		// The waitlist buckets must describe the replay's waitlist: every
 		// waiter counted in the bucket its queue_seq falls in.
 		var waiters []uint64
@@ -484,7 +485,7 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		}
 		if !store.WaitlistOf(bs).Fits(waiters) {
 			a.diverge(Divergence{
-				Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.id, Field: "waitlist_bucket",
+				Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID, Field: "waitlist_bucket",
 				Expected: describeBuckets(store.BuildWaitlist(waiters, 0).Buckets()), Actual: describeBuckets(bs),
 			})
 		}
@@ -511,13 +512,14 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	a.rep.ActivitiesChecked = len(checked)
 
-	err = eachSignup(ctx, tx, a.activities, func(k signupKey, r signupRow) {
+	err = snapshot.EachSignup(ctx, tx, a.activities, func(activity, user int64, r snapshot.Signup) {
+		k := signupKey{activity, user}
 		t := a.signups[k]
 		if t == nil {
 			a.diverge(Divergence{
 				Kind: KindSignupUnexpected, ActivityID: k.activity, UserID: k.user,
 				Expected: "no signup row (the user never signed up)",
-				Actual:   "status " + r.status + ", queue_seq " + strconv.FormatUint(r.queueSeq, 10),
+				Actual:   "status " + r.Status + ", queue_seq " + strconv.FormatUint(r.QueueSeq, 10),
 			})
 			return
 		}
@@ -531,21 +533,21 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 				Field: name, Expected: exp, Actual: act,
 			})
 		}
-		if r.status != t.status {
-			field("status", t.status, r.status)
+		if r.Status != t.status {
+			field("status", t.status, r.Status)
 		}
-		if r.queueSeq != t.queueSeq {
-			field("queue_seq", strconv.FormatUint(t.queueSeq, 10), strconv.FormatUint(r.queueSeq, 10))
+		if r.QueueSeq != t.queueSeq {
+			field("queue_seq", strconv.FormatUint(t.queueSeq, 10), strconv.FormatUint(r.QueueSeq, 10))
 		}
-		if !sameTime(t.heldUntil, r.heldUntil) {
-			field("held_until", timeOrNull(t.heldUntil), nullTime(r.heldUntil))
+		if !sameTime(t.heldUntil, r.HeldUntil) {
+			field("held_until", timeOrNull(t.heldUntil), nullTime(r.HeldUntil))
 		}
-		if want := t.holdSeq; want == 0 && r.holdSeq.Valid || want != 0 && (!r.holdSeq.Valid || uint64(r.holdSeq.Int64) != want) {
+		if want := t.holdSeq; want == 0 && r.HoldSeq.Valid || want != 0 && (!r.HoldSeq.Valid || uint64(r.HoldSeq.Int64) != want) {
 			exp := "null"
 			if want != 0 {
 				exp = strconv.FormatUint(want, 10)
 			}
-			field("hold_seq", exp, nullInt(r.holdSeq))
+			field("hold_seq", exp, nullInt(r.HoldSeq))
 		}
 	})
 	if err != nil {

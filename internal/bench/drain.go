@@ -17,6 +17,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -50,7 +51,7 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	if err != nil {
 		return DrainResult{}, err
 	}
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		return DrainResult{}, err
 	}
 	now := time.Now().UTC()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -77,7 +78,7 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	if err != nil {
 		return res, err
 	}
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		return res, err
 	}
 	const act, probeAct = 1, 2

@@ -104,7 +104,7 @@ func Reads(ctx context.Context, db, readDB *sql.DB, nc *nats.Conn, log *slog.Log
 	if err != nil {
 		return res, err
 	}
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		return res, err
 	}
 	start := time.Now()

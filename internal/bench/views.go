@@ -15,6 +15,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -45,7 +46,7 @@ func ViewChurn(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger,
 	if err != nil {
 		return ChurnResult{}, err
 	}
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		return ChurnResult{}, err
 	}
 	now := time.Now().UTC()

@@ -41,7 +41,7 @@ type Allocator struct {
 // Allotctl is cmd/allotctl's configuration (setup).
 type Allotctl struct {
 	config.Common
-	bus.SetupEnv
+	bus.Config
 }
 
 // Audit is cmd/audit's configuration: audit.Config holds what its flags
@@ -58,11 +58,13 @@ type Notifier struct {
 }
 
 // IngestEnv and AllocatorEnv are the settings of the development stack's
-// two parts; named apart so both can be embedded (envconfig reads embedded
-// structs' fields as the binary's own). ALLOT_PARTITIONS fills both alike.
+// two parts, and SetupEnv its setup step's; named apart so all can be
+// embedded (envconfig reads embedded structs' fields as the binary's own).
+// ALLOT_PARTITIONS fills the three alike.
 type (
 	IngestEnv    = ingest.Config
 	AllocatorEnv = allocator.Config
+	SetupEnv     = bus.Config
 )
 
 // Stack is internal/cmd/stack's configuration.
@@ -70,7 +72,7 @@ type Stack struct {
 	config.Common
 	IngestEnv
 	AllocatorEnv
-	bus.SetupEnv
+	SetupEnv
 	NATSPort  int           `envconfig:"EMBEDDED_NATS_PORT" default:"4233" desc:"port of the embedded NATS server (the machine's own NATS holds 4222)"`
 	NATSStore string        `envconfig:"EMBEDDED_NATS_STORE" default:"var/nats" desc:"store directory of the embedded NATS server"`
 	NATSSync  time.Duration `envconfig:"EMBEDDED_NATS_SYNC" default:"0s" desc:"fsync interval of the embedded server; 0 = always (every write on disk before its ack)"`

@@ -75,34 +75,9 @@ func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Co
 	return nc, nil
 }
 
-// StreamConfig tunes the streams and buckets the setup step (Setup)
-// creates.
-type StreamConfig struct {
-	// Replicas is the stream replication factor (ALLOT_STREAM_REPLICAS, 3 on
-	// a cluster); 0 keeps what an existing stream has (1 for a new one), and
-	// an existing stream is never scaled down (KeepReplicas).
-	Replicas int
-	// Partitions splits the request stream into this many partitions
-	// (ALLOT_PARTITIONS). It is fixed when the stream is created: 0 takes
-	// what the stream has (1 for a new one); another number than the
-	// stream's is an error.
-	Partitions int
-	// Requests and Events bound the two streams (ALLOT_REQUESTS_MAX_AGE and
-	// the others; see RetentionEnv). A zero Retention keeps what an
-	// existing stream has (the defaults for a new one).
-	Requests, Events Retention
-	// Duplicates is the request stream's duplicate window; 0 keeps what
-	// an existing stream has (2m for a new one), so an operator's setting
-	// survives a restart. Ingest settles a lost PubAck within it.
-	Duplicates time.Duration
-	// Shards are the shard names (ALLOT_MYSQL_SHARDS, in order) the shard
-	// map ALLOT_SHARDS is seeded with: partition p on Shards[p mod
-	// len(Shards)]; empty = one shard, shards.DefaultName. Only partitions
-	// without an entry are seeded: a later change of it rewrites nothing.
-	Shards []string
-}
-
-// DefaultRequestDuplicates is the request stream's duplicate window.
+// DefaultRequestDuplicates is a new request stream's duplicate window;
+// setup keeps an existing stream's, so an operator's setting survives a
+// re-run. Ingest settles a lost PubAck within it.
 const DefaultRequestDuplicates = 2 * time.Minute
 
 // ErrPartitionsChanged means ALLOT_REQUESTS exists with another number of
@@ -204,21 +179,28 @@ func partitionsOf(cfg jetstream.StreamConfig) int {
 	return n
 }
 
-// RequestStreamConfig is ALLOT_REQUESTS: every request accepted, kept by
-// limits (never by interest) so that the audit can replay it. When the size
-// bound is reached new requests are refused (DiscardNew) rather than old
-// ones dropped: a request the allocator has not applied yet must never
-// leave the stream to make room. Only age removes requests.
-func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
-	r := c.Requests.orDefault(DefaultRequestsMaxAge, DefaultRequestsMaxBytes)
+// RequestStream is ALLOT_REQUESTS as c sets it up (a new stream; Setup
+// keeps an existing one's duplicate window and replicas): every request
+// accepted, kept by limits (never by interest) so that the audit can
+// replay it. When the size bound is reached new requests are refused
+// (DiscardNew) rather than old ones dropped: a request the allocator has
+// not applied yet must never leave the stream to make room. Only age
+// removes requests.
+func (c Config) RequestStream() jetstream.StreamConfig {
+	return requestStream(c.Partitions, c.Replicas, c.RequestsRetention(), 0)
+}
+
+// requestStream is ALLOT_REQUESTS with partitions partitions, replicas
+// copies, bounds r and duplicate window duplicates (0 = the default's).
+func requestStream(partitions, replicas int, r Retention, duplicates time.Duration) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        wire.RequestStream,
 		Description: "allot requests: join, cancel, claim, open; kept for audit replay",
 		Subjects:    []string{wire.RequestSubjectPrefix + ">"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    max(c.Replicas, 1),
-		Duplicates:  duplicatesWithin(cmp.Or(c.Duplicates, DefaultRequestDuplicates), r.MaxAge),
+		Replicas:    max(replicas, 1),
+		Duplicates:  duplicatesWithin(cmp.Or(duplicates, DefaultRequestDuplicates), r.MaxAge),
 		Discard:     jetstream.DiscardNew,
 		MaxAge:      r.MaxAge,
 		MaxBytes:    r.MaxBytes,
@@ -227,7 +209,7 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 		// load: one fsync for the group instead of one per request.
 		AllowAtomicPublish: true,
 
-		SubjectTransform: PartitionTransform(c.Partitions),
+		SubjectTransform: PartitionTransform(partitions),
 		// Expires of holds, stored in ALLOT_HOLDS by the server's message
 		// scheduler when they fall due, come in here on the activity's
 		// subject: requests like any other, in the broker's order.
@@ -235,7 +217,7 @@ func RequestStreamConfig(c StreamConfig) jetstream.StreamConfig {
 			Name: wire.HoldStream,
 			SubjectTransforms: []jetstream.SubjectTransformConfig{{
 				Source:      wire.HoldDuePrefix + "*",
-				Destination: holdDueDestination(c.Partitions),
+				Destination: holdDueDestination(partitions),
 			}},
 		}},
 	}
@@ -258,15 +240,15 @@ func holdDueDestination(partitions int) string {
 // cannot live in ALLOT_REQUESTS itself: the server refuses them in a stream
 // that discards new messages when full, and refuses roll-ups nowhere it has
 // them. Kept by age only, longer than the longest hold, so a schedule never
-// leaves before it is due.
-func HoldStreamConfig(c StreamConfig) jetstream.StreamConfig {
+// leaves before it is due. It has replicas copies.
+func HoldStreamConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        wire.HoldStream,
 		Description: "allot hold expiries: one message schedule per hold, sourced into ALLOT_REQUESTS when due",
 		Subjects:    []string{wire.HoldSubjectPrefix + ">"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    max(c.Replicas, 1),
+		Replicas:    max(replicas, 1),
 		Duplicates:  10 * time.Minute,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      wire.MaxHold + 24*time.Hour,
@@ -281,18 +263,23 @@ func HoldStreamConfig(c StreamConfig) jetstream.StreamConfig {
 	}
 }
 
-// EventStreamConfig is ALLOT_EVENTS, fed by the allocator's outbox relay.
-// The oldest events leave first when a bound is reached: the relay must
-// never be refused, and MySQL keeps every event in processed_request.
-func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
-	r := c.Events.orDefault(DefaultEventsMaxAge, DefaultEventsMaxBytes)
+// EventStream is ALLOT_EVENTS as c sets it up, fed by the allocator's
+// outbox relay. The oldest events leave first when a bound is reached: the
+// relay must never be refused, and MySQL keeps every event in
+// processed_request.
+func (c Config) EventStream() jetstream.StreamConfig {
+	return eventStream(c.Replicas, c.EventsRetention())
+}
+
+// eventStream is ALLOT_EVENTS with replicas copies and bounds r.
+func eventStream(replicas int, r Retention) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        wire.EventStream,
 		Description: "allot events: opened, resized, confirmed, waitlisted, granted, promoted, cancelled, sold_out",
 		Subjects:    []string{wire.EventSubjectPrefix + ">"},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
-		Replicas:    max(c.Replicas, 1),
+		Replicas:    max(replicas, 1),
 		Duplicates:  duplicatesWithin(10*time.Minute, r.MaxAge),
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      r.MaxAge,
@@ -305,9 +292,10 @@ func EventStreamConfig(c StreamConfig) jetstream.StreamConfig {
 }
 
 // EnsureStreams is Setup for callers that do not print what it changed:
-// the tests' harnesses and benchmarks, which play the setup step.
-func EnsureStreams(ctx context.Context, js jetstream.JetStream, c StreamConfig) error {
-	_, err := Setup(ctx, js, c)
+// the tests' harnesses and benchmarks, which play the setup step (with
+// one shard).
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, c Config) error {
+	_, err := Setup(ctx, js, c, nil)
 	return err
 }
 

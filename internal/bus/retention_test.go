@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -25,8 +26,8 @@ func streamConfig(t *testing.T, js jetstream.JetStream, name string) jetstream.S
 
 // TestStreamsRetention: the streams are created with the configured
 // bounds (the request stream refusing new requests when full, the event
-// stream dropping its oldest), a binary that does not own the setting keeps
-// them, and a changed setting updates the existing streams.
+// stream dropping its oldest), a setup run again with the same settings
+// keeps them, and a changed setting updates the existing streams.
 func TestStreamsRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -38,8 +39,9 @@ func TestStreamsRetention(t *testing.T) {
 		Storage: jetstream.FileStorage, Discard: jetstream.DiscardOld, Duplicates: 2 * time.Minute, AllowDirect: true}); err != nil {
 		t.Fatal(err)
 	}
-	env := bus.RetentionEnv{RequestsMaxAge: 48 * time.Hour, RequestsMaxBytes: 64 << 20, EventsMaxAge: 24 * time.Hour, EventsMaxBytes: 32 << 20}
-	if err := bus.EnsureStreams(ctx, js, env.Apply(bus.StreamConfig{})); err != nil {
+	c := config.Defaults[bus.Config]()
+	c.RequestsMaxAge, c.RequestsMaxBytes, c.EventsMaxAge, c.EventsMaxBytes = 48*time.Hour, 64<<20, 24*time.Hour, 32<<20
+	if err := bus.EnsureStreams(ctx, js, c); err != nil {
 		t.Fatal(err)
 	}
 	check := func(when string, reqAge time.Duration, reqBytes int64, evtAge time.Duration, evtBytes int64) {
@@ -58,15 +60,15 @@ func TestStreamsRetention(t *testing.T) {
 	}
 	check("updated from before retention, and created", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
 
-	// A setup without retention settings (the tests) keeps what exists.
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	// The same settings again change nothing.
+	if err := bus.EnsureStreams(ctx, js, c); err != nil {
 		t.Fatal(err)
 	}
-	check("ensured without a setting", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
+	check("ensured again", 48*time.Hour, 64<<20, 24*time.Hour, 32<<20)
 
 	// 0 means no limit; a short age shrinks the duplicate window with it.
-	env = bus.RetentionEnv{RequestsMaxAge: 30 * time.Second}
-	if err := bus.EnsureStreams(ctx, js, env.Apply(bus.StreamConfig{})); err != nil {
+	c.RequestsMaxAge, c.RequestsMaxBytes, c.EventsMaxAge, c.EventsMaxBytes = 30*time.Second, 0, 0, 0
+	if err := bus.EnsureStreams(ctx, js, c); err != nil {
 		t.Fatal(err)
 	}
 	check("updated", 30*time.Second, -1, 0, -1)
@@ -78,35 +80,45 @@ func TestRetentionDefaults(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, js := natstest.New(t).Connect(t)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
+	// The defaults as the operations page states them: a week of both,
+	// no size bound on the requests, 1 GiB of events.
+	const week = 7 * 24 * time.Hour
 	r := streamConfig(t, js, wire.RequestStream)
-	if r.MaxAge != bus.DefaultRequestsMaxAge || r.MaxBytes != bus.DefaultRequestsMaxBytes {
-		t.Errorf("new %s: max_age %s max_bytes %d, want the defaults %s, %d", wire.RequestStream, r.MaxAge, r.MaxBytes, bus.DefaultRequestsMaxAge, int64(bus.DefaultRequestsMaxBytes))
+	if r.MaxAge != week || r.MaxBytes != -1 {
+		t.Errorf("new %s: max_age %s max_bytes %d, want the defaults %s, -1", wire.RequestStream, r.MaxAge, r.MaxBytes, week)
 	}
 	e := streamConfig(t, js, wire.EventStream)
-	if e.MaxAge != bus.DefaultEventsMaxAge || e.MaxBytes != bus.DefaultEventsMaxBytes {
-		t.Errorf("new %s: max_age %s max_bytes %d, want the defaults", wire.EventStream, e.MaxAge, e.MaxBytes)
+	if e.MaxAge != week || e.MaxBytes != 1<<30 {
+		t.Errorf("new %s: max_age %s max_bytes %d, want the defaults %s, %d", wire.EventStream, e.MaxAge, e.MaxBytes, week, 1<<30)
 	}
 }
 
-// TestRetentionEnvValidate: limits below what makes sense are refused in
-// one sentence naming the variable.
-func TestRetentionEnvValidate(t *testing.T) {
+// TestConfigValidate: limits below what makes sense are refused in one
+// sentence naming the variable.
+func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		env  bus.RetentionEnv
+		set  func(*bus.Config)
 		ok   bool
 	}{
-		{"zero is no limit", bus.RetentionEnv{}, true},
-		{"defaults", bus.RetentionEnv{RequestsMaxAge: 168 * time.Hour, RequestsMaxBytes: 8 << 30, EventsMaxAge: time.Hour, EventsMaxBytes: 1 << 20}, true},
-		{"negative age", bus.RetentionEnv{RequestsMaxAge: -time.Second}, false},
-		{"sub-second age", bus.RetentionEnv{EventsMaxAge: time.Millisecond}, false},
-		{"tiny size", bus.RetentionEnv{RequestsMaxBytes: 1000}, false},
+		{"defaults", func(*bus.Config) {}, true},
+		{"zero is no limit", func(c *bus.Config) {
+			c.RequestsMaxAge, c.RequestsMaxBytes, c.EventsMaxAge, c.EventsMaxBytes = 0, 0, 0, 0
+		}, true},
+		{"limits", func(c *bus.Config) { c.RequestsMaxBytes, c.EventsMaxAge, c.EventsMaxBytes = 8<<30, time.Hour, 1<<20 }, true},
+		{"negative age", func(c *bus.Config) { c.RequestsMaxAge = -time.Second }, false},
+		{"sub-second age", func(c *bus.Config) { c.EventsMaxAge = time.Millisecond }, false},
+		{"tiny size", func(c *bus.Config) { c.RequestsMaxBytes = 1000 }, false},
+		{"no partition", func(c *bus.Config) { c.Partitions = 0 }, false},
+		{"no replica", func(c *bus.Config) { c.Replicas = 0 }, false},
 	} {
-		if err := tc.env.Validate(); (err == nil) != tc.ok {
+		c := config.Defaults[bus.Config]()
+		tc.set(&c)
+		if err := c.Validate(); (err == nil) != tc.ok {
 			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
 		}
 	}
@@ -114,9 +126,8 @@ func TestRetentionEnvValidate(t *testing.T) {
 
 // TestReplicasNeverLowered: on a three-node cluster that has just formed,
 // the streams and buckets are created with 3 replicas (waiting for the
-// cluster with bus.Retry rather than failing), and a binary started without
-// ALLOT_STREAM_REPLICAS (which passes its default, 1) or one that keeps
-// what exists (0) never scales them down.
+// cluster with bus.Retry rather than failing), and a setup run without
+// ALLOT_STREAM_REPLICAS (its default, 1) never scales them down.
 func TestReplicasNeverLowered(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -135,7 +146,9 @@ func TestReplicasNeverLowered(t *testing.T) {
 	ensure := func(replicas int) {
 		t.Helper()
 		err := bus.Retry(ctx, log, "ensure", 10*time.Second, func(ctx context.Context) error {
-			_, err := bus.Setup(ctx, js, bus.StreamConfig{Replicas: replicas})
+			sc := config.Defaults[bus.Config]()
+			sc.Replicas = replicas
+			_, err := bus.Setup(ctx, js, sc, nil)
 			return err
 		})
 		if err != nil {
@@ -154,9 +167,7 @@ func TestReplicasNeverLowered(t *testing.T) {
 	ensure(3)
 	want("created with ALLOT_STREAM_REPLICAS=3")
 	ensure(1)
-	want("ensured by a binary without ALLOT_STREAM_REPLICAS (default 1)")
-	ensure(0)
-	want("ensured by a binary that keeps what exists")
+	want("ensured without ALLOT_STREAM_REPLICAS (default 1)")
 	if got, err := bus.KeepReplicas(ctx, js, wire.RequestStream, 1); err != nil || got != 3 {
 		t.Errorf("KeepReplicas(%s, 1) = %d, %v; want 3", wire.RequestStream, got, err)
 	}

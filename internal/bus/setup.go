@@ -1,7 +1,6 @@
 package bus
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,26 +127,23 @@ type Change struct {
 // Setup creates or updates every stream and bucket allot uses, from the
 // builders above: ALLOT_HOLDS, ALLOT_REQUESTS, ALLOT_EVENTS, ALLOT_DLQ and
 // the idempotency, view, membership and shard-map buckets, and seeds the
-// shard map's missing entries (c.Shards). It is `allotctl setup`, run
-// with an identity that may manage streams; no runtime binary calls it.
-// It refuses to change the number of partitions of an existing request
-// stream, never lowers replicas (KeepReplicas) and keeps an existing
-// stream's retention when c's is zero. Run twice, the second run changes
-// nothing.
-func Setup(ctx context.Context, js jetstream.JetStream, c StreamConfig) ([]Change, error) {
-	rc := c
+// shard map's missing entries with shardNames (ALLOT_MYSQL_SHARDS, in
+// order: partition p on shardNames[p mod len(shardNames)]; empty = one
+// shard, shards.DefaultName; a later change rewrites no entry). It is
+// `allotctl setup`, run with an identity that may manage streams; no
+// runtime binary calls it. It refuses to change the number of partitions
+// of an existing request stream, never lowers replicas (KeepReplicas) and
+// keeps an existing request stream's duplicate window. Run twice, the
+// second run changes nothing.
+func Setup(ctx context.Context, js jetstream.JetStream, c Config, shardNames []string) ([]Change, error) {
+	var duplicates time.Duration // the default for a new stream
 	if st, err := js.Stream(ctx, wire.RequestStream); err == nil {
 		have := st.CachedInfo().Config
-		if rc.Partitions == 0 {
-			rc.Partitions = partitionsOf(have)
+		if n := partitionsOf(have); n != c.Partitions {
+			return nil, fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, n, c.Partitions)
 		}
-		if partitionsOf(have) != rc.Partitions {
-			return nil, fmt.Errorf("%w: %s has %d, ALLOT_PARTITIONS is %d", ErrPartitionsChanged, wire.RequestStream, partitionsOf(have), rc.Partitions)
-		}
-		rc.Replicas = max(rc.Replicas, have.Replicas)
-		rc.Requests = rc.Requests.orHave(have)
 		// An operator's duplicate window survives a re-run of setup.
-		rc.Duplicates = cmp.Or(rc.Duplicates, have.Duplicates)
+		duplicates = have.Duplicates
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.RequestStream, err)
 	}
@@ -164,28 +160,16 @@ func Setup(ctx context.Context, js jetstream.JetStream, c StreamConfig) ([]Chang
 		out = append(out, ch)
 		return nil
 	}
-	ec := c
-	if st, err := js.Stream(ctx, wire.EventStream); err == nil {
-		ec.Events = ec.Events.orHave(st.CachedInfo().Config)
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("%w: look up stream %s: %w", ErrUnavailable, wire.EventStream, err)
-	}
 	// ALLOT_HOLDS first: ALLOT_REQUESTS sources it.
 	steps := []struct {
 		name  string
 		build func(int) jetstream.StreamConfig
 	}{
-		{wire.HoldStream, func(r int) jetstream.StreamConfig { return HoldStreamConfig(StreamConfig{Replicas: r}) }},
+		{wire.HoldStream, HoldStreamConfig},
 		{wire.RequestStream, func(r int) jetstream.StreamConfig {
-			s := rc
-			s.Replicas = max(r, rc.Replicas)
-			return RequestStreamConfig(s)
+			return requestStream(c.Partitions, r, c.RequestsRetention(), duplicates)
 		}},
-		{wire.EventStream, func(r int) jetstream.StreamConfig {
-			s := ec
-			s.Replicas = r
-			return EventStreamConfig(s)
-		}},
+		{wire.EventStream, func(r int) jetstream.StreamConfig { return eventStream(r, c.EventsRetention()) }},
 		{DLQStream, DLQStreamConfig},
 	}
 	for _, s := range steps {
@@ -210,7 +194,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, c StreamConfig) ([]Chang
 		}
 		out = append(out, ch)
 	}
-	if err := seedShards(ctx, js, max(rc.Partitions, 1), c.Shards); err != nil {
+	if err := seedShards(ctx, js, c.Partitions, shardNames); err != nil {
 		return out, err
 	}
 	return out, nil
@@ -310,7 +294,7 @@ func CheckRequestStream(ctx context.Context, js jetstream.JetStream, partitions 
 	}
 	// The duplicate window is the operator's to choose (ingest settles lost
 	// PubAcks within whatever it is), so it is taken as it is.
-	want := RequestStreamConfig(StreamConfig{Partitions: n, Requests: Retention{}.orHave(have), Duplicates: have.Duplicates})
+	want := requestStream(n, 1, retentionOf(have), have.Duplicates)
 	if err := sameStream(want, have, "SubjectTransform", "Sources", "AllowAtomicPublish", "AllowDirect"); err != nil {
 		return nil, 0, err
 	}
@@ -324,7 +308,7 @@ func CheckHoldStream(ctx context.Context, js jetstream.JetStream) error {
 	if err != nil {
 		return err
 	}
-	return sameStream(HoldStreamConfig(StreamConfig{}), have, "MaxAge", "AllowMsgSchedules", "AllowRollup", "AllowAtomicPublish")
+	return sameStream(HoldStreamConfig(1), have, "MaxAge", "AllowMsgSchedules", "AllowRollup", "AllowAtomicPublish")
 }
 
 // CheckEventStream checks ALLOT_EVENTS: what the relay publishes (atomic
@@ -334,7 +318,7 @@ func CheckEventStream(ctx context.Context, js jetstream.JetStream) error {
 	if err != nil {
 		return err
 	}
-	return sameStream(EventStreamConfig(StreamConfig{Events: Retention{}.orHave(have)}), have, "AllowAtomicPublish")
+	return sameStream(eventStream(1, retentionOf(have)), have, "AllowAtomicPublish")
 }
 
 // CheckDLQStream checks ALLOT_DLQ.
@@ -458,11 +442,11 @@ func WriteChanges(w io.Writer, changes []Change) {
 
 // SetupWait is Setup, retried while JetStream does not answer (Retry)
 // until ctx ends: what `allotctl setup` and `make run` run.
-func SetupWait(ctx context.Context, js jetstream.JetStream, c StreamConfig, log *slog.Logger) ([]Change, error) {
+func SetupWait(ctx context.Context, js jetstream.JetStream, c Config, shardNames []string, log *slog.Logger) ([]Change, error) {
 	var changes []Change
 	err := Retry(ctx, log, "setup", StartAttempt, func(ctx context.Context) error {
 		var err error
-		changes, err = Setup(ctx, js, c)
+		changes, err = Setup(ctx, js, c, shardNames)
 		return err
 	})
 	return changes, err

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -46,7 +47,7 @@ func TestChecksWaitOrStop(t *testing.T) {
 		t.Errorf("check without the bucket: %v", err)
 	}
 
-	ns.Setup(t, bus.StreamConfig{Partitions: 3})
+	ns.Setup(t, natstest.Config(3))
 	if _, n, err := bus.CheckRequestStream(ctx, js, 0); err != nil || n != 3 {
 		t.Errorf("check after setup: %d partitions, %v", n, err)
 	}
@@ -90,7 +91,7 @@ func TestChecksWaitOrStop(t *testing.T) {
 		if err := tc.check(); !bus.IsSetupError(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s changed (%s): check says %v", tc.stream, tc.want, err)
 		}
-		ns.Setup(t, bus.StreamConfig{})
+		ns.Setup(t, natstest.Config(3))
 		if err := tc.check(); err != nil {
 			t.Errorf("%s after setup again: %v", tc.stream, err)
 		}
@@ -106,7 +107,7 @@ func TestOperatorsDuplicateWindowIsKept(t *testing.T) {
 	ctx := context.Background()
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	st, err := js.Stream(ctx, wire.RequestStream)
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +123,7 @@ func TestOperatorsDuplicateWindowIsKept(t *testing.T) {
 	if _, _, err := bus.CheckRequestStream(ctx, js, 0); err != nil {
 		t.Errorf("check with an operator's duplicate window: %v", err)
 	}
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	if st, err = js.Stream(ctx, wire.RequestStream); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -31,7 +32,7 @@ func TestViewBucketExpiresClearedViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Setup upgrades it in place.
-	if _, err := bus.Setup(ctx, js, bus.StreamConfig{}); err != nil {
+	if _, err := bus.Setup(ctx, js, config.Defaults[bus.Config](), nil); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := bus.CheckBucket(ctx, js, bus.ViewBucketConfig(1))

@@ -20,7 +20,6 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/audit"
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
@@ -50,7 +49,7 @@ type fleet struct {
 func newFleet(t *testing.T, ingests int, fo failover) *fleet {
 	t.Helper()
 	f := &fleet{t: t, db: dbtest.New(t), ns: natstest.New(t), acfg: fo.acfg, ackWait: fo.ackWait}
-	f.ns.Setup(t, bus.StreamConfig{Partitions: fo.acfg.Partitions})
+	f.ns.Setup(t, natstest.Config(fo.acfg.Partitions))
 	f.startAllocator()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for range ingests {

@@ -18,7 +18,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -76,8 +78,8 @@ func TestScenario11RolesCannotReconfigure(t *testing.T) {
 	s, admin := permStack(t)
 	ctx := context.Background()
 	streams := []jetstream.StreamConfig{
-		bus.HoldStreamConfig(bus.StreamConfig{}), bus.RequestStreamConfig(bus.StreamConfig{}),
-		bus.EventStreamConfig(bus.StreamConfig{}), bus.DLQStreamConfig(1),
+		bus.HoldStreamConfig(1), config.Defaults[bus.Config]().RequestStream(),
+		config.Defaults[bus.Config]().EventStream(), bus.DLQStreamConfig(1),
 	}
 	buckets := []jetstream.KeyValueConfig{
 		bus.IdempotencyBucketConfig(1), bus.ViewBucketConfig(1), bus.MembersBucketConfig(1, bus.MembersTTL),
@@ -157,7 +159,7 @@ func TestScenario11RolesCannotReconfigure(t *testing.T) {
 
 	// The setup step, as its own user, then messages in every stream.
 	_, setupJS, setupV := connectAs(t, s, "allotctl")
-	if _, err := bus.Setup(ctx, setupJS, bus.StreamConfig{Partitions: 2}); err != nil {
+	if _, err := bus.Setup(ctx, setupJS, natstest.Config(2), nil); err != nil {
 		t.Fatalf("setup as allotctl: %v", err)
 	}
 	// That user may set streams up, and no more: not delete one.
@@ -407,7 +409,7 @@ func TestScenario11BinariesNeedSetup(t *testing.T) {
 	}
 
 	_, setupJS, _ := connectAs(t, s, "allotctl")
-	if _, err := bus.Setup(ctx, setupJS, bus.StreamConfig{Partitions: 2}); err != nil {
+	if _, err := bus.Setup(ctx, setupJS, natstest.Config(2), nil); err != nil {
 		t.Fatal(err)
 	}
 	exits2("ingest", "another number of partitions", "ALLOT_PARTITIONS=1")
@@ -428,7 +430,7 @@ func TestScenario11BinariesNeedSetup(t *testing.T) {
 		t.Fatal(err)
 	}
 	exits2("notifier", "stream ALLOT_DLQ does not exist: run `allotctl setup`")
-	if _, err := bus.Setup(ctx, setupJS, bus.StreamConfig{}); err != nil { // repairs ALLOT_REQUESTS, recreates ALLOT_DLQ
+	if _, err := bus.Setup(ctx, setupJS, natstest.Config(2), nil); err != nil { // repairs ALLOT_REQUESTS, recreates ALLOT_DLQ
 		t.Fatal(err)
 	}
 	if err := admin.DeleteKeyValue(ctx, bus.MembersBucket); err != nil {

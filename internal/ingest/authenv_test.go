@@ -14,6 +14,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -25,7 +26,7 @@ func TestRunRefusesOpenNonLoopback(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, _ := ns.Connect(t)
 	ln, err := net.Listen("tcp", "0.0.0.0:0")
 	if err != nil {
@@ -46,7 +47,7 @@ func TestRunClosesListenersWhenItRefuses(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, _ := ns.Connect(t)
 	for _, c := range []struct {
 		name, host string
@@ -88,7 +89,7 @@ func TestRunMetricsListener(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, _ := ns.Connect(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

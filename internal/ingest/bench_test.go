@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
@@ -62,7 +63,7 @@ func BenchmarkJoin(b *testing.B) {
 	}
 	db := dbtest.New(b)
 	ns := natstest.New(b)
-	ns.Setup(b, bus.StreamConfig{})
+	ns.Setup(b, config.Defaults[bus.Config]())
 	nc, js := ns.Connect(b)
 	svc, err := New(testConfig(), Deps{DB: db.DB, NATS: nc, JS: js, Log: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -24,7 +25,7 @@ func TestRunFirstErrorWins(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, _ := ns.Connect(t)
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

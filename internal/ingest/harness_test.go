@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
@@ -83,7 +82,7 @@ func newHarnessWith(t *testing.T, db *dbtest.DB, svcDB *sql.DB, set setup) *harn
 	if set != nil {
 		set(&cfg, &Deps{})
 	}
-	h.ns.Setup(t, bus.StreamConfig{Partitions: cfg.Partitions})
+	h.ns.Setup(t, natstest.Config(cfg.Partitions))
 	h.nc, h.js = h.ns.Connect(t)
 	svc := newService(t, svcDB, h.nc, h.js, h.reg, set)
 	// No deadline: Start must bound its own calls.

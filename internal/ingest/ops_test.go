@@ -245,7 +245,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, _ := ns.Connect(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -338,7 +338,7 @@ func TestConfigRejectsBadValues(t *testing.T) {
 	}
 	db := dbtest.New(t)
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, config.Defaults[bus.Config]())
 	nc, js := ns.Connect(t)
 	reg := prometheus.NewRegistry()
 	deps := Deps{DB: db.DB, NATS: nc, JS: js, Registry: reg}

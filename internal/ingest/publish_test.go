@@ -21,6 +21,7 @@ import (
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/ingest/reply"
+	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -160,7 +161,7 @@ func (l *lostAcks) backWith(t *testing.T, partitions int) {
 	if err := l.sub.Unsubscribe(); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(context.Background(), l.h.js, bus.StreamConfig{Partitions: partitions}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), l.h.js, natstest.Config(partitions)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -61,17 +61,18 @@ func (l *Late) Connect(t testing.TB) *nats.Conn {
 
 // StartJetStream brings JetStream to URL: it starts a JetStream server
 // (stopped when the test ends), runs the setup step on it with c (the
-// streams and buckets, as `allotctl setup` would have), turns the
+// streams and buckets, as `allotctl setup` would have; the defaults when
+// none is given), turns the
 // forwarder to it, and shuts the plain server down, which drops every
 // connection to it: clients reconnect to URL and find JetStream set up.
-func (l *Late) StartJetStream(c ...bus.StreamConfig) {
+func (l *Late) StartJetStream(c ...bus.Config) {
 	l.t.Helper()
 	js, err := bus.RunServer(bus.ServerConfig{Port: -1, StoreDir: l.t.TempDir(), SyncInterval: time.Second})
 	if err != nil {
 		l.t.Fatalf("natstest: %v", err)
 	}
 	l.t.Cleanup(func() { js.Shutdown(); js.WaitForShutdown() })
-	var sc bus.StreamConfig
+	sc := Config(0)
 	if len(c) > 0 {
 		sc = c[0]
 	}

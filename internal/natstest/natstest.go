@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -62,15 +63,26 @@ func (s *Server) Start() {
 	s.Server = srv
 }
 
-// Setup runs the setup step (bus.Setup) on the server with c, as
-// `allotctl setup` does before the binaries start.
-func (s *Server) Setup(t testing.TB, c bus.StreamConfig) {
+// Config is the setup step's configuration a test starts from: the
+// defaults of bus.Config, with partitions partitions (the default when 0).
+func Config(partitions int) bus.Config {
+	c := config.Defaults[bus.Config]()
+	if partitions != 0 {
+		c.Partitions = partitions
+	}
+	return c
+}
+
+// Setup runs the setup step (bus.Setup) on the server with c, and the
+// shard map seeded with shardNames (one shard when none), as `allotctl
+// setup` does before the binaries start.
+func (s *Server) Setup(t testing.TB, c bus.Config, shardNames ...string) {
 	t.Helper()
-	SetupAt(t, s.URL(), c)
+	SetupAt(t, s.URL(), c, shardNames...)
 }
 
 // SetupAt runs the setup step on the JetStream server at url.
-func SetupAt(t testing.TB, url string, c bus.StreamConfig) {
+func SetupAt(t testing.TB, url string, c bus.Config, shardNames ...string) {
 	t.Helper()
 	nc, err := bus.Connect(url, "allotctl", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
@@ -83,7 +95,7 @@ func SetupAt(t testing.TB, url string, c bus.StreamConfig) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := bus.SetupWait(ctx, js, c, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if _, err := bus.SetupWait(ctx, js, c, shardNames, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatalf("natstest: setup: %v", err)
 	}
 }

@@ -41,7 +41,7 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{t: t, ns: natstest.New(t), events: make(map[string][]byte)}
 	e.nc, e.js = e.ns.Connect(t)
-	if err := bus.EnsureStreams(context.Background(), e.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), e.js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	return e

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
@@ -33,7 +32,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	ns := natstest.New(t)
-	ns.Setup(t, bus.StreamConfig{})
+	ns.Setup(t, natstest.Config(1))
 	_, js := ns.Connect(t)
 	return &env{t: t, db: dbtest.New(t), js: js}
 }

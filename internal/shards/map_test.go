@@ -19,7 +19,7 @@ import (
 func setUp(t *testing.T, partitions int, names ...string) (*natstest.Server, jetstream.KeyValue) {
 	t.Helper()
 	s := natstest.New(t)
-	s.Setup(t, bus.StreamConfig{Partitions: partitions, Shards: names})
+	s.Setup(t, natstest.Config(partitions), names...)
 	_, js := s.Connect(t)
 	kv, err := bus.CheckBucket(context.Background(), js, bus.ShardsBucketConfig(1))
 	if err != nil {
@@ -51,7 +51,7 @@ func TestSetupSeedsPartitionModShards(t *testing.T) {
 		t.Fatalf("seeded %v, want %v", got, want)
 	}
 	// A second setup with three shards keeps every entry as it is.
-	s.Setup(t, bus.StreamConfig{Partitions: 5, Shards: []string{"a", "b", "c"}})
+	s.Setup(t, natstest.Config(5), "a", "b", "c")
 	if got := shardsOf(t, kv); !equal(got, want) {
 		t.Fatalf("after a setup with another number of shards: %v, want %v", got, want)
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocator"
-	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/ingest"
@@ -49,7 +48,7 @@ func Start(t testing.TB, acfg allocator.Config, icfg ingest.Config, ideps ingest
 	s := &Stack{DB: dbtest.New(t), NS: natstest.New(t)}
 	// The setup step first, as `allotctl setup` runs before the binaries.
 	icfg.Partitions = max(acfg.Partitions, icfg.Partitions)
-	s.NS.Setup(t, bus.StreamConfig{Partitions: icfg.Partitions})
+	s.NS.Setup(t, natstest.Config(icfg.Partitions))
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 

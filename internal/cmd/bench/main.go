@@ -276,7 +276,7 @@ func reads(ctx context.Context, o opts, log *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		if err := bus.EnsureStreams(ctx, js, bus.StreamConfig{}); err != nil {
+		if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 			return err
 		}
 		hp, err := freePort()

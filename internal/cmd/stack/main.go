@@ -204,11 +204,11 @@ func setup(ctx context.Context, c cfg, natsURL string) int {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		return 2
 	}
-	sc := c.SetupEnv.StreamConfig()
+	var shardNames []string
 	if set, err := c.Shards(); err == nil {
-		sc.Shards = set.Names()
+		shardNames = set.Names()
 	}
-	changes, err := bus.SetupWait(ctx, js, sc, log)
+	changes, err := bus.SetupWait(ctx, js, c.SetupEnv, shardNames, log)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: setup: %v\n", binary, err)
 		return 2

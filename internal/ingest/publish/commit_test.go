@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
@@ -33,7 +34,7 @@ func commitRig(t *testing.T, atomicOK bool) (c *committer, js jetstream.JetStrea
 		mu  sync.Mutex
 		got []int
 	)
-	cfg := bus.RequestStreamConfig(bus.StreamConfig{})
+	cfg := config.Defaults[bus.Config]().RequestStream()
 	cfg.AllowAtomicPublish = atomicOK
 	if _, err := js.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)

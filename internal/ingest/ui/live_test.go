@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/testenv"
@@ -53,7 +54,7 @@ func newFixtureServer(t *testing.T, cfg Config, hs *http.Server) *fixture {
 	f := &fixture{t: t, db: dbtest.New(t), done: make(chan struct{})}
 	ns := natstest.New(t)
 	_, f.js = ns.Connect(t)
-	if err := bus.EnsureStreams(context.Background(), f.js, bus.StreamConfig{}); err != nil {
+	if err := bus.EnsureStreams(context.Background(), f.js, config.Defaults[bus.Config]()); err != nil {
 		t.Fatal(err)
 	}
 	cfg.DB, cfg.JS, cfg.Done = f.db.DB, f.js, f.done

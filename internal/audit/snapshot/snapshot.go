@@ -1,4 +1,9 @@
-package audit
+// Package snapshot is the audit's reads of MySQL, all on the one
+// consistent-snapshot transaction the audit opens: the allocator's fence,
+// rejected_message, processed_request (paged, one page ahead), activity,
+// waitlist_bucket and activity_signup. The audit (internal/audit) compares
+// what it replays against these rows.
+package snapshot
 
 import (
 	"context"
@@ -13,9 +18,9 @@ import (
 // pages keep the snapshot connection free between them and the memory flat.
 const resultsPage = 10_000
 
-// readFence returns the allocator's fence: the highest last_seq over the
+// ReadFence returns the allocator's fence: the highest last_seq over the
 // partitions (0 before anything was applied).
-func readFence(ctx context.Context, tx *sql.Tx) (uint64, error) {
+func ReadFence(ctx context.Context, tx *sql.Tx) (uint64, error) {
 	var fence uint64
 	if err := tx.QueryRowContext(ctx, "SELECT COALESCE(MAX(last_seq), 0) FROM allocator_partition").Scan(&fence); err != nil {
 		return 0, fmt.Errorf("audit: read the allocator's fence: %w", err)
@@ -23,28 +28,28 @@ func readFence(ctx context.Context, tx *sql.Tx) (uint64, error) {
 	return fence, nil
 }
 
-// rejectedRow is a rejected_message row.
-type rejectedRow struct {
-	subject   string
-	reason    string
-	requestID string // "" when the message named no valid request id
+// Rejected is a rejected_message row.
+type Rejected struct {
+	Subject   string
+	Reason    string
+	RequestID string // "" when the message named no valid request id
 }
 
-// readRejected reads every rejected_message row: they are few, since ingest
+// ReadRejected reads every rejected_message row: they are few, since ingest
 // never publishes anything malformed.
-func readRejected(ctx context.Context, tx *sql.Tx) (map[uint64]rejectedRow, error) {
+func ReadRejected(ctx context.Context, tx *sql.Tx) (map[uint64]Rejected, error) {
 	rows, err := tx.QueryContext(ctx, "SELECT seq, subject, reason, COALESCE(request_id, '') FROM rejected_message")
 	if err != nil {
 		return nil, fmt.Errorf("audit: read rejected_message: %w", err)
 	}
 	defer rows.Close()
-	out := make(map[uint64]rejectedRow)
+	out := make(map[uint64]Rejected)
 	for rows.Next() {
 		var (
 			seq uint64
-			r   rejectedRow
+			r   Rejected
 		)
-		if err := rows.Scan(&seq, &r.subject, &r.reason, &r.requestID); err != nil {
+		if err := rows.Scan(&seq, &r.Subject, &r.Reason, &r.RequestID); err != nil {
 			return nil, fmt.Errorf("audit: read rejected_message: %w", err)
 		}
 		out[seq] = r
@@ -55,8 +60,8 @@ func readRejected(ctx context.Context, tx *sql.Tx) (map[uint64]rejectedRow, erro
 	return out, nil
 }
 
-// resultRow holds the compared columns of a processed_request row.
-type resultRow struct {
+// Result holds the compared columns of a processed_request row.
+type Result struct {
 	RequestID  string
 	Seq        uint64
 	Op         string
@@ -74,22 +79,22 @@ type resultRow struct {
 	promotedParts, eventParts int
 }
 
-// resultCursor walks processed_request in seq order, one page ahead of the
+// Results walks processed_request in seq order, one page ahead of the
 // replay: a goroutine reads the next page while the replay works.
-type resultCursor struct {
-	pages <-chan []resultRow
+type Results struct {
+	pages <-chan []Result
 	done  chan struct{}
 	err   error // set by the pager before pages is closed
-	page  []resultRow
+	page  []Result
 	i     int
 }
 
-// startResults reads the results with seq > after (of activities, when
+// StartResults reads the results with seq > after (of activities, when
 // given) in pages on tx. Nothing else may use tx until the cursor is drained
-// or wait returned.
-func startResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *resultCursor {
-	pages := make(chan []resultRow, 2)
-	c := &resultCursor{pages: pages, done: make(chan struct{})}
+// or Wait returned.
+func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *Results {
+	pages := make(chan []Result, 2)
+	c := &Results{pages: pages, done: make(chan struct{})}
 	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events, held_until, " +
 		"partition_id, promoted_parts, event_parts " +
 		"FROM processed_request WHERE seq > ?"
@@ -131,15 +136,15 @@ func startResults(ctx context.Context, tx *sql.Tx, after uint64, activities []in
 	return c
 }
 
-func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([]resultRow, error) {
+func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([]Result, error) {
 	rows, err := tx.QueryContext(ctx, query, after)
 	if err != nil {
 		return nil, fmt.Errorf("audit: read processed_request after seq %d: %w", after, err)
 	}
 	defer rows.Close()
-	page := make([]resultRow, 0, resultsPage)
+	page := make([]Result, 0, resultsPage)
 	for rows.Next() {
-		var r resultRow
+		var r Result
 		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
 			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events, &r.HeldUntil, &r.partition, &r.promotedParts, &r.eventParts); err != nil {
 			return nil, fmt.Errorf("audit: read processed_request: %w", err)
@@ -166,8 +171,8 @@ func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([
 	return page, nil
 }
 
-// peek returns the next result without consuming it; nil at the end.
-func (c *resultCursor) peek() (*resultRow, error) {
+// Peek returns the next result without consuming it; nil at the end.
+func (c *Results) Peek() (*Result, error) {
 	for c.i >= len(c.page) {
 		p, ok := <-c.pages
 		if !ok {
@@ -178,29 +183,31 @@ func (c *resultCursor) peek() (*resultRow, error) {
 	return &c.page[c.i], nil
 }
 
-// next consumes the result peek returned.
-func (c *resultCursor) next() { c.i++ }
+// Next consumes the result Peek returned.
+func (c *Results) Next() { c.i++ }
 
-// wait returns once the pager goroutine has stopped using the transaction.
-func (c *resultCursor) wait() {
+// Wait returns once the pager goroutine has stopped using the transaction.
+func (c *Results) Wait() {
 	for range c.pages {
 		// Unblock a pager waiting to hand over a page.
 	}
 	<-c.done
 }
 
-// activityRow is an activity row.
-type activityRow struct {
-	id        int64
-	capacity  int64
-	confirmed int64
-	nextSeq   uint64
-	hold      int64 // hold_ns
-	held      int64 // held_count
-	waiting   int64 // waiting_count
+// Activity is an activity row.
+type Activity struct {
+	ID        int64
+	Capacity  int64
+	Confirmed int64 // confirmed_count
+	NextSeq   uint64
+	Hold      int64 // hold_ns
+	Held      int64 // held_count
+	Waiting   int64 // waiting_count
 }
 
-func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]activityRow, error) {
+// ReadActivities reads the activity rows (of activities, when given), by
+// id.
+func ReadActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]Activity, error) {
 	query := "SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count FROM activity"
 	if len(activities) > 0 {
 		query += " WHERE id IN (" + store.IntList(activities) + ")"
@@ -210,10 +217,10 @@ func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]acti
 		return nil, fmt.Errorf("audit: read activity: %w", err)
 	}
 	defer rows.Close()
-	var out []activityRow
+	var out []Activity
 	for rows.Next() {
-		var r activityRow
-		if err := rows.Scan(&r.id, &r.capacity, &r.confirmed, &r.nextSeq, &r.hold, &r.held, &r.waiting); err != nil {
+		var r Activity
+		if err := rows.Scan(&r.ID, &r.Capacity, &r.Confirmed, &r.NextSeq, &r.Hold, &r.Held, &r.Waiting); err != nil {
 			return nil, fmt.Errorf("audit: read activity: %w", err)
 		}
 		out = append(out, r)
@@ -224,9 +231,9 @@ func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]acti
 	return out, nil
 }
 
-// readBuckets reads the waitlist buckets (of activities, when given), by
+// ReadBuckets reads the waitlist buckets (of activities, when given), by
 // activity, in order.
-func readBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]store.Bucket, error) {
+func ReadBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]store.Bucket, error) {
 	query := "SELECT activity_id, first_seq, waiting FROM waitlist_bucket"
 	if len(activities) > 0 {
 		query += " WHERE activity_id IN (" + store.IntList(activities) + ")"
@@ -253,18 +260,18 @@ func readBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64
 	return out, nil
 }
 
-// signupRow is an activity_signup row: its status, queue_seq and hold
+// Signup is an activity_signup row: its status, queue_seq and hold
 // (held_until and hold_seq, NULL on rows without one).
-type signupRow struct {
-	status    string
-	queueSeq  uint64
-	heldUntil sql.NullTime
-	holdSeq   sql.NullInt64
+type Signup struct {
+	Status    string
+	QueueSeq  uint64
+	HeldUntil sql.NullTime
+	HoldSeq   sql.NullInt64
 }
 
-// eachSignup calls fn for every activity_signup row (of activities, when
+// EachSignup calls fn for every activity_signup row (of activities, when
 // given), in (activity_id, user_id) order.
-func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key signupKey, row signupRow)) error {
+func EachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(activity, user int64, row Signup)) error {
 	query := "SELECT activity_id, user_id, status, queue_seq, held_until, hold_seq FROM activity_signup"
 	if len(activities) > 0 {
 		query += " WHERE activity_id IN (" + store.IntList(activities) + ")"
@@ -276,13 +283,13 @@ func eachSignup(ctx context.Context, tx *sql.Tx, activities []int64, fn func(key
 	defer rows.Close()
 	for rows.Next() {
 		var (
-			k signupKey
-			r signupRow
+			activity, user int64
+			r              Signup
 		)
-		if err := rows.Scan(&k.activity, &k.user, &r.status, &r.queueSeq, &r.heldUntil, &r.holdSeq); err != nil {
+		if err := rows.Scan(&activity, &user, &r.Status, &r.QueueSeq, &r.HeldUntil, &r.HoldSeq); err != nil {
 			return fmt.Errorf("audit: read activity_signup: %w", err)
 		}
-		fn(k, r)
+		fn(activity, user, r)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("audit: read activity_signup: %w", err)
