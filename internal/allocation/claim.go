@@ -3,8 +3,8 @@ package allocation
 import "github.com/allot-dev/allot/internal/wire"
 
 // A claim on a full activity is decided by the claimant's seat alone, and
-// changes nothing: this is the rule that lets ingest answer a claim early
-// from a view (internal/ingest/shed.go), and it is written once, here.
+// changes nothing: this is the rule that lets ingest shed a claim from a
+// view (internal/ingest/shed), and it is written once, here.
 // Apply's claim decides with it, the allocator's views are built so that
 // it can decide from them (Viewed, ViewOf), and ingest decides from a view
 // with it (ViewSeats), building the answer with ResultOf like the

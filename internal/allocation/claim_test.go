@@ -155,14 +155,14 @@ func TestClaimOnFullIsTheDecision(t *testing.T) {
 				if !vdecided {
 					t.Fatalf("user %d: the view decides no claim of %+v", u, vseat)
 				}
-				early := allocation.ResultOf(req, seq, vd, nil, at)
-				if !reflect.DeepEqual(early, want) {
-					t.Fatalf("user %d: answer from the view\n %+v\nthe allocator's\n %+v", u, early, want)
+				shed := allocation.ResultOf(req, seq, vd, nil, at)
+				if !reflect.DeepEqual(shed, want) {
+					t.Fatalf("user %d: answer from the view\n %+v\nthe allocator's\n %+v", u, shed, want)
 				}
 				wb, _ := json.Marshal(want)
-				eb, _ := json.Marshal(early)
-				if string(wb) != string(eb) {
-					t.Fatalf("user %d: answer from the view %s, the allocator's %s", u, eb, wb)
+				sb, _ := json.Marshal(shed)
+				if string(wb) != string(sb) {
+					t.Fatalf("user %d: answer from the view %s, the allocator's %s", u, sb, wb)
 				}
 			}
 		})

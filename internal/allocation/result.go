@@ -24,7 +24,7 @@ func RequestOf(req wire.Request) Request {
 // activity as after, applied at the instant at) into the result: the one
 // value the allocator publishes on the result subject and records, a read
 // of the record gives back, the audit expects (its applied_at apart) and
-// ingest answers an early claim with. It is complete: applied_at is
+// ingest answers a shed claim with. It is complete: applied_at is
 // wire.Instant(at), the reason is cut as its column keeps it, and the
 // promoted users are in the field the op names (wire.SinglePromotion).
 // The caller owns the clock: the domain reads none.

@@ -43,7 +43,7 @@ type Allocator struct {
 	stream jetstream.Stream
 	cons   jetstream.Consumer
 	relay  *relay.Relay
-	// pub writes the views of full activities for ingest's early answers,
+	// pub writes the views of full activities for ingest's shedding,
 	// off the apply loop.
 	pub *viewpub.Publisher
 

@@ -15,9 +15,10 @@ import (
 // bucket: the publisher writes them from its own goroutine. The same views
 // go to ingest at once on the result subject, ahead of these results.
 //
-// Views are an optimisation, never the proof: ingest answers a claim early
-// only after seeing, in the request stream itself, that nothing that could
-// change the answer was stored between the view's sequence and the claim's.
+// Views are an optimisation, never the proof: ingest sheds a claim
+// (answers it before the allocator applies it) only after seeing, in the
+// request stream itself, that nothing that could change the answer was
+// stored between the view's sequence and the claim's.
 // So a view that is missing, late or stale costs a trip through the
 // allocator, never a wrong answer; what a view must be is true at its
 // sequence, which every view here is (taken from the committed state, or

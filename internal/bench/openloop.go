@@ -126,7 +126,7 @@ func (r OpenLoopResult) SoldOut() error {
 
 // Check is SoldOut, plus no claim refused by a rate limit (429: the
 // server under test was not configured for the attack) and none answered
-// 202 left without a result. Claims the server shed for overload (503)
+// 202 left without a result. Claims the server refused for overload (503)
 // are a measured result, counted in Failed and Codes, not a failure here.
 func (r OpenLoopResult) Check() error {
 	errs := []error{r.SoldOut()}

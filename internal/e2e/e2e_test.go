@@ -412,7 +412,7 @@ func flashSale(t *testing.T, s *stack, shed bool) {
 			}
 		}
 		totalShed += nshed
-		// Every claim is stored and applied, those answered early too, and
+		// Every claim is stored and applied, those shed too, and
 		// every answer a client got is the allocator's recorded decision.
 		s.waitStored(act, claims)
 		for i, m := range answers {
@@ -444,7 +444,7 @@ func (s *stack) waitStored(activity, n int) {
 	}
 }
 
-// sameAsRecorded requires that answer m, as a client received it (early or
+// sameAsRecorded requires that answer m, as a client received it (shed or
 // not), is the result the allocator recorded for its request id.
 func (s *stack) sameAsRecorded(what string, m map[string]any) {
 	s.t.Helper()

@@ -15,7 +15,7 @@ import (
 
 // Holds (docs/architecture.md, "Holds") through HTTP: the hold option of an open, a
 // seat taken under it (HELD until received_at plus the hold), confirm, and
-// what the reads and early answers say of held seats. Tests that need an
+// what the reads and shed answers say of held seats. Tests that need an
 // expire request in the stream are not here: they need the allocator's
 // expiry schedules.
 
@@ -279,12 +279,12 @@ func TestHoldConfirmTooLate(t *testing.T) {
 	s.db.CheckInvariants(t)
 }
 
-// TestEarlyAnswerInAHoldActivity: in a full activity with holds, claims
-// answered early say exactly what the allocator records: SOLD_OUT for
-// anyone without a seat, ALREADY_OWNED with status HELD and the hold's end
-// for a held user, ALREADY_OWNED CONFIRMED for a confirmed one, also once
-// the held one confirms.
-func TestEarlyAnswerInAHoldActivity(t *testing.T) {
+// TestShedInAHoldActivity: in a full activity with holds, shed claims
+// say exactly what the allocator records: SOLD_OUT for anyone without a
+// seat, ALREADY_OWNED with status HELD and the hold's end for a held user,
+// ALREADY_OWNED CONFIRMED for a confirmed one, also once the held one
+// confirms.
+func TestShedInAHoldActivity(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 1404
@@ -297,13 +297,13 @@ func TestEarlyAnswerInAHoldActivity(t *testing.T) {
 
 	var answers []map[string]any
 	sold := s.claimUntilShed(act, 99, string(wire.OutcomeSoldOut))
-	wantHeldUntil(t, "early SOLD_OUT", sold, time.Time{})
+	wantHeldUntil(t, "shed SOLD_OUT", sold, time.Time{})
 	held := s.claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned))
-	want(t, "held user's early answer", held, "status", wire.StatusHeld)
-	wantHeldUntil(t, "held user's early answer", held, until)
+	want(t, "held user's shed answer", held, "status", wire.StatusHeld)
+	wantHeldUntil(t, "held user's shed answer", held, until)
 	confirmed := s.claimUntilShed(act, 2, string(wire.OutcomeAlreadyOwned))
-	want(t, "confirmed user's early answer", confirmed, "status", wire.StatusConfirmed)
-	wantHeldUntil(t, "confirmed user's early answer", confirmed, time.Time{})
+	want(t, "confirmed user's shed answer", confirmed, "status", wire.StatusConfirmed)
+	wantHeldUntil(t, "confirmed user's shed answer", confirmed, time.Time{})
 	answers = append(answers, sold, held, confirmed)
 
 	// A confirm is a change: claims stored behind a pending one wait for
@@ -312,7 +312,7 @@ func TestEarlyAnswerInAHoldActivity(t *testing.T) {
 	want(t, "claim after a pending confirm", m, "outcome", wire.OutcomeAlreadyOwned, "status", wire.StatusConfirmed)
 	wantHeldUntil(t, "claim after a pending confirm", m, time.Time{})
 	answers = append(answers, m, s.claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned)))
-	want(t, "early answer after the confirm", answers[len(answers)-1], "status", wire.StatusConfirmed)
+	want(t, "shed answer after the confirm", answers[len(answers)-1], "status", wire.StatusConfirmed)
 
 	waitApplied(t, s.db, answers[len(answers)-1]["seq"].(float64))
 	for i, a := range answers {
@@ -322,15 +322,15 @@ func TestEarlyAnswerInAHoldActivity(t *testing.T) {
 	requireCleanAudit(t, s)
 }
 
-// TestEarlyAnswersMatchTheStreamWithHolds: the randomized rounds of
-// TestEarlyAnswersMatchTheStream in activities with holds, confirms in the
-// mix: every answer, early or not, is the allocator's recorded result,
+// TestShedAnswersMatchTheStreamWithHolds: the randomized rounds of
+// TestShedAnswersMatchTheStream in activities with holds, confirms in the
+// mix: every answer, shed or not, is the allocator's recorded result,
 // held_until included.
-func TestEarlyAnswersMatchTheStreamWithHolds(t *testing.T) {
+func TestShedAnswersMatchTheStreamWithHolds(t *testing.T) {
 	t.Parallel()
 	rounds := 6
 	if testing.Short() {
 		rounds = 2
 	}
-	earlyAnswersMatchTheStream(t, 1500, rounds, "1h")
+	shedAnswersMatchTheStream(t, 1500, rounds, "1h")
 }

@@ -132,7 +132,7 @@ func (v *violations) about(subject string) bool {
 // deploy/nats/accounts.conf; `allotctl setup` runs as admin, the allocator
 // and ingest connect as their own users and the whole burst flows (every
 // accepted request applied once, events relayed, the audit clean, run as
-// the audit user), and so do a claim answered early from the view, a hold
+// the audit user), and so do a claim shed from the view, a hold
 // that lapses (its expiry scheduled through ALLOT_HOLDS) and promotes the
 // waiter, and the notifier's deliveries; no binary logs a violation. Meanwhile, as
 // the ingest user, the test tries to forge a result on allot.results, put
@@ -287,7 +287,7 @@ func (s *stack) tryAsIngest(r *faultResult) error {
 }
 
 // flowUnderPermissions runs, through ingest, what the burst does not:
-// a claim on a full activity answered early from the view (the
+// a claim on a full activity shed from the view (the
 // allocator's view put, ingest's watch), and a hold that lapses: its
 // expiry is scheduled on ALLOT_HOLDS by the allocator, stored by the
 // server when due, sourced into ALLOT_REQUESTS and applied, promoting the
@@ -318,7 +318,7 @@ func (s *stack) flowUnderPermissions(t *testing.T, m *summary) {
 		shed = a.shed
 	}
 	if !shed {
-		t.Errorf("no claim on the full activity %d was answered early from the view", full)
+		t.Errorf("no claim on the full activity %d was shed from the view", full)
 	}
 	if a := do(http.MethodPut, fmt.Sprintf("/v1/activities/%d", held), `{"capacity": 1, "hold": "1s"}`); a.outcome != "OPENED" {
 		t.Fatalf("open %d: %+v", held, a)
@@ -334,7 +334,7 @@ func (s *stack) flowUnderPermissions(t *testing.T, m *summary) {
 		w := s.db.Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id = ? AND user_id = 2 AND status = 'HELD'", held)
 		return n >= 1 && w == 1, nil
 	}))
-	m.notes = append(m.notes, "early_claim=ok", "hold_expiry=ok")
+	m.notes = append(m.notes, "shed_claim=ok", "hold_expiry=ok")
 }
 
 // keyAbsent reports, as admin, whether bucket holds no key.

@@ -239,7 +239,7 @@ func count(answers []answer) tally {
 				t.done++
 			}
 			if a.shed {
-				t.shed++ // answered early: stored and applied like the rest
+				t.shed++ // shed: stored and applied like the rest
 			}
 		case a.maybe:
 			t.maybe++

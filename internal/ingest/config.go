@@ -30,7 +30,7 @@ type Config struct {
 	ShutdownTimeout time.Duration `envconfig:"INGEST_SHUTDOWN_TIMEOUT" default:"15s" desc:"bound on the graceful shutdown"`
 	Partitions      int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created; checked at start"`
 	Shed            bool          `envconfig:"SHED" default:"true" desc:"answer a claim for a full activity as soon as the request stream proves its answer, before the allocator applies it"`
-	ActivityCache   int           `envconfig:"INGEST_ACTIVITY_CACHE" default:"100000" desc:"activities whose view and last change ingest keeps for early answers (LRU)"`
+	ActivityCache   int           `envconfig:"INGEST_ACTIVITY_CACHE" default:"100000" desc:"activities whose view and last change ingest keeps for shedding (LRU)"`
 	MaxWaiters      int           `envconfig:"INGEST_MAX_WAITERS" default:"10000" desc:"handlers waiting for a result (?wait=); beyond, ?wait= is ignored (answered at once)"`
 	MetricsAddr     string        `envconfig:"INGEST_METRICS_ADDR" desc:"serve /metrics also on a listener of its own, without a token (e.g. :9092); empty = only on the API listener"`
 	Publishing
@@ -176,7 +176,7 @@ type Deps struct {
 type TestHooks struct {
 	RecheckInterval time.Duration // DefaultRecheckInterval
 	QueryTimeout    time.Duration // DefaultQueryTimeout
-	EarlyWait       time.Duration // early.DefaultEarlyWait
+	ShedWait        time.Duration // shed.DefaultWait
 	SettleMax       int           // publish.DefaultSettleMax
 	UserBurst       int           // Config.UserBurst
 	ReadBurst       int           // Config.ReadBurst

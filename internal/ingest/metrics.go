@@ -8,9 +8,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/ingest/access"
-	"github.com/allot-dev/allot/internal/ingest/early"
 	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/ingest/results"
+	"github.com/allot-dev/allot/internal/ingest/shed"
 )
 
 // metrics are ingest's Prometheus series, each component's in its own
@@ -20,7 +20,7 @@ type metrics struct {
 	replays  prometheus.Counter
 	access   access.Metrics
 	publish  publish.Metrics
-	early    early.Metrics
+	shed     shed.Metrics
 	results  results.Metrics
 }
 
@@ -68,7 +68,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_ingest_waiters",
 		Help: "HTTP handlers waiting for a request's result (?wait=).",
 	}))
-	m.early.Shed = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.shed.Claims = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_ingest_shed_claims_total",
 		Help: "Claims for a full activity answered before the allocator applied them, by outcome.",
 	}, []string{"outcome"}))
@@ -77,9 +77,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Requests published together as one atomic batch (group commit).",
 		Buckets: prometheus.ExponentialBuckets(16, 2, 7),
 	}))
-	m.early.TailWait = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.shed.TailWait = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "allot_ingest_tail_wait_seconds",
-		Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (early answers).",
+		Help:    "Time from a claim's PubAck until this ingest's tail of the request stream passed it (shedding).",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
 	}))
 	m.results.Queries = register(&r, prometheus.NewCounter(prometheus.CounterOpts{
@@ -90,7 +90,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_ingest_waiters_refused_total",
 		Help: "Writes and polls with ?wait= answered at once, without waiting, because ALLOT_INGEST_MAX_WAITERS handlers were already waiting.",
 	}))
-	m.early.Missed = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+	m.shed.Missed = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_ingest_shed_missed_total",
 		Help: "Claims for an activity with a view that were left to the allocator: the stream held a change after the view (changed), or the tail did not pass the claim in time (tail_behind).",
 	}, []string{"reason"}))

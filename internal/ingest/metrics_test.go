@@ -17,7 +17,7 @@ func TestMetricsFollowPrometheusConventions(t *testing.T) {
 	}
 	// Vectors show up only once they have a child.
 	m.requests.WithLabelValues("GET /healthz", "200").Inc()
-	m.early.Shed.WithLabelValues("SOLD_OUT").Inc()
+	m.shed.Claims.WithLabelValues("SOLD_OUT").Inc()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

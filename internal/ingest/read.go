@@ -68,8 +68,8 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 		reply.JSON(w, http.StatusOK, res)
 		return
 	}
-	if res, ok := s.early.Recorded(id); ok {
-		// Answered early here and not yet recorded by the allocator.
+	if res, ok := s.shed.Recorded(id); ok {
+		// Shed here and not yet recorded by the allocator.
 		if !mine(res.UserID) {
 			unknown()
 			return

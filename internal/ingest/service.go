@@ -9,8 +9,8 @@
 //   - access: authentication, route policies, rate limits, client
 //     addresses, request ids;
 //   - idempotency: Idempotency-Key bindings;
-//   - early: early answers to claims for a full activity (views and the
-//     tail of the request stream);
+//   - shed: shedding, answering a claim for a full activity before the
+//     allocator applies it (views and the tail of the request stream);
 //   - publish: the group commit, the PubAck wait, and the settling of a
 //     request that may be stored;
 //   - results: waiting for a result and the coalesced MySQL reads;
@@ -36,10 +36,10 @@ import (
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/ingest/access"
-	"github.com/allot-dev/allot/internal/ingest/early"
 	"github.com/allot-dev/allot/internal/ingest/idempotency"
 	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/ingest/results"
+	"github.com/allot-dev/allot/internal/ingest/shed"
 	"github.com/allot-dev/allot/internal/ingest/ui"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -62,7 +62,7 @@ type Service struct {
 	access  *access.Access
 	ids     *access.IDIssuer
 	keys    *idempotency.Keys
-	early   *early.Answerer // started only when cfg.Shed
+	shed    *shed.Answerer // started only when cfg.Shed
 	pub     *publish.Publisher
 	results *results.Results
 	ui      *ui.Server       // the live operator page and its feed
@@ -126,13 +126,13 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		metrics: m,
 		state:   runState{dbUp: &dbProbe{db: deps.DB, timeout: min(query, 2*time.Second)}},
 	}
-	if s.early, err = early.New(early.Config{ActivityCache: cfg.ActivityCache, Wait: cmp.Or(t.EarlyWait, early.DefaultEarlyWait),
-		TailReplay: early.DefaultTailReplay, Results: early.DefaultEarlyResults}, deps.Log, m.early); err != nil {
+	if s.shed, err = shed.New(shed.Config{ActivityCache: cfg.ActivityCache, Wait: cmp.Or(t.ShedWait, shed.DefaultWait),
+		TailReplay: shed.DefaultTailReplay, Results: shed.DefaultResults}, deps.Log, m.shed); err != nil {
 		return nil, err
 	}
 	var onView func(wire.View)
 	if cfg.Shed {
-		onView = s.early.PutView
+		onView = s.shed.PutView
 	}
 	s.results = results.New(results.Config{MaxWaiters: cfg.MaxWaiters, QueryTimeout: query, Recheck: t.recheck()},
 		deps.DB, deps.Log, m.results, onView)
@@ -171,14 +171,14 @@ func (s *Service) Start(ctx context.Context) error {
 		return fmt.Errorf("ingest start: %w", err)
 	}
 	if s.cfg.Shed {
-		if err := s.early.Start(ctx, s.deps.JS); err != nil {
+		if err := s.shed.Start(ctx, s.deps.JS); err != nil {
 			return fmt.Errorf("ingest start: %w", err)
 		}
 		// Start is retried while JetStream is not ready (Run): a failed
 		// attempt must not leave its watcher behind.
 		defer func() {
 			if s.state.sub == nil { // this attempt failed after all
-				s.early.Stop()
+				s.shed.Stop()
 			}
 		}()
 	}
@@ -221,7 +221,7 @@ func (s *Service) Stop() {
 	s.state.mu.Lock()
 	defer s.state.mu.Unlock()
 	s.state.stopped = true
-	s.early.Stop()
+	s.shed.Stop()
 	s.pub.Stop()
 	s.results.Stop()
 	if s.state.sub != nil {

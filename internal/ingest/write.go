@@ -9,11 +9,11 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/bus"
-	"github.com/allot-dev/allot/internal/ingest/early"
 	"github.com/allot-dev/allot/internal/ingest/idempotency"
 	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/ingest/reply"
 	"github.com/allot-dev/allot/internal/ingest/results"
+	"github.com/allot-dev/allot/internal/ingest/shed"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -43,7 +43,7 @@ type writeReq struct {
 
 // write is the write pipeline: parse and validate, spend the caller's
 // budgets (access), build the request, bind its idempotency key, publish
-// it, then answer: early (a claim on a full activity), with the result
+// it, then answer: shed (a claim on a full activity), with the result
 // (?wait=), or 202. Each step that answers the client returns false.
 func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr, uStr string) {
 	ctx := r.Context()
@@ -55,12 +55,12 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	if !s.access.AllowUser(w, r, op, q.user) {
 		return
 	}
-	// A claim for an activity with a view may be answered early, once it
-	// is stored (early.Answerer). A keyed claim is left to the allocator,
+	// A claim for an activity with a view may be shed, once it is
+	// stored (shed.Answerer). A keyed claim is left to the allocator,
 	// so that a repeat of the key reads the recorded result.
-	var candidate *early.View
+	var candidate *shed.View
 	if op == wire.OpClaim && !q.hasKey && s.cfg.Shed {
-		candidate = s.early.Candidate(q.activity)
+		candidate = s.shed.Candidate(q.activity)
 	}
 	if !s.buildRequest(ctx, w, &q) || !s.bindKey(ctx, w, &q) {
 		return
@@ -80,7 +80,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 		return
 	}
 	if candidate != nil {
-		if res, ok := s.early.Answer(ctx, q.id, q.activity, q.user, seq, candidate); ok {
+		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, seq, candidate); ok {
 			reply.JSON(w, http.StatusOK, res)
 			return
 		}

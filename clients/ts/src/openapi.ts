@@ -100,9 +100,10 @@ export interface paths {
         put?: never;
         /**
          * Claim (op claim) - take a seat or fail; never waits, never oversold.
-         * @description A claim for an activity that is full may be answered at once from
-         *     the allocator's view (`shed: true` in the result), exactly as the
-         *     allocator would answer it at its place in the stream.
+         * @description A claim for an activity that is full may be shed: answered at once
+         *     from the allocator's view, before the allocator applies it
+         *     (`shed: true` in the result), exactly as the allocator would answer
+         *     it at its place in the stream.
          */
         post: operations["claim"];
         delete?: never;
@@ -295,7 +296,7 @@ export interface components {
             seq: number;
             /** Format: date-time */
             applied_at: string;
-            /** @description A claim ingest answered at once from the allocator's view of a full activity. */
+            /** @description A shed claim, answered by ingest from the allocator's view of a full activity before the allocator applied it. */
             shed?: boolean;
         };
         ActivityState: {

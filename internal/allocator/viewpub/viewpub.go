@@ -1,5 +1,5 @@
 // Package viewpub writes the views of full activities (wire.View) to the
-// ALLOT_VIEW bucket for ingest's early answers, off the allocator's apply
+// ALLOT_VIEW bucket for ingest's shedding, off the allocator's apply
 // loop.
 package viewpub
 

@@ -21,7 +21,7 @@ import (
 // as separate processes, a long stream of requests (1,000,000 over 200,000
 // activities by default) is sent through HTTP, and each process's resident
 // memory is printed every tenth of the way and at its peak. Every bounded
-// cache (ingest's views and tail, its early answers, the allocator's
+// cache (ingest's views and tail, its shed answers, the allocator's
 // activities and views) fills long before the end; from then on the
 // figures must stay flat.
 func memory(ctx context.Context, o opts) error {

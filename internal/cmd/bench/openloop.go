@@ -142,7 +142,7 @@ func openLoop(ctx context.Context, o opts) error {
 		for _, r := range runs {
 			fmt.Printf("%s: granted %d of %d items; HTTP statuses %v; outcomes %v\n", r.name, r.res.Granted, r.res.Items, r.res.Codes, r.res.Outcomes)
 			if r.res.Failed > 0 {
-				fmt.Printf("  %d claims not answered with a result (statuses above; 503: shed for overload, nothing stored), e.g. %s\n",
+				fmt.Printf("  %d claims not answered with a result (statuses above; 503: refused for overload, nothing stored), e.g. %s\n",
 					r.res.Failed, r.res.FirstFailure)
 			}
 			if r.res.Dropped() > 0 || r.res.Late > 0 {

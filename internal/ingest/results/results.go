@@ -46,7 +46,7 @@ type Results struct {
 }
 
 // New returns Results reading db. onView, when set, receives the views
-// that come with result batches (early answers). It does no I/O.
+// that come with result batches (shedding). It does no I/O.
 func New(cfg Config, db *sql.DB, log *slog.Logger, m Metrics, onView func(wire.View)) *Results {
 	return &Results{log: log, waiters: newWaiters(m.Waiters), reader: newResultReader(db, cfg.QueryTimeout, m.Queries.Inc),
 		max: int64(cfg.MaxWaiters), recheck: cfg.Recheck, onView: onView, refused: m.Refused, quit: make(chan struct{})}

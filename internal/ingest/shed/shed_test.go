@@ -1,4 +1,4 @@
-package early
+package shed
 
 import (
 	"log/slog"
@@ -86,7 +86,7 @@ func TestTailSettles(t *testing.T) {
 
 // TestHeldHoldersAreListedApart: in a view of an activity with holds, a
 // CONFIRMED holder maps to no hold and a HELD one to the end of its hold,
-// which an early ALREADY_OWNED carries; a view that lists no end for a
+// which a shed ALREADY_OWNED carries; a view that lists no end for a
 // HELD seat never decides a claim.
 func TestHeldHoldersAreListedApart(t *testing.T) {
 	cache, _ := lru.New[int64, viewEntry](8)
@@ -127,17 +127,17 @@ func TestHeldHoldersAreListedApart(t *testing.T) {
 // TestViewsAreBounded: ingest keeps at most ActivityCache views.
 func TestViewsAreBounded(t *testing.T) {
 	t.Parallel()
-	e, err := New(Config{ActivityCache: 10, Results: 10}, slog.New(slog.DiscardHandler), Metrics{})
+	ans, err := New(Config{ActivityCache: 10, Results: 10}, slog.New(slog.DiscardHandler), Metrics{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for a := int64(1); a <= 100; a++ {
-		e.PutView(wire.View{ActivityID: a, Capacity: 1, Confirmed: 1, Seq: uint64(a), Complete: true, Holders: []int64{1}})
+		ans.PutView(wire.View{ActivityID: a, Capacity: 1, Confirmed: 1, Seq: uint64(a), Complete: true, Holders: []int64{1}})
 	}
-	if n := e.views.m.Len(); n != 10 {
+	if n := ans.views.m.Len(); n != 10 {
 		t.Fatalf("%d views kept, bounded at 10", n)
 	}
-	if e.Candidate(100) == nil || e.Candidate(1) != nil {
+	if ans.Candidate(100) == nil || ans.Candidate(1) != nil {
 		t.Fatal("the bound did not keep the most recent views")
 	}
 }

@@ -1,4 +1,4 @@
-package early
+package shed
 
 import (
 	"context"
@@ -14,36 +14,36 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Defaults of what the early answers keep.
+// Defaults of what shedding keeps.
 const (
-	DefaultEarlyResults  = 100_000
+	DefaultResults       = 100_000
 	DefaultActivityCache = 100_000
 )
 
-// Config is the early answers' part of ingest's configuration.
+// Config is shedding's part of ingest's configuration.
 type Config struct {
 	// ActivityCache bounds the activities whose view and last change are
 	// kept (ALLOT_INGEST_ACTIVITY_CACHE).
 	ActivityCache int
 	// Wait bounds how long a claim waits for the tail to pass it
-	// (DefaultEarlyWait in production).
+	// (DefaultWait in production).
 	Wait time.Duration
 	// TailReplay is how many of the stream's latest messages the tail
 	// reads at start (DefaultTailReplay in production).
 	TailReplay uint64
-	// Results bounds the early answers kept for polls (DefaultEarlyResults
+	// Results bounds the shed answers kept for polls (DefaultResults
 	// in production).
 	Results int
 }
 
-// Metrics are the early answers' series; ingest registers them.
+// Metrics are shedding's series; ingest registers them.
 type Metrics struct {
-	Shed     *prometheus.CounterVec // outcome
+	Claims   *prometheus.CounterVec // outcome
 	Missed   *prometheus.CounterVec // reason
 	TailWait prometheus.Histogram
 }
 
-// Answerer gives the early answers of one ingest: Candidate before a
+// Answerer gives the shed answers of one ingest: Candidate before a
 // claim is published, Answer after its PubAck, Recorded for a poll that
 // comes before the allocator has recorded the answer.
 type Answerer struct {
@@ -51,7 +51,7 @@ type Answerer struct {
 	wait  time.Duration
 	views views
 	tail  *tail
-	// answered holds the early answers given by this instance, for polls
+	// answered holds the shed answers given by this instance, for polls
 	// that come before the allocator has recorded them.
 	answered *lru.Cache[string, wire.Result]
 	replay   uint64
@@ -61,50 +61,50 @@ type Answerer struct {
 
 // New returns an Answerer; it does no I/O (Start does).
 func New(cfg Config, log *slog.Logger, m Metrics) (*Answerer, error) {
-	e := &Answerer{log: log, wait: cfg.Wait, tail: newTail(cfg.ActivityCache), replay: cfg.TailReplay, m: m}
+	a := &Answerer{log: log, wait: cfg.Wait, tail: newTail(cfg.ActivityCache), replay: cfg.TailReplay, m: m}
 	var err error
-	if e.views.m, err = lru.New[int64, viewEntry](cfg.ActivityCache); err != nil {
+	if a.views.m, err = lru.New[int64, viewEntry](cfg.ActivityCache); err != nil {
 		return nil, err
 	}
-	if e.answered, err = lru.New[string, wire.Result](cfg.Results); err != nil {
+	if a.answered, err = lru.New[string, wire.Result](cfg.Results); err != nil {
 		return nil, err
 	}
-	return e, nil
+	return a, nil
 }
 
 // Start watches the view bucket and follows the request stream. On error
 // nothing is left running.
-func (e *Answerer) Start(ctx context.Context, js jetstream.JetStream) error {
+func (a *Answerer) Start(ctx context.Context, js jetstream.JetStream) error {
 	vkv, err := bus.CheckBucket(ctx, js, bus.ViewBucketConfig(1))
 	if err != nil {
 		return err
 	}
-	stop, err := e.watchViews(vkv)
+	stop, err := a.watchViews(vkv)
 	if err != nil {
 		return fmt.Errorf("%w: watch %s: %w", bus.ErrUnavailable, wire.ViewBucket, err)
 	}
-	if err := e.tail.start(ctx, js, e.replay, e.log); err != nil {
+	if err := a.tail.start(ctx, js, a.replay, a.log); err != nil {
 		stop()
 		return err
 	}
-	e.stopView = stop
+	a.stopView = stop
 	return nil
 }
 
 // Stop ends the view watcher and the tail.
-func (e *Answerer) Stop() {
-	if e.stopView != nil {
-		e.stopView()
-		e.tail.stop()
-		e.stopView = nil
+func (a *Answerer) Stop() {
+	if a.stopView != nil {
+		a.stopView()
+		a.tail.stop()
+		a.stopView = nil
 	}
 }
 
 // Candidate is the view of activity a claim may be answered from, or nil.
-func (e *Answerer) Candidate(activity int64) *View { return e.views.get(activity) }
+func (a *Answerer) Candidate(activity int64) *View { return a.views.get(activity) }
 
 // PutView installs a view that came with a result batch.
-func (e *Answerer) PutView(v wire.View) { e.views.put(v) }
+func (a *Answerer) PutView(v wire.View) { a.views.put(v) }
 
-// Recorded is the early answer given here to id, if any.
-func (e *Answerer) Recorded(id string) (wire.Result, bool) { return e.answered.Get(id) }
+// Recorded is the shed answer given here to id, if any.
+func (a *Answerer) Recorded(id string) (wire.Result, bool) { return a.answered.Get(id) }

@@ -28,7 +28,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Early answers (shedding) must be exactly the allocator's answer at the
+// Shed answers must be exactly the allocator's answer at the
 // claim's place in the stream, on every ingest, across failover. These
 // tests run several ingests and allocators over one database and one
 // JetStream server, each with its own connection, as separate processes
@@ -161,7 +161,7 @@ func notYet(t *testing.T, what string, ch <-chan map[string]any, d time.Duration
 }
 
 // fullAndShedding opens act with one seat for user 1 and claims until
-// ingest s answers early (the view is in place there).
+// ingest s sheds one (the view is in place there).
 func fullAndShedding(s *stack, act int) {
 	s.open(act, 1)
 	want(s.t, "holder", s.join(act, 1), "outcome", string(wire.OutcomeConfirmed))
@@ -182,10 +182,10 @@ func (s *stack) claimBehindPending(act int, method, path string, user int) map[s
 	return <-claim
 }
 
-// TestEarlyAnswerAfterPendingCancel: a cancel acknowledged but not yet
+// TestShedAfterPendingCancel: a cancel acknowledged but not yet
 // applied frees a seat at its place in the stream; a claim stored after it
 // is GRANTED, never answered SOLD_OUT from the view taken before it.
-func TestEarlyAnswerAfterPendingCancel(t *testing.T) {
+func TestShedAfterPendingCancel(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 88
@@ -197,10 +197,10 @@ func TestEarlyAnswerAfterPendingCancel(t *testing.T) {
 	s.db.CheckInvariants(t)
 }
 
-// TestEarlyAnswerAfterJoin: a user who joined the waitlist of a full
+// TestShedAfterJoin: a user who joined the waitlist of a full
 // activity after its view was taken, and then claims, is ALREADY_WAITING,
 // as the allocator answers, not SOLD_OUT.
-func TestEarlyAnswerAfterJoin(t *testing.T) {
+func TestShedAfterJoin(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 89
@@ -212,11 +212,11 @@ func TestEarlyAnswerAfterJoin(t *testing.T) {
 	s.db.CheckInvariants(t)
 }
 
-// TestEarlyAnswerAfterHandover: the allocator that published a full
+// TestShedAfterHandover: the allocator that published a full
 // activity's view stops; the survivor takes the partition, a resize frees
 // seats, and claims on every ingest are GRANTED. The survivor also rebuilds
 // the views it inherited, so no sheddable view outlives the state.
-func TestEarlyAnswerAfterHandover(t *testing.T) {
+func TestShedAfterHandover(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, 2, fastFailover())
 	in1, in2 := f.ingests[0], f.ingests[1]
@@ -314,11 +314,11 @@ func waitView(t *testing.T, kv jetstream.KeyValue, act int, ok func(wire.View) b
 	}
 }
 
-// TestEarlyAnswerIsRecordedAndAudited: a claim answered early is in the
+// TestShedAnswerIsRecordedAndAudited: a shed claim is in the
 // stream and applied like any other: its poll gives the full result, the
 // allocator records the same decision at the same seq, and the audit
 // replays it.
-func TestEarlyAnswerIsRecordedAndAudited(t *testing.T) {
+func TestShedAnswerIsRecordedAndAudited(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, config.Defaults[allocator.Config]())
 	const act = 92
@@ -329,17 +329,17 @@ func TestEarlyAnswerIsRecordedAndAudited(t *testing.T) {
 		id := m["request_id"].(string)
 		code, poll := s.call("GET", "/v1/requests/"+id+"?wait=10s", "")
 		if code != http.StatusOK {
-			t.Fatalf("poll of an early answer: %d %v", code, poll)
+			t.Fatalf("poll of a shed answer: %d %v", code, poll)
 		}
-		want(t, "poll of an early answer", poll, "state", wire.StateDone, "op", wire.OpClaim,
+		want(t, "poll of a shed answer", poll, "state", wire.StateDone, "op", wire.OpClaim,
 			"activity_id", act, "user_id", m["user_id"], "outcome", m["outcome"], "seq", m["seq"])
 		if _, err := time.Parse(time.RFC3339Nano, fmt.Sprint(poll["applied_at"])); err != nil {
-			t.Fatalf("poll of an early answer: applied_at %v", poll["applied_at"])
+			t.Fatalf("poll of a shed answer: applied_at %v", poll["applied_at"])
 		}
 	}
 	waitApplied(t, s.db, sold["seq"].(float64))
-	s.sameAsRecorded("holder's early answer", holder)
-	s.sameAsRecorded("early SOLD_OUT", sold)
+	s.sameAsRecorded("holder's shed answer", holder)
+	s.sameAsRecorded("shed SOLD_OUT", sold)
 	requireCleanAudit(t, s)
 }
 
@@ -404,24 +404,24 @@ func TestRefusedRequestReadsRejected(t *testing.T) {
 	s.db.CheckInvariants(t)
 }
 
-// TestEarlyAnswersMatchTheStream: many rounds of concurrent cancels,
+// TestShedAnswersMatchTheStream: many rounds of concurrent cancels,
 // resizes, joins and claims through two ingests and two allocators, with
 // shedding on. Every answer a client received equals the allocator's
 // recorded decision for that request id, the audit is clean and the
 // invariants hold.
-func TestEarlyAnswersMatchTheStream(t *testing.T) {
+func TestShedAnswersMatchTheStream(t *testing.T) {
 	t.Parallel()
 	rounds := 12
 	if testing.Short() {
 		rounds = 3
 	}
-	earlyAnswersMatchTheStream(t, 500, rounds, "")
+	shedAnswersMatchTheStream(t, 500, rounds, "")
 }
 
-// earlyAnswersMatchTheStream runs rounds of TestEarlyAnswersMatchTheStream
+// shedAnswersMatchTheStream runs rounds of TestShedAnswersMatchTheStream
 // on activities from first on; with a hold, the activities hold the seats
 // they give for that long, and confirms join the mix.
-func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
+func shedAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 	f := newFleet(t, 2, fastFailover())
 	f.startAllocator()
 	rng := rand.New(rand.NewPCG(9, 1))
@@ -434,26 +434,26 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 	var (
 		mu      sync.Mutex
 		answers []map[string]any
-		early   int
+		shed    int
 	)
 	for r := range rounds {
 		act := first + r
 		c := 2 + rng.IntN(3)
 		f.ingests[0].done("PUT", fmt.Sprintf("/v1/activities/%d", act), openBody(c))
-		// Fill it, so that views exist and claims can be answered early.
+		// Fill it, so that views exist and claims can be shed.
 		for u := 1; u <= c; u++ {
 			f.ingests[u%2].join(act, u)
 		}
 		f.ingests[0].claimUntilShed(act, 50, string(wire.OutcomeSoldOut))
 		f.ingests[1].claimUntilShed(act, 51, string(wire.OutcomeSoldOut))
 		if hold != "" {
-			// User 1 holds a seat under the hold: answered early too, in
+			// User 1 holds a seat under the hold: shed too, in
 			// every round (claimUntilShed fails the test otherwise), and
 			// checked against the stream with the others. Not counted: the
-			// count below is of the concurrent mix's early answers.
+			// count below is of the concurrent mix's shed answers.
 			m := f.ingests[1].claimUntilShed(act, 1, string(wire.OutcomeAlreadyOwned))
 			if m["status"] != string(wire.StatusHeld) {
-				t.Fatalf("round %d: a HELD user's early answer %v", r, m)
+				t.Fatalf("round %d: a HELD user's shed answer %v", r, m)
 			}
 			answers = append(answers, m)
 		}
@@ -471,7 +471,7 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 				defer mu.Unlock()
 				answers = append(answers, m)
 				if m["shed"] == true {
-					early++
+					shed++
 				}
 			}()
 		}
@@ -506,13 +506,13 @@ func earlyAnswersMatchTheStream(t *testing.T, first, rounds int, hold string) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	if early == 0 {
-		t.Fatal("no claim was answered early: the test proved nothing about early answers")
+	if shed == 0 {
+		t.Fatal("no claim was shed: the test proved nothing about shedding")
 	}
 	for i, m := range answers {
 		f.ingests[0].sameAsRecorded(fmt.Sprintf("answer %d", i), m)
 	}
-	t.Logf("%d answers, %d of them early in the concurrent mix, all equal to the recorded decisions", len(answers), early)
+	t.Logf("%d answers, %d of them shed in the concurrent mix, all equal to the recorded decisions", len(answers), shed)
 	f.db.CheckInvariants(t)
 	requireCleanAudit(t, f.ingests[0])
 }

@@ -1,9 +1,10 @@
-// Package early answers a claim for a full activity as soon as the
-// request stream proves its answer, before the allocator applies it: the
-// views of full activities (views.go, from the ALLOT_VIEW bucket and the
-// result batches) and the tail of the request stream that proves a view
-// still holds at a claim's sequence (tail.go). Answerer is the component.
-package early
+// Package shed answers a claim for a full activity as soon as the
+// request stream proves its answer, before the allocator applies it
+// (shedding): the views of full activities (views.go, from the ALLOT_VIEW
+// bucket and the result batches) and the tail of the request stream that
+// proves a view still holds at a claim's sequence (tail.go). Answerer is
+// the component.
+package shed
 
 import (
 	"context"
@@ -22,9 +23,9 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Answering early (shedding): a claim for an activity that the allocator
-// reports full is published to the request stream like every other request
-// (so it is durable, ordered, applied, recorded and replayed by the audit),
+// Shedding: a claim for an activity that the allocator reports full is
+// published to the request stream like every other request (so it is
+// durable, ordered, applied, recorded and replayed by the audit),
 // and answered as soon as its answer is provably decided at its place in
 // the stream, without waiting for the allocator to apply it:
 //
@@ -119,7 +120,7 @@ func (vs *views) put(v wire.View) {
 
 // watchViews keeps e.views current until stop is called; stop returns
 // once the watcher's subscription is gone.
-func (e *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
+func (a *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
@@ -141,8 +142,8 @@ func (e *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 				if u == nil { // the initial values are in
 					continue
 				}
-				if err := e.views.apply(u); err != nil {
-					e.log.Warn("view update", slog.String("key", u.Key()), slog.Any("err", err))
+				if err := a.views.apply(u); err != nil {
+					a.log.Warn("view update", slog.String("key", u.Key()), slog.Any("err", err))
 				}
 			}
 		}
@@ -150,42 +151,42 @@ func (e *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 	return func() { cancel(); <-done }, nil
 }
 
-// DefaultEarlyWait bounds how long a claim waits for the tail to pass it
+// DefaultWait bounds how long a claim waits for the tail to pass it
 // before it is left to the allocator.
-const DefaultEarlyWait = time.Second
+const DefaultWait = time.Second
 
 // Answer decides the claim published as id at stream sequence seq
 // from a view, when the tail proves the view still holds at seq (see the
 // top of this file). candidate is the view seen before publishing; the
 // newest view is tried first. It reports whether it decided.
-func (e *Answerer) Answer(ctx context.Context, id string, activity, user int64, seq uint64, candidate *View) (wire.Result, bool) {
+func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, seq uint64, candidate *View) (wire.Result, bool) {
 	start := time.Now()
-	if !e.tail.waitPast(ctx, seq, e.wait) {
-		e.m.Missed.WithLabelValues("tail_behind").Inc()
+	if !a.tail.waitPast(ctx, seq, a.wait) {
+		a.m.Missed.WithLabelValues("tail_behind").Inc()
 		return wire.Result{}, false
 	}
-	e.m.TailWait.Observe(time.Since(start).Seconds())
+	a.m.TailWait.Observe(time.Since(start).Seconds())
 	var sv *View
-	for _, c := range []*View{e.views.get(activity), candidate} {
-		if c != nil && e.tail.settled(activity, c.v.Seq, seq) {
+	for _, c := range []*View{a.views.get(activity), candidate} {
+		if c != nil && a.tail.settled(activity, c.v.Seq, seq) {
 			sv = c
 			break
 		}
 	}
 	if sv == nil {
-		e.m.Missed.WithLabelValues("changed").Inc()
+		a.m.Missed.WithLabelValues("changed").Inc()
 		return wire.Result{}, false
 	}
 	seat, holds := sv.holders[user]
 	d, decided := allocation.ClaimOnFull(sv.v.Capacity, sv.v.Confirmed, seat, holds)
 	if !decided {
-		e.m.Missed.WithLabelValues("changed").Inc()
+		a.m.Missed.WithLabelValues("changed").Inc()
 		return wire.Result{}, false
 	}
 	req := wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: activity, UserID: user}
 	res := allocation.ResultOf(req, seq, d, nil, time.Now())
 	res.Shed = true
-	e.answered.Add(id, res)
-	e.m.Shed.WithLabelValues(string(res.Outcome)).Inc()
+	a.answered.Add(id, res)
+	a.m.Claims.WithLabelValues(string(res.Outcome)).Inc()
 	return res, true
 }

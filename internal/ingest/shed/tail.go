@@ -1,4 +1,4 @@
-package early
+package shed
 
 import (
 	"container/heap"
@@ -18,7 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// The tail is ingest's proof that an early answer is the allocator's
+// The tail is ingest's proof that a shed answer is the allocator's
 // answer. It follows the request stream itself (an ordered consumer, so it
 // sees every stored message in stream order, from every ingest and every
 // other publisher) and remembers, per activity, the stream sequence of the
@@ -126,7 +126,7 @@ type opOnly struct {
 func (t *tail) see(seq uint64, subject string, data []byte) {
 	var r opOnly
 	// A void changes no activity (it only settles a request id), so it is
-	// as harmless to an early answer as a claim on a full activity.
+	// as harmless to a shed answer as a claim on a full activity.
 	claim := json.Unmarshal(data, &r) == nil && (r.Op == wire.OpClaim || r.Op == wire.OpVoid)
 	activity, err := strconv.ParseInt(wire.ActivityOfSubject(subject), 10, 64)
 	t.mu.Lock()
