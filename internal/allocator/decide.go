@@ -12,6 +12,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -36,7 +37,7 @@ type decision struct {
 	refusedAt map[string]uint64
 	actIDs    []int64                        // the activities locked, ascending
 	acts      map[int64]*allocation.Activity // their states, as decided so far
-	waits     map[int64]*store.Waitlist      // their waitlist buckets
+	waits     map[int64]*waitlist.Waitlist   // their waitlist buckets
 	signups   map[[2]int64]store.SignupRow   // rows to write, by (activity, user)
 	touched   map[int64]bool                 // activities to write; changed: whose view may change
 	changed   map[int64]bool
@@ -128,7 +129,7 @@ func (a *Allocator) lockActivities(ctx context.Context, tx *sql.Tx, d *decision)
 		return err
 	}
 	d.acts = make(map[int64]*allocation.Activity, len(d.actIDs))
-	d.waits = make(map[int64]*store.Waitlist, len(d.actIDs))
+	d.waits = make(map[int64]*waitlist.Waitlist, len(d.actIDs))
 	d.signups = make(map[[2]int64]store.SignupRow)
 	d.touched, d.changed = make(map[int64]bool), make(map[int64]bool)
 	d.results = make([]store.ResultRow, 0, len(d.reqs))
@@ -180,7 +181,7 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 	}
 	if after != nil && len(dec.Changed) > 0 {
 		if d.waits[after.ID] == nil {
-			d.waits[after.ID] = store.NewWaitlist(a.deps.Test.BucketSize) // opened by this request
+			d.waits[after.ID] = waitlist.New(a.deps.Test.BucketSize) // opened by this request
 			a.loop.waits.Add(after.ID, d.waits[after.ID])
 		}
 		a.keepWaitlist(ctx, d.waits, after, r.req.UserID, wasWaiting, dec.Changed)
@@ -239,7 +240,7 @@ func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return err
 	}
-	if err := store.FlushWaitlists(ctx, tx, d.waits); err != nil {
+	if err := waitlist.FlushAll(ctx, tx, d.waits); err != nil {
 		return err
 	}
 	if err := store.InsertResults(ctx, tx, d.results, a.deps.Test.PieceBytes); err != nil {
@@ -308,17 +309,17 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 // MySQL. Rows that do not describe act's waiters exactly (written by hand,
 // or by a version without buckets) are rebuilt from act and rewritten in
 // this transaction.
-func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Activity) (*store.Waitlist, error) {
+func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Activity) (*waitlist.Waitlist, error) {
 	if w, ok := a.loop.waits.Get(act.ID); ok {
 		return w, nil
 	}
-	w, err := store.LoadWaitlist(ctx, tx, act.ID, a.deps.Test.BucketSize)
+	w, err := waitlist.Load(ctx, tx, act.ID, a.deps.Test.BucketSize)
 	if err != nil {
 		return nil, err
 	}
 	if seqs := waiterSeqs(act); !w.Fits(seqs) {
 		a.deps.Log.WarnContext(ctx, "waitlist buckets do not match the signups; rebuilding them", slog.Int64("activity_id", act.ID))
-		w = store.BuildWaitlist(seqs, a.deps.Test.BucketSize)
+		w = waitlist.Build(seqs, a.deps.Test.BucketSize)
 	}
 	a.loop.waits.Add(act.ID, w)
 	return w, nil
@@ -330,7 +331,7 @@ func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Ac
 // longer WAITING; any other user's row changes only by a promotion, off
 // the waitlist. A change the buckets cannot take (which the load-time
 // check rules out) rebuilds them from after.
-func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*store.Waitlist, after *allocation.Activity,
+func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*waitlist.Waitlist, after *allocation.Activity,
 	requester int64, wasWaiting uint64, changed []allocation.Signup) {
 	w := waits[after.ID]
 	for _, s := range changed {
@@ -347,7 +348,7 @@ func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*store.Wai
 		}
 		if err != nil {
 			a.deps.Log.ErrorContext(ctx, "waitlist buckets out of step; rebuilding them", slog.Int64("activity_id", after.ID), slog.Any("err", err))
-			w = store.BuildWaitlist(waiterSeqs(after), a.deps.Test.BucketSize)
+			w = waitlist.Build(waiterSeqs(after), a.deps.Test.BucketSize)
 			waits[after.ID] = w
 			a.loop.waits.Add(after.ID, w)
 			return

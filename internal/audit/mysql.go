@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 )
 
 // resultsPage is how many processed_request rows one query reads. Keyset
@@ -226,7 +227,7 @@ func readActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]acti
 
 // readBuckets reads the waitlist buckets (of activities, when given), by
 // activity, in order.
-func readBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]store.Bucket, error) {
+func readBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]waitlist.Bucket, error) {
 	query := "SELECT activity_id, first_seq, waiting FROM waitlist_bucket"
 	if len(activities) > 0 {
 		query += " WHERE activity_id IN (" + store.IntList(activities) + ")"
@@ -236,11 +237,11 @@ func readBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64
 		return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)
 	}
 	defer rows.Close()
-	out := make(map[int64][]store.Bucket)
+	out := make(map[int64][]waitlist.Bucket)
 	for rows.Next() {
 		var (
 			id int64
-			b  store.Bucket
+			b  waitlist.Bucket
 		)
 		if err := rows.Scan(&id, &b.FirstSeq, &b.Waiting); err != nil {
 			return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/audit/second"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -482,10 +483,10 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 				waiters = append(waiters, s.QueueSeq)
 			}
 		}
-		if !store.WaitlistOf(bs).Fits(waiters) {
+		if !waitlist.Of(bs).Fits(waiters) {
 			a.diverge(Divergence{
 				Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.id, Field: "waitlist_bucket",
-				Expected: describeBuckets(store.BuildWaitlist(waiters, 0).Buckets()), Actual: describeBuckets(bs),
+				Expected: describeBuckets(waitlist.Build(waiters, 0).Buckets()), Actual: describeBuckets(bs),
 			})
 		}
 	}
@@ -576,7 +577,7 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 
 // describeBuckets is buckets on one line, "first_seq:waiting …", cut
 // after a few.
-func describeBuckets(bs []store.Bucket) string {
+func describeBuckets(bs []waitlist.Bucket) string {
 	if len(bs) == 0 {
 		return "no buckets"
 	}

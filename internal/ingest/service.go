@@ -41,7 +41,7 @@ import (
 	"github.com/allot-dev/allot/internal/ingest/publish"
 	"github.com/allot-dev/allot/internal/ingest/results"
 	"github.com/allot-dev/allot/internal/ingest/ui"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -65,8 +65,8 @@ type Service struct {
 	early   *early.Answerer // started only when cfg.Shed
 	pub     *publish.Publisher
 	results *results.Results
-	ui      *ui.Server       // the live operator page and its feed
-	posns   *store.Positions // signup reads (positions cached by the waitlist's version)
+	ui      *ui.Server          // the live operator page and its feed
+	posns   *waitlist.Positions // signup reads (positions cached by the waitlist's version)
 	metrics *metrics
 	handler http.Handler
 	state   runState
@@ -122,7 +122,7 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		ids:     access.NewIDIssuer(cfg.IDSecret),
 		keys:    idempotency.New(cfg.PublishTimeout),
 		pub:     publish.New(cfg.publishConfig(t), deps.NATS, deps.JS, deps.Log, m.publish),
-		posns:   store.NewPositions(deps.DB),
+		posns:   waitlist.NewPositions(deps.DB),
 		metrics: m,
 		state:   runState{dbUp: &dbProbe{db: deps.DB, timeout: min(query, 2*time.Second)}},
 	}
