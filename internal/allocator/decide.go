@@ -35,13 +35,19 @@ type decision struct {
 	// refusedAt maps a void's target to the first sequence it was refused
 	// at (nil: the batch holds no void).
 	refusedAt map[string]uint64
-	actIDs    []int64                        // the activities locked, ascending
-	acts      map[int64]*allocation.Activity // their states, as decided so far
-	waits     map[int64]*waitlist.Waitlist   // their waitlist buckets
-	signups   map[[2]int64]store.SignupRow   // rows to write, by (activity, user)
-	touched   map[int64]bool                 // activities to write; changed: whose view may change
+	locked    lockedActivities
+	signups   map[[2]int64]store.SignupRow // rows to write, by (activity, user)
+	touched   map[int64]bool               // activities to write; changed: whose view may change
 	changed   map[int64]bool
 	results   []store.ResultRow
+}
+
+// lockedActivities are the activities a transaction locked, as decided so
+// far.
+type lockedActivities struct {
+	ids   []int64                        // ascending
+	acts  map[int64]*allocation.Activity // their states
+	waits map[int64]*waitlist.Waitlist   // their waitlist buckets
 }
 
 // decide applies work (sorted, all above the fence) through the domain and
@@ -116,31 +122,31 @@ func (a *Allocator) findRepeats(ctx context.Context, tx *sql.Tx, d *decision, mo
 // lockActivities locks the rows of the activities the requests name, in
 // ascending id order, and takes their states and waitlists.
 func (a *Allocator) lockActivities(ctx context.Context, tx *sql.Tx, d *decision) error {
-	d.actIDs = make([]int64, 0, 4)
+	d.locked.ids = make([]int64, 0, 4)
 	for _, r := range d.reqs {
 		if r.req.Op != wire.OpVoid { // a void names no activity
-			d.actIDs = append(d.actIDs, r.req.ActivityID)
+			d.locked.ids = append(d.locked.ids, r.req.ActivityID)
 		}
 	}
-	slices.Sort(d.actIDs)
-	d.actIDs = slices.Compact(d.actIDs)
-	rows, err := store.LockActivities(ctx, tx, d.actIDs)
+	slices.Sort(d.locked.ids)
+	d.locked.ids = slices.Compact(d.locked.ids)
+	rows, err := store.LockActivities(ctx, tx, d.locked.ids)
 	if err != nil {
 		return err
 	}
-	d.acts = make(map[int64]*allocation.Activity, len(d.actIDs))
-	d.waits = make(map[int64]*waitlist.Waitlist, len(d.actIDs))
+	d.locked.acts = make(map[int64]*allocation.Activity, len(d.locked.ids))
+	d.locked.waits = make(map[int64]*waitlist.Waitlist, len(d.locked.ids))
 	d.signups = make(map[[2]int64]store.SignupRow)
 	d.touched, d.changed = make(map[int64]bool), make(map[int64]bool)
 	d.results = make([]store.ResultRow, 0, len(d.reqs))
-	for _, id := range d.actIDs {
+	for _, id := range d.locked.ids {
 		act, err := a.activity(ctx, tx, id, rows)
 		if err != nil {
 			return err
 		}
-		d.acts[id] = act
+		d.locked.acts[id] = act
 		if act != nil {
-			if d.waits[id], err = a.waitlist(ctx, tx, act); err != nil {
+			if d.locked.waits[id], err = a.waitlist(ctx, tx, act); err != nil {
 				return err
 			}
 		}
@@ -157,7 +163,7 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		a.decideVoid(d, r)
 		return
 	}
-	act := d.acts[r.req.ActivityID]
+	act := d.locked.acts[r.req.ActivityID]
 	var wasWaiting uint64 // the requester's queue_seq if it waits
 	if s, ok := act.Lookup(r.req.UserID); ok && s.Status == wire.StatusWaiting {
 		wasWaiting = s.QueueSeq
@@ -172,7 +178,7 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		return
 	}
 	d.done[r.req.RequestID] = true // a repeat later in this batch is skipped too
-	d.acts[r.req.ActivityID] = after
+	d.locked.acts[r.req.ActivityID] = after
 	if after != nil {
 		d.touched[after.ID] = true
 		if dec.Changes {
@@ -180,11 +186,11 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		}
 	}
 	if after != nil && len(dec.Changed) > 0 {
-		if d.waits[after.ID] == nil {
-			d.waits[after.ID] = waitlist.New(a.deps.Test.BucketSize) // opened by this request
-			a.loop.waits.Add(after.ID, d.waits[after.ID])
+		if d.locked.waits[after.ID] == nil {
+			d.locked.waits[after.ID] = waitlist.New(a.deps.Test.BucketSize) // opened by this request
+			a.loop.waits.Add(after.ID, d.locked.waits[after.ID])
 		}
-		a.keepWaitlist(ctx, d.waits, after, r.req.UserID, wasWaiting, dec.Changed)
+		a.keepWaitlist(ctx, d.locked.waits, after, r.req.UserID, wasWaiting, dec.Changed)
 	}
 	for _, s := range dec.Changed {
 		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = signupRow(r.req.ActivityID, s)
@@ -218,8 +224,8 @@ func (a *Allocator) decideVoid(d *decision, r valid) {
 // deterministic; it caches the activities' new states.
 func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	actRows := make([]store.ActivityRow, 0, len(d.touched))
-	for _, id := range d.actIDs {
-		if act := d.acts[id]; act != nil && d.touched[id] {
+	for _, id := range d.locked.ids {
+		if act := d.locked.acts[id]; act != nil && d.touched[id] {
 			actRows = append(actRows, activityRow(act))
 			a.loop.cache.Add(id, act)
 			if d.changed[id] {
@@ -240,7 +246,7 @@ func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return err
 	}
-	if err := waitlist.FlushAll(ctx, tx, d.waits); err != nil {
+	if err := waitlist.FlushAll(ctx, tx, d.locked.waits); err != nil {
 		return err
 	}
 	if err := store.InsertResults(ctx, tx, d.results, a.deps.Test.PieceBytes); err != nil {
@@ -287,10 +293,10 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 		return nil, nil
 	}
 	if c, _ := a.loop.cache.Get(id); c != nil && matchesRow(c, row) {
-		a.m.cacheHits.Inc()
+		a.m.cache.hits.Inc()
 		return c, nil
 	}
-	a.m.cacheLoads.Inc()
+	a.m.cache.loads.Inc()
 	a.loop.waits.Remove(id) // its buckets are loaded with it
 	live, err := store.LiveSignups(ctx, tx, id)
 	if err != nil {

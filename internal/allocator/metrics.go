@@ -14,15 +14,25 @@ type metrics struct {
 	gauges        *gauges.Gauges
 	decisions     *prometheus.CounterVec
 	batchSize     prometheus.Histogram
-	txSeconds     prometheus.Histogram
-	txRetries     prometheus.Counter
+	tx            txMetrics
 	rejected      prometheus.Counter
 	gapFilled     prometheus.Counter
-	cacheHits     prometheus.Counter
-	cacheLoads    prometheus.Counter
+	cache         cacheMetrics
 	acceptToApply prometheus.Histogram
 	stalled       prometheus.Gauge
 	giveUps       prometheus.Counter
+}
+
+// txMetrics time the batch transactions and count their retries.
+type txMetrics struct {
+	seconds prometheus.Histogram
+	retries prometheus.Counter
+}
+
+// cacheMetrics count the activity states found cached and loaded.
+type cacheMetrics struct {
+	hits  prometheus.Counter
+	loads prometheus.Counter
 }
 
 // newMetrics builds the metrics, each registered with reg where it is
@@ -38,25 +48,29 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_batch_size", Help: "Requests applied per transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
-		txSeconds: f.NewHistogram(prometheus.HistogramOpts{
-			Name: "allot_allocator_transaction_duration_seconds", Help: "Time to apply and commit one batch.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}),
-		txRetries: f.NewCounter(prometheus.CounterOpts{
-			Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
-		}),
+		tx: txMetrics{
+			seconds: f.NewHistogram(prometheus.HistogramOpts{
+				Name: "allot_allocator_transaction_duration_seconds", Help: "Time to apply and commit one batch.",
+				Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+			}),
+			retries: f.NewCounter(prometheus.CounterOpts{
+				Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
+			}),
+		},
 		rejected: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
 		}),
 		gapFilled: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",
 		}),
-		cacheHits: f.NewCounter(prometheus.CounterOpts{
-			Name: "allot_allocator_cache_hits_total", Help: "Batches that used an activity's cached state.",
-		}),
-		cacheLoads: f.NewCounter(prometheus.CounterOpts{
-			Name: "allot_allocator_cache_loads_total", Help: "Activity states loaded from MySQL.",
-		}),
+		cache: cacheMetrics{
+			hits: f.NewCounter(prometheus.CounterOpts{
+				Name: "allot_allocator_cache_hits_total", Help: "Batches that used an activity's cached state.",
+			}),
+			loads: f.NewCounter(prometheus.CounterOpts{
+				Name: "allot_allocator_cache_loads_total", Help: "Activity states loaded from MySQL.",
+			}),
+		},
 		acceptToApply: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
