@@ -59,8 +59,7 @@ const (
 type Service struct {
 	cfg     Config
 	deps    Deps // DB, NATS, JS and Log are set
-	access  *access.Access
-	ids     *access.IDIssuer
+	callers callers
 	keys    *idempotency.Keys
 	early   *early.Answerer // started only when cfg.Shed
 	pub     *publish.Publisher
@@ -70,6 +69,13 @@ type Service struct {
 	metrics *metrics
 	handler http.Handler
 	state   runState
+}
+
+// callers is what the service knows of its callers: who may call what, at
+// what rate (access), and the request ids issued to whom (ids).
+type callers struct {
+	access *access.Access
+	ids    *access.IDIssuer
 }
 
 // runState is what Start and Stop change.
@@ -116,10 +122,12 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	t := deps.Test
 	query := t.queryTimeout()
 	s := &Service{
-		cfg:     cfg,
-		deps:    deps,
-		access:  access.New(cfg.accessConfig(t), deps.Verifier, deps.Log, m.access),
-		ids:     access.NewIDIssuer(cfg.IDSecret),
+		cfg:  cfg,
+		deps: deps,
+		callers: callers{
+			access: access.New(cfg.accessConfig(t), deps.Verifier, deps.Log, m.access),
+			ids:    access.NewIDIssuer(cfg.IDSecret),
+		},
 		keys:    idempotency.New(cfg.PublishTimeout),
 		pub:     publish.New(cfg.publishConfig(t), deps.NATS, deps.JS, deps.Log, m.publish),
 		posns:   waitlist.NewPositions(deps.DB),
