@@ -153,7 +153,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item, mode txMode) (o
 	start := time.Now()
 	err := store.WithTx(ctx, a.deps.DB, store.TxOptions{
 		OnRetry: func(attempt int, err error) {
-			a.m.tx.retries.Inc()
+			a.m.txRetries.Inc()
 			a.deps.Log.WarnContext(ctx, "transaction retried", slog.Int("attempt", attempt), slog.Any("err", err))
 			for _, it := range items {
 				if it.msg != nil {
@@ -189,7 +189,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item, mode txMode) (o
 		a.loop.waits.Purge()
 		return out, err
 	}
-	a.m.tx.seconds.Observe(time.Since(start).Seconds())
+	a.m.txSeconds.Observe(time.Since(start).Seconds())
 	a.noteProgress()
 	return out, nil
 }

@@ -42,12 +42,12 @@ type decision struct {
 	results   []store.ResultRow
 }
 
-// lockedActivities are the activities a transaction locked, as decided so
-// far.
+// lockedActivities are the activities a transaction locked (ids, ascending),
+// their states as decided so far and their waitlist buckets.
 type lockedActivities struct {
-	ids   []int64                        // ascending
-	acts  map[int64]*allocation.Activity // their states
-	waits map[int64]*waitlist.Waitlist   // their waitlist buckets
+	ids   []int64
+	acts  map[int64]*allocation.Activity
+	waits map[int64]*waitlist.Waitlist
 }
 
 // decide applies work (sorted, all above the fence) through the domain and

@@ -14,7 +14,8 @@ type metrics struct {
 	gauges        *gauges.Gauges
 	decisions     *prometheus.CounterVec
 	batchSize     prometheus.Histogram
-	tx            txMetrics
+	txSeconds     prometheus.Histogram
+	txRetries     prometheus.Counter
 	rejected      prometheus.Counter
 	gapFilled     prometheus.Counter
 	cache         cacheMetrics
@@ -23,17 +24,8 @@ type metrics struct {
 	giveUps       prometheus.Counter
 }
 
-// txMetrics time the batch transactions and count their retries.
-type txMetrics struct {
-	seconds prometheus.Histogram
-	retries prometheus.Counter
-}
-
 // cacheMetrics count the activity states found cached and loaded.
-type cacheMetrics struct {
-	hits  prometheus.Counter
-	loads prometheus.Counter
-}
+type cacheMetrics struct{ hits, loads prometheus.Counter }
 
 // newMetrics builds the metrics, each registered with reg where it is
 // built (promauto: a failed registration panics, as MustRegister does).
@@ -48,15 +40,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_batch_size", Help: "Requests applied per transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
-		tx: txMetrics{
-			seconds: f.NewHistogram(prometheus.HistogramOpts{
-				Name: "allot_allocator_transaction_duration_seconds", Help: "Time to apply and commit one batch.",
-				Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-			}),
-			retries: f.NewCounter(prometheus.CounterOpts{
-				Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
-			}),
-		},
+		txSeconds: f.NewHistogram(prometheus.HistogramOpts{
+			Name: "allot_allocator_transaction_duration_seconds", Help: "Time to apply and commit one batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+		txRetries: f.NewCounter(prometheus.CounterOpts{
+			Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
+		}),
 		rejected: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
 		}),
