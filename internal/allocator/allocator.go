@@ -28,6 +28,7 @@ import (
 	"github.com/allot-dev/allot/internal/lifecycle"
 	"github.com/allot-dev/allot/internal/relay"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 )
 
 // ErrCrashed is returned by Wait after a hook simulated a crash.
@@ -65,7 +66,7 @@ type loopState struct {
 	// waits holds the waitlist buckets of cached activities, valid exactly
 	// as long as the cached state they go with: an activity loaded from
 	// MySQL loads its buckets anew.
-	waits *lru.Cache[int64, *store.Waitlist]
+	waits *lru.Cache[int64, *waitlist.Waitlist]
 	// lastFence and lastDseq are where this allocator's last commit left
 	// the fence and the last delivery it handled (0: unknown).
 	lastFence, lastDseq uint64
@@ -107,7 +108,7 @@ func New(cfg Config, deps Deps) (*Allocator, error) {
 	if a.loop.cache, err = lru.New[int64, *allocation.Activity](cfg.Cache); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
-	if a.loop.waits, err = lru.New[int64, *store.Waitlist](cfg.Cache); err != nil {
+	if a.loop.waits, err = lru.New[int64, *waitlist.Waitlist](cfg.Cache); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
 	}
 	return a, nil

@@ -417,7 +417,7 @@ func TestBatchSizesDecideIdentically(t *testing.T) {
 				if n := a.loop.cache.Len(); n > c.cache {
 					t.Fatalf("the cache holds %d activities, bounded at %d", n, c.cache)
 				}
-				if loads := testutil.ToFloat64(a.m.cacheLoads); loads < 10 {
+				if loads := testutil.ToFloat64(a.m.cache.loads); loads < 10 {
 					t.Fatalf("%v loads from MySQL with a cache of one over three activities", loads)
 				}
 			}

@@ -146,7 +146,7 @@ type TestHooks struct {
 	// PieceBytes bounds a piece of a long promoted or event list in MySQL
 	// (0: derived from the server's max_allowed_packet).
 	PieceBytes int
-	// BucketSize bounds the waiters of a waitlist bucket (0: store.BucketSize).
+	// BucketSize bounds the waiters of a waitlist bucket (0: waitlist.BucketSize).
 	BucketSize int64
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -34,13 +35,19 @@ type decision struct {
 	// refusedAt maps a void's target to the first sequence it was refused
 	// at (nil: the batch holds no void).
 	refusedAt map[string]uint64
-	actIDs    []int64                        // the activities locked, ascending
-	acts      map[int64]*allocation.Activity // their states, as decided so far
-	waits     map[int64]*store.Waitlist      // their waitlist buckets
-	signups   map[[2]int64]store.SignupRow   // rows to write, by (activity, user)
-	touched   map[int64]bool                 // activities to write; changed: whose view may change
+	locked    lockedActivities
+	signups   map[[2]int64]store.SignupRow // rows to write, by (activity, user)
+	touched   map[int64]bool               // activities to write; changed: whose view may change
 	changed   map[int64]bool
 	results   []store.ResultRow
+}
+
+// lockedActivities are the activities a transaction locked (ids, ascending),
+// their states as decided so far and their waitlist buckets.
+type lockedActivities struct {
+	ids   []int64
+	acts  map[int64]*allocation.Activity
+	waits map[int64]*waitlist.Waitlist
 }
 
 // decide applies work (sorted, all above the fence) through the domain and
@@ -115,31 +122,31 @@ func (a *Allocator) findRepeats(ctx context.Context, tx *sql.Tx, d *decision, mo
 // lockActivities locks the rows of the activities the requests name, in
 // ascending id order, and takes their states and waitlists.
 func (a *Allocator) lockActivities(ctx context.Context, tx *sql.Tx, d *decision) error {
-	d.actIDs = make([]int64, 0, 4)
+	d.locked.ids = make([]int64, 0, 4)
 	for _, r := range d.reqs {
 		if r.req.Op != wire.OpVoid { // a void names no activity
-			d.actIDs = append(d.actIDs, r.req.ActivityID)
+			d.locked.ids = append(d.locked.ids, r.req.ActivityID)
 		}
 	}
-	slices.Sort(d.actIDs)
-	d.actIDs = slices.Compact(d.actIDs)
-	rows, err := store.LockActivities(ctx, tx, d.actIDs)
+	slices.Sort(d.locked.ids)
+	d.locked.ids = slices.Compact(d.locked.ids)
+	rows, err := store.LockActivities(ctx, tx, d.locked.ids)
 	if err != nil {
 		return err
 	}
-	d.acts = make(map[int64]*allocation.Activity, len(d.actIDs))
-	d.waits = make(map[int64]*store.Waitlist, len(d.actIDs))
+	d.locked.acts = make(map[int64]*allocation.Activity, len(d.locked.ids))
+	d.locked.waits = make(map[int64]*waitlist.Waitlist, len(d.locked.ids))
 	d.signups = make(map[[2]int64]store.SignupRow)
 	d.touched, d.changed = make(map[int64]bool), make(map[int64]bool)
 	d.results = make([]store.ResultRow, 0, len(d.reqs))
-	for _, id := range d.actIDs {
+	for _, id := range d.locked.ids {
 		act, err := a.activity(ctx, tx, id, rows)
 		if err != nil {
 			return err
 		}
-		d.acts[id] = act
+		d.locked.acts[id] = act
 		if act != nil {
-			if d.waits[id], err = a.waitlist(ctx, tx, act); err != nil {
+			if d.locked.waits[id], err = a.waitlist(ctx, tx, act); err != nil {
 				return err
 			}
 		}
@@ -156,7 +163,7 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		a.decideVoid(d, r)
 		return
 	}
-	act := d.acts[r.req.ActivityID]
+	act := d.locked.acts[r.req.ActivityID]
 	var wasWaiting uint64 // the requester's queue_seq if it waits
 	if s, ok := act.Lookup(r.req.UserID); ok && s.Status == wire.StatusWaiting {
 		wasWaiting = s.QueueSeq
@@ -171,7 +178,7 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		return
 	}
 	d.done[r.req.RequestID] = true // a repeat later in this batch is skipped too
-	d.acts[r.req.ActivityID] = after
+	d.locked.acts[r.req.ActivityID] = after
 	if after != nil {
 		d.touched[after.ID] = true
 		if dec.Changes {
@@ -179,11 +186,11 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		}
 	}
 	if after != nil && len(dec.Changed) > 0 {
-		if d.waits[after.ID] == nil {
-			d.waits[after.ID] = store.NewWaitlist(a.deps.Test.BucketSize) // opened by this request
-			a.loop.waits.Add(after.ID, d.waits[after.ID])
+		if d.locked.waits[after.ID] == nil {
+			d.locked.waits[after.ID] = waitlist.New(a.deps.Test.BucketSize) // opened by this request
+			a.loop.waits.Add(after.ID, d.locked.waits[after.ID])
 		}
-		a.keepWaitlist(ctx, d.waits, after, r.req.UserID, wasWaiting, dec.Changed)
+		a.keepWaitlist(ctx, d.locked.waits, after, r.req.UserID, wasWaiting, dec.Changed)
 	}
 	for _, s := range dec.Changed {
 		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = signupRow(r.req.ActivityID, s)
@@ -217,8 +224,8 @@ func (a *Allocator) decideVoid(d *decision, r valid) {
 // deterministic; it caches the activities' new states.
 func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	actRows := make([]store.ActivityRow, 0, len(d.touched))
-	for _, id := range d.actIDs {
-		if act := d.acts[id]; act != nil && d.touched[id] {
+	for _, id := range d.locked.ids {
+		if act := d.locked.acts[id]; act != nil && d.touched[id] {
 			actRows = append(actRows, activityRow(act))
 			a.loop.cache.Add(id, act)
 			if d.changed[id] {
@@ -239,7 +246,7 @@ func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	if err := store.UpsertSignups(ctx, tx, signupRows); err != nil {
 		return err
 	}
-	if err := store.FlushWaitlists(ctx, tx, d.waits); err != nil {
+	if err := waitlist.FlushAll(ctx, tx, d.locked.waits); err != nil {
 		return err
 	}
 	if err := store.InsertResults(ctx, tx, d.results, a.deps.Test.PieceBytes); err != nil {
@@ -286,10 +293,10 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 		return nil, nil
 	}
 	if c, _ := a.loop.cache.Get(id); c != nil && matchesRow(c, row) {
-		a.m.cacheHits.Inc()
+		a.m.cache.hits.Inc()
 		return c, nil
 	}
-	a.m.cacheLoads.Inc()
+	a.m.cache.loads.Inc()
 	a.loop.waits.Remove(id) // its buckets are loaded with it
 	live, err := store.LiveSignups(ctx, tx, id)
 	if err != nil {
@@ -308,17 +315,17 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 // MySQL. Rows that do not describe act's waiters exactly (written by hand,
 // or by a version without buckets) are rebuilt from act and rewritten in
 // this transaction.
-func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Activity) (*store.Waitlist, error) {
+func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Activity) (*waitlist.Waitlist, error) {
 	if w, ok := a.loop.waits.Get(act.ID); ok {
 		return w, nil
 	}
-	w, err := store.LoadWaitlist(ctx, tx, act.ID, a.deps.Test.BucketSize)
+	w, err := waitlist.Load(ctx, tx, act.ID, a.deps.Test.BucketSize)
 	if err != nil {
 		return nil, err
 	}
 	if seqs := waiterSeqs(act); !w.Fits(seqs) {
 		a.deps.Log.WarnContext(ctx, "waitlist buckets do not match the signups; rebuilding them", slog.Int64("activity_id", act.ID))
-		w = store.BuildWaitlist(seqs, a.deps.Test.BucketSize)
+		w = waitlist.Build(seqs, a.deps.Test.BucketSize)
 	}
 	a.loop.waits.Add(act.ID, w)
 	return w, nil
@@ -330,7 +337,7 @@ func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Ac
 // longer WAITING; any other user's row changes only by a promotion, off
 // the waitlist. A change the buckets cannot take (which the load-time
 // check rules out) rebuilds them from after.
-func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*store.Waitlist, after *allocation.Activity,
+func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*waitlist.Waitlist, after *allocation.Activity,
 	requester int64, wasWaiting uint64, changed []allocation.Signup) {
 	w := waits[after.ID]
 	for _, s := range changed {
@@ -347,7 +354,7 @@ func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*store.Wai
 		}
 		if err != nil {
 			a.deps.Log.ErrorContext(ctx, "waitlist buckets out of step; rebuilding them", slog.Int64("activity_id", after.ID), slog.Any("err", err))
-			w = store.BuildWaitlist(waiterSeqs(after), a.deps.Test.BucketSize)
+			w = waitlist.Build(waiterSeqs(after), a.deps.Test.BucketSize)
 			waits[after.ID] = w
 			a.loop.waits.Add(after.ID, w)
 			return

@@ -18,12 +18,14 @@ type metrics struct {
 	txRetries     prometheus.Counter
 	rejected      prometheus.Counter
 	gapFilled     prometheus.Counter
-	cacheHits     prometheus.Counter
-	cacheLoads    prometheus.Counter
+	cache         cacheMetrics
 	acceptToApply prometheus.Histogram
 	stalled       prometheus.Gauge
 	giveUps       prometheus.Counter
 }
+
+// cacheMetrics count the activity states found cached and loaded.
+type cacheMetrics struct{ hits, loads prometheus.Counter }
 
 // newMetrics builds the metrics, each registered with reg where it is
 // built (promauto: a failed registration panics, as MustRegister does).
@@ -51,12 +53,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		gapFilled: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",
 		}),
-		cacheHits: f.NewCounter(prometheus.CounterOpts{
-			Name: "allot_allocator_cache_hits_total", Help: "Batches that used an activity's cached state.",
-		}),
-		cacheLoads: f.NewCounter(prometheus.CounterOpts{
-			Name: "allot_allocator_cache_loads_total", Help: "Activity states loaded from MySQL.",
-		}),
+		cache: cacheMetrics{
+			hits: f.NewCounter(prometheus.CounterOpts{
+				Name: "allot_allocator_cache_hits_total", Help: "Batches that used an activity's cached state.",
+			}),
+			loads: f.NewCounter(prometheus.CounterOpts{
+				Name: "allot_allocator_cache_loads_total", Help: "Activity states loaded from MySQL.",
+			}),
+		},
 		acceptToApply: f.NewHistogram(prometheus.HistogramOpts{
 			Name: "allot_allocator_accept_to_apply_seconds", Help: "Time from ingest receiving a request to its commit.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),

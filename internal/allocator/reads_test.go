@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -31,7 +32,7 @@ func TestReadsMatchAFullCount(t *testing.T) {
 	}
 	capacity := map[int64]int64{1: 20, 2: 20}
 	r := rand.New(rand.NewPCG(19, 5))
-	pos := store.NewPositions(e.db.DB) // warm across rounds, as ingest's
+	pos := waitlist.NewPositions(e.db.DB) // warm across rounds, as ingest's
 	for round := range 4 {
 		for range 1500 {
 			a := int64(1 + r.IntN(2))
@@ -90,7 +91,7 @@ func TestReadsMatchAFullCount(t *testing.T) {
 
 // compareReads checks the counters and every waiter's position, read
 // uncached and through pos, against full counts.
-func compareReads(t *testing.T, e *env, pos *store.Positions, round int, acts []int64) {
+func compareReads(t *testing.T, e *env, pos *waitlist.Positions, round int, acts []int64) {
 	t.Helper()
 	ctx := context.Background()
 	for _, a := range acts {
@@ -169,11 +170,11 @@ func TestWaitlistBucketsRepairedOnLoad(t *testing.T) {
 	e.start(conf(nil), TestHooks{BucketSize: 4})
 	e.waitFence(e.publish(req(wire.OpCancel, 1, 5), ""))
 	e.db.CheckInvariants(t)
-	compareReads(t, e, store.NewPositions(e.db.DB), 0, []int64{1})
+	compareReads(t, e, waitlist.NewPositions(e.db.DB), 0, []int64{1})
 }
 
 // TestCachedPositionsFollowTheLine: positions read through a warm
-// store.Positions stay exact when joins start buckets the cache has not
+// waitlist.Positions stay exact when joins start buckets the cache has not
 // seen (joins do not move waitlist_version: no position ahead changes),
 // and a waiter leaving from ahead, once its result is recorded, is seen by
 // the next read (the version moved with it).
@@ -187,7 +188,7 @@ func TestCachedPositionsFollowTheLine(t *testing.T) {
 		last = e.publish(req(wire.OpJoin, 1, u), "")
 	}
 	e.waitFence(last)
-	pos := store.NewPositions(e.db.DB)
+	pos := waitlist.NewPositions(e.db.DB)
 	compareReads(t, e, pos, 0, []int64{1})
 	version := func() int64 { return e.db.Count(t, "SELECT waitlist_version FROM activity WHERE id = 1") }
 	v0 := version()
@@ -229,7 +230,7 @@ func TestCachedPositionsFollowTheLine(t *testing.T) {
 }
 
 // TestCachedPositionsNeverGoBack: readers polling through one warm
-// store.Positions while waiters leave from the front and others join
+// waitlist.Positions while waiters leave from the front and others join
 // behind never see a waiter's position rise (a stale prefix would), and
 // after the last result every position is exact.
 func TestCachedPositionsNeverGoBack(t *testing.T) {
@@ -242,7 +243,7 @@ func TestCachedPositionsNeverGoBack(t *testing.T) {
 		last = e.publish(req(wire.OpJoin, 1, u), "")
 	}
 	e.waitFence(last)
-	pos := store.NewPositions(e.db.DB)
+	pos := waitlist.NewPositions(e.db.DB)
 	watched := []int64{100, 150, 199, 200}
 	stop := make(chan struct{})
 	errs := make(chan error, len(watched))
@@ -302,7 +303,7 @@ func TestCachedPositionsAfterAVersionWrittenLower(t *testing.T) {
 	}
 	e.waitFence(last)
 	e.waitFence(e.publish(req(wire.OpCancel, 1, 10), "")) // the version is 1 or more
-	pos := store.NewPositions(e.db.DB)
+	pos := waitlist.NewPositions(e.db.DB)
 	compareReads(t, e, pos, 0, []int64{1})
 	if _, err := e.db.ExecContext(ctx, "UPDATE activity SET waitlist_version = waitlist_version - 1 WHERE id = 1"); err != nil {
 		t.Fatal(err)

@@ -194,14 +194,14 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	a.last = st.last
+	a.run.last = st.last
 	if a.rejected, err = snapshot.ReadRejected(ctx, tx); err != nil {
 		return Report{}, err
 	}
-	a.refusedAt = make(map[string]uint64)
+	a.ids.refusedAt = make(map[string]uint64)
 	for seq, r := range a.rejected {
-		if at, ok := a.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || seq < at) {
-			a.refusedAt[r.RequestID] = seq
+		if at, ok := a.ids.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || seq < at) {
+			a.ids.refusedAt[r.RequestID] = seq
 		}
 	}
 	if a.cp != nil {
@@ -213,10 +213,10 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		from = cfg.FromSeq - 1
 	}
 	pagerCtx, cancelPager := context.WithCancel(ctx)
-	a.results = snapshot.StartResults(pagerCtx, tx, from, a.activities)
+	a.check.results = snapshot.StartResults(pagerCtx, tx, from, a.run.activities)
 	defer func() {
 		cancelPager()
-		a.results.Wait()
+		a.check.results.Wait()
 	}()
 
 	if err := a.replay(ctx, st); err != nil {
@@ -235,15 +235,12 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 // newAuditor prepares the replay state for cfg.
 func newAuditor(cfg Config, deps Deps) *auditor {
 	a := &auditor{
-		cfg:        cfg,
-		activities: cfg.activities(),
-		progress:   deps.Progress,
-		apply:      deps.Test.apply(),
-		winStart:   math.MaxUint64,
-		acts:       make(map[int64]*allocation.Activity),
-		actLast:    make(map[int64]change),
-		signups:    make(map[signupKey]*signupTrack),
-		seen:       make(map[string]uint64),
+		run:      auditRun{cfg: cfg, activities: cfg.activities(), progress: deps.Progress, apply: deps.Test.apply()},
+		winStart: math.MaxUint64,
+		acts:     make(map[int64]*allocation.Activity),
+		actLast:  make(map[int64]change),
+		signups:  make(map[signupKey]*signupTrack),
+		ids:      requestIDs{seen: make(map[string]uint64)},
 	}
 	switch {
 	case cfg.FromSeq > 0:
@@ -251,9 +248,9 @@ func newAuditor(cfg Config, deps Deps) *auditor {
 	case cfg.FromTime.IsZero():
 		a.winStart = 1
 	}
-	if len(a.activities) > 0 {
-		a.subjects = make(map[string]bool, len(a.activities))
-		for _, id := range a.activities {
+	if len(a.run.activities) > 0 {
+		a.subjects = make(map[string]bool, len(a.run.activities))
+		for _, id := range a.run.activities {
 			a.subjects[activityKey(id)] = true
 		}
 	}

@@ -18,7 +18,7 @@ const KindReference Kind = "reference"
 // request. A disagreement is reported as KindReference (when seq is in the
 // window). The replay always follows Apply.
 func (a *auditor) decide(act *allocation.Activity, req allocation.Request, seq uint64, requestID string) (*allocation.Activity, allocation.Decision, error) {
-	after, d, err := a.apply(act, req, seq)
+	after, d, err := a.run.apply(act, req, seq)
 	if dis := a.ref.Check(act, req, seq, after, d, err); dis != nil && a.inWindow(seq) {
 		a.diverge(Divergence{
 			Seq: seq, RequestID: requestID, Kind: KindReference, ActivityID: req.ActivityID, UserID: req.UserID,

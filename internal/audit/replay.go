@@ -19,11 +19,45 @@ import (
 	"github.com/allot-dev/allot/internal/audit/snapshot"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
 // auditor is one audit's replay state and findings.
 type auditor struct {
+	run auditRun
+	// fence is the allocator's fence: no result is expected beyond it.
+	fence uint64
+	// subjects are the audited activities, by their subject token; nil
+	// means all.
+	subjects map[string]bool
+	// winStart is the first sequence compared; MaxUint64 until a FromTime
+	// window has found its first message.
+	winStart uint64
+
+	rejected map[uint64]snapshot.Rejected
+	// ids are the request ids met so far.
+	ids requestIDs
+
+	acts map[int64]*allocation.Activity
+	// actLast is the request last applied to each activity: the one that
+	// last wrote its row (next_seq moves with every applied request).
+	actLast map[int64]change
+	// signups holds every user's last row per activity, CANCELLED included.
+	signups map[signupKey]*signupTrack
+	// ref is the second opinion on allocation.Apply: the reference model's
+	// state per activity (reference.go, internal/audit/second).
+	ref second.Opinion
+
+	// check is the comparison with MySQL's results and what it found.
+	check comparison
+	// cp is set when the audit starts from checkpoints.
+	cp *fromCheckpoint
+}
+
+// auditRun is what one audit is given and what it learns of the stream
+// when it opens it: fixed for the whole replay.
+type auditRun struct {
 	cfg Config
 	// activities are cfg.Activities in ascending order, each once.
 	activities []int64
@@ -32,38 +66,26 @@ type auditor struct {
 	// apply is the domain under audit: allocation.Apply but in tests
 	// (TestHooks.Apply).
 	apply func(*allocation.Activity, allocation.Request, uint64) (*allocation.Activity, allocation.Decision, error)
-	fence uint64
-	last  uint64
-	// subjects are the audited activities, by their subject token; nil
-	// means all.
-	subjects map[string]bool
 	// partitions is how many partitions the request stream has.
 	partitions int
-	// winStart is the first sequence compared; MaxUint64 until a FromTime
-	// window has found its first message.
-	winStart uint64
+	// last is the stream's last sequence when the audit opened it.
+	last uint64
+}
 
-	rejected map[uint64]snapshot.Rejected
-	results  *snapshot.Results
-
-	acts map[int64]*allocation.Activity
-	// actLast is the request last applied to each activity: the one that
-	// last wrote its row (next_seq moves with every applied request).
-	actLast map[int64]change
-	// signups holds every user's last row per activity, CANCELLED included.
-	signups map[signupKey]*signupTrack
+// requestIDs are the request ids the replay has met.
+type requestIDs struct {
 	// seen maps each applied request_id to the sequence it was applied at.
 	seen map[string]uint64
 	// refusedAt maps the request ids of rejected_message rows to the first
 	// sequence they were refused at: a void behind it is a repeat.
 	refusedAt map[string]uint64
-	// ref is the second opinion on allocation.Apply: the reference model's
-	// state per activity (reference.go, internal/audit/second).
-	ref second.Opinion
+}
 
-	rep Report
-	// cp is set when the audit starts from checkpoints.
-	cp *fromCheckpoint
+// comparison is MySQL's result rows, read in sequence order as the replay
+// meets them, and the report of what the comparison found.
+type comparison struct {
+	results *snapshot.Results
+	rep     Report
 }
 
 // change names the request that changed a row.
@@ -101,14 +123,14 @@ func activityKey(activity int64) string { return strconv.FormatInt(activity, 10)
 
 func (a *auditor) inWindow(seq uint64) bool { return seq >= a.winStart }
 
-func (a *auditor) diverge(d Divergence) { a.rep.Divergences = append(a.rep.Divergences, d) }
+func (a *auditor) diverge(d Divergence) { a.check.rep.Divergences = append(a.check.rep.Divergences, d) }
 
 // message replays one stored message: the allocator's steps, in its order.
 func (a *auditor) message(seq uint64, subject string, data []byte, stored time.Time) error {
 	if a.cp != nil && a.cp.covers(seq, subject) {
 		return a.skipCovered(seq)
 	}
-	if a.winStart == math.MaxUint64 && !a.cfg.FromTime.IsZero() && !stored.Before(a.cfg.FromTime) {
+	if a.winStart == math.MaxUint64 && !a.run.cfg.FromTime.IsZero() && !stored.Before(a.run.cfg.FromTime) {
 		a.winStart = seq
 	}
 	got, err := a.resultAt(seq)
@@ -120,7 +142,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 	check := a.inWindow(seq)
 
 	if seq > a.fence {
-		a.rep.Pending++
+		a.check.rep.Pending++
 		if check && got != nil {
 			a.unexpectedResult(got, "a result recorded beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
 		}
@@ -129,28 +151,28 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		}
 		return nil
 	}
-	a.rep.Replayed++
+	a.check.rep.Replayed++
 
 	req, err := wire.DecodeRequest(subject, data)
 	if err == nil {
-		err = bus.CheckRequestSubject(subject, req, a.partitions)
+		err = bus.CheckRequestSubject(subject, req, a.run.partitions)
 	}
 	if err != nil {
 		a.malformed(seq, "", subject, err, got, rejected, check)
 		return nil
 	}
-	if _, dup := a.seen[req.RequestID]; !dup && a.cp != nil && got == nil {
+	if _, dup := a.ids.seen[req.RequestID]; !dup && a.cp != nil && got == nil {
 		// A repeat of a request applied before the checkpoint.
 		at, before, err := a.cp.appliedBefore(req.RequestID, seq)
 		if err != nil {
 			return err
 		}
 		if before {
-			a.seen[req.RequestID] = at
+			a.ids.seen[req.RequestID] = at
 		}
 	}
-	if first, dup := a.seen[req.RequestID]; dup {
-		a.rep.Skipped++
+	if first, dup := a.ids.seen[req.RequestID]; dup {
+		a.check.rep.Skipped++
 		if check && got != nil {
 			a.unexpectedResult(got, "a result recorded for a repeat of request "+req.RequestID+" first applied at seq "+strconv.FormatUint(first, 10))
 		}
@@ -176,7 +198,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 			return nil
 		}
 		if check {
-			a.rep.Compared++
+			a.check.rep.Compared++
 			a.diverge(Divergence{
 				Seq: seq, RequestID: req.RequestID, Kind: KindRejectedUnexpected,
 				ActivityID: req.ActivityID, UserID: req.UserID,
@@ -191,7 +213,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		a.malformed(seq, req.RequestID, subject, err, got, rejected, check)
 		return nil
 	}
-	a.seen[req.RequestID] = seq
+	a.ids.seen[req.RequestID] = seq
 	by := change{seq: seq, requestID: req.RequestID}
 	if after != nil {
 		a.acts[req.ActivityID] = after
@@ -214,7 +236,7 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		// Both a result and a rejection: the result is compared below.
 		a.unexpectedRejected(seq, req.RequestID, rej, "the request has a result as well")
 	}
-	a.rep.Compared++
+	a.check.rep.Compared++
 	want := allocation.ResultOf(req, seq, d, after, time.Time{}) // applied_at is not compared
 	if got == nil {
 		a.diverge(Divergence{
@@ -237,10 +259,10 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 // void checks the void of an id that has no result before it: the
 // allocator records REJECTED "never stored" and changes nothing.
 func (a *auditor) void(seq uint64, req wire.Request, got *snapshot.Result, rej snapshot.Rejected, rejected, check bool) {
-	if at, ok := a.refusedAt[req.RequestID]; ok && at < seq {
+	if at, ok := a.ids.refusedAt[req.RequestID]; ok && at < seq {
 		// The request was stored and refused before: it has its answer,
 		// and the void is a repeat, as of an applied request.
-		a.rep.Skipped++
+		a.check.rep.Skipped++
 		if check && got != nil {
 			a.unexpectedResult(got, "a result recorded for the void of request "+req.RequestID+" refused at seq "+strconv.FormatUint(at, 10))
 		}
@@ -249,7 +271,7 @@ func (a *auditor) void(seq uint64, req wire.Request, got *snapshot.Result, rej s
 		}
 		return
 	}
-	a.seen[req.RequestID] = seq
+	a.ids.seen[req.RequestID] = seq
 	if !check || a.subjects != nil {
 		// An audit of some activities reads their results only, and a
 		// void's (activity_id 0) is none of them.
@@ -258,7 +280,7 @@ func (a *auditor) void(seq uint64, req wire.Request, got *snapshot.Result, rej s
 	if rejected {
 		a.unexpectedRejected(seq, req.RequestID, rej, "a void is recorded as a result, not rejected")
 	}
-	a.rep.Compared++
+	a.check.rep.Compared++
 	want := allocation.VoidResult(req, seq, time.Time{})
 	if got == nil {
 		a.diverge(Divergence{
@@ -278,7 +300,7 @@ func (a *auditor) void(seq uint64, req wire.Request, got *snapshot.Result, rej s
 
 // malformed checks a message the allocator must have refused.
 func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, got *snapshot.Result, rejected, check bool) {
-	a.rep.Malformed++
+	a.check.rep.Malformed++
 	if !check {
 		return
 	}
@@ -298,11 +320,11 @@ func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, 
 // reporting every row before seq: no message the replay read sits there.
 func (a *auditor) resultAt(seq uint64) (*snapshot.Result, error) {
 	for {
-		r, err := a.results.Peek()
+		r, err := a.check.results.Peek()
 		if err != nil || r == nil || r.Seq > seq {
 			return nil, err
 		}
-		a.results.Next()
+		a.check.results.Next()
 		if r.Seq == seq {
 			return r, nil
 		}
@@ -315,11 +337,11 @@ func (a *auditor) resultAt(seq uint64) (*snapshot.Result, error) {
 // drainResults reports the rows after the last message read.
 func (a *auditor) drainResults() error {
 	for {
-		r, err := a.results.Peek()
+		r, err := a.check.results.Peek()
 		if err != nil || r == nil {
 			return err
 		}
-		a.results.Next()
+		a.check.results.Next()
 		if a.inWindow(r.Seq) {
 			a.unexpectedResult(r, "no request message at this seq"+a.scope())
 		}
@@ -329,9 +351,9 @@ func (a *auditor) drainResults() error {
 // scope says which part of the stream "no message" refers to.
 func (a *auditor) scope() string {
 	if a.subjects != nil {
-		return " among the audited activities' subjects up to seq " + strconv.FormatUint(a.last, 10)
+		return " among the audited activities' subjects up to seq " + strconv.FormatUint(a.run.last, 10)
 	}
-	return " up to seq " + strconv.FormatUint(a.last, 10)
+	return " up to seq " + strconv.FormatUint(a.run.last, 10)
 }
 
 // leftoverRejected reports rejected_message rows no message accounted for.
@@ -430,16 +452,16 @@ func (a *auditor) compareResult(want wire.Result, got *snapshot.Result) {
 
 // compareRows compares the final activity and signup rows with the replay.
 func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
-	rows, err := snapshot.ReadActivities(ctx, tx, a.activities)
+	rows, err := snapshot.ReadActivities(ctx, tx, a.run.activities)
 	if err != nil {
 		return err
 	}
-	buckets, err := snapshot.ReadBuckets(ctx, tx, a.activities)
+	buckets, err := snapshot.ReadBuckets(ctx, tx, a.run.activities)
 	if err != nil {
 		return err
 	}
 	checked := make(map[int64]bool, len(a.acts)+len(rows))
-	for _, id := range a.activities {
+	for _, id := range a.run.activities {
 		checked[id] = true
 	}
 	inRow := make(map[int64]bool, len(rows))
@@ -483,10 +505,10 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 				waiters = append(waiters, s.QueueSeq)
 			}
 		}
-		if !store.WaitlistOf(bs).Fits(waiters) {
+		if !waitlist.Of(bs).Fits(waiters) {
 			a.diverge(Divergence{
 				Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID, Field: "waitlist_bucket",
-				Expected: describeBuckets(store.BuildWaitlist(waiters, 0).Buckets()), Actual: describeBuckets(bs),
+				Expected: describeBuckets(waitlist.Build(waiters, 0).Buckets()), Actual: describeBuckets(bs),
 			})
 		}
 	}
@@ -510,9 +532,9 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 			})
 		}
 	}
-	a.rep.ActivitiesChecked = len(checked)
+	a.check.rep.ActivitiesChecked = len(checked)
 
-	err = snapshot.EachSignup(ctx, tx, a.activities, func(activity, user int64, r snapshot.Signup) {
+	err = snapshot.EachSignup(ctx, tx, a.run.activities, func(activity, user int64, r snapshot.Signup) {
 		k := signupKey{activity, user}
 		t := a.signups[k]
 		if t == nil {
@@ -578,7 +600,7 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 
 // describeBuckets is buckets on one line, "first_seq:waiting …", cut
 // after a few.
-func describeBuckets(bs []store.Bucket) string {
+func describeBuckets(bs []waitlist.Bucket) string {
 	if len(bs) == 0 {
 		return "no buckets"
 	}
@@ -597,8 +619,8 @@ func describeBuckets(bs []store.Bucket) string {
 }
 
 func (a *auditor) report() Report {
-	r := a.rep
-	r.LastSeq, r.Fence = a.last, a.fence
+	r := a.check.rep
+	r.LastSeq, r.Fence = a.run.last, a.fence
 	r.VerifiedFrom, r.VerifiedTo = a.verifiedRange()
 	if a.cp != nil {
 		r.Checkpoints = a.cp.used

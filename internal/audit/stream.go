@@ -58,14 +58,14 @@ func openStream(ctx context.Context, js jetstream.JetStream, fence uint64) (stre
 // replay reads the stream in order from sequence 1 up to its last sequence
 // at start and hands each message to the auditor.
 func (a *auditor) replay(ctx context.Context, st stream) error {
-	a.partitions = st.partitions
+	a.run.partitions = st.partitions
 	if st.last == 0 {
 		return nil
 	}
 	filters := []string{wire.RequestSubjectPrefix + ">"}
-	if len(a.activities) > 0 {
+	if len(a.run.activities) > 0 {
 		filters = filters[:0]
-		for _, id := range a.activities {
+		for _, id := range a.run.activities {
 			// Stored as published, or behind its partition's token.
 			filters = append(filters, subjectOf(id), wire.RequestSubjectPrefix+"*."+strconv.FormatInt(id, 10))
 		}
@@ -112,9 +112,9 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 	}()
 
 	var bar *progressbar.ProgressBar
-	if a.progress != nil {
+	if a.run.progress != nil {
 		bar = progressbar.NewOptions64(int64(st.last),
-			progressbar.OptionSetWriter(a.progress),
+			progressbar.OptionSetWriter(a.run.progress),
 			progressbar.OptionSetDescription("replaying "+wire.RequestStream),
 			progressbar.OptionShowCount(),
 			progressbar.OptionThrottle(100*time.Millisecond),

@@ -28,6 +28,7 @@ import (
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -376,7 +377,7 @@ func seedLine(ctx context.Context, db *sql.DB, waiters int) (uint64, error) {
 			return 0, err
 		}
 	}
-	if err := store.RebuildWaitlist(ctx, db, readsActivity); err != nil {
+	if err := waitlist.Rebuild(ctx, db, readsActivity); err != nil {
 		return 0, err
 	}
 	if _, err := db.ExecContext(ctx, "INSERT INTO allocator_partition (partition_id, last_seq) VALUES (0, ?)", next-1); err != nil {

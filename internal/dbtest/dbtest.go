@@ -109,7 +109,7 @@ func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
 // the code breaking them:
 //  1. confirmed_count equals the number of CONFIRMED and HELD rows,
 //     waiting_count the number of WAITING rows, and the waitlist buckets
-//     cover the WAITING rows exactly (store.BucketSize);
+//     cover the WAITING rows exactly (waitlist.BucketSize);
 //  2. no WAITING row exists while a seat is free;
 //  3. waiters are promoted in queue_seq order: no CONFIRMED row has a larger
 //     queue_seq than a WAITING one (it would have jumped the queue, or taken

@@ -18,7 +18,7 @@ import (
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -109,7 +109,7 @@ func TestActivityAndSignupReads(t *testing.T) {
 		(8, 1, 'CONFIRMED', 2)`)
 	// The counters and waitlist buckets the allocator keeps with the rows.
 	for _, a := range []int64{7, 8, 10} {
-		if err := store.RebuildWaitlist(context.Background(), h.db.DB, a); err != nil {
+		if err := waitlist.Rebuild(context.Background(), h.db.DB, a); err != nil {
 			t.Fatal(err)
 		}
 	}

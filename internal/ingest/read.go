@@ -53,7 +53,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 	// A void records the user only when the one who asked for it knew
 	// it; the owner tag of the id tells the owner in any case.
 	visible := func(r wire.Result) bool {
-		return mine(r.UserID) || r.Op == wire.OpVoid && who.User != 0 && s.ids.Owned(uid, who.User)
+		return mine(r.UserID) || r.Op == wire.OpVoid && who.User != 0 && s.callers.ids.Owned(uid, who.User)
 	}
 	res, found, err := s.results.Get(ctx, id)
 	if err != nil {
@@ -78,7 +78,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A pending id's owner is known only from its owner tag (access.IDIssuer).
-	if !s.ids.Issued(uid) || (authed && !who.Admin && (who.User == 0 || !s.ids.Owned(uid, who.User))) {
+	if !s.callers.ids.Issued(uid) || (authed && !who.Admin && (who.User == 0 || !s.callers.ids.Owned(uid, who.User))) {
 		unknown()
 		return
 	}
@@ -86,7 +86,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 		// Pending past the bound: whatever the issuing ingest did (it may
 		// have died), no copy can come inside the duplicate window any
 		// more; a void settles the id in its partition's order.
-		if p, ok := s.ids.Partition(uid, parts); ok {
+		if p, ok := s.callers.ids.Partition(uid, parts); ok {
 			var user int64
 			if authed && !who.Admin {
 				user = who.User
@@ -115,7 +115,7 @@ func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if !s.access.AllowRead(w, r, 0) {
+	if !s.callers.access.AllowRead(w, r, 0) {
 		return
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.deps.Test.queryTimeout())
@@ -145,7 +145,7 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	if !s.access.AllowRead(w, r, user) {
+	if !s.callers.access.AllowRead(w, r, user) {
 		return
 	}
 	qctx, cancel := context.WithTimeout(ctx, s.deps.Test.queryTimeout())

@@ -56,20 +56,20 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 	rt.handle("/readyz",
 		endpoint{http.MethodGet, s.handleReady})
 	rt.handle("/metrics",
-		endpoint{http.MethodGet, s.access.Guard(access.Operator, metricsHandler.ServeHTTP)})
+		endpoint{http.MethodGet, s.callers.access.Guard(access.Operator, metricsHandler.ServeHTTP)})
 	rt.handle("/v1/activities/{activity}",
-		endpoint{http.MethodPut, s.access.Guard(access.Admin, s.writeHandler(wire.OpOpen))},
-		endpoint{http.MethodGet, s.access.Guard(access.AnyCaller, s.handleActivity)})
+		endpoint{http.MethodPut, s.callers.access.Guard(access.Admin, s.writeHandler(wire.OpOpen))},
+		endpoint{http.MethodGet, s.callers.access.Guard(access.AnyCaller, s.handleActivity)})
 	rt.handle("/v1/activities/{activity}/signups/{user}",
-		endpoint{http.MethodPost, s.access.Guard(access.Self, s.writeHandler(wire.OpJoin))},
-		endpoint{http.MethodDelete, s.access.Guard(access.Self, s.writeHandler(wire.OpCancel))},
-		endpoint{http.MethodGet, s.access.Guard(access.Self, s.handleSignup)})
+		endpoint{http.MethodPost, s.callers.access.Guard(access.Self, s.writeHandler(wire.OpJoin))},
+		endpoint{http.MethodDelete, s.callers.access.Guard(access.Self, s.writeHandler(wire.OpCancel))},
+		endpoint{http.MethodGet, s.callers.access.Guard(access.Self, s.handleSignup)})
 	rt.handle("/v1/activities/{activity}/signups/{user}/confirm",
-		endpoint{http.MethodPost, s.access.Guard(access.Self, s.writeHandler(wire.OpConfirm))})
+		endpoint{http.MethodPost, s.callers.access.Guard(access.Self, s.writeHandler(wire.OpConfirm))})
 	rt.handle("/v1/activities/{activity}/claims/{user}",
-		endpoint{http.MethodPost, s.access.Guard(access.Self, s.writeHandler(wire.OpClaim))})
+		endpoint{http.MethodPost, s.callers.access.Guard(access.Self, s.writeHandler(wire.OpClaim))})
 	rt.handle("/v1/requests/{request_id}",
-		endpoint{http.MethodGet, s.access.Guard(access.AnyCaller, s.handlePoll)})
+		endpoint{http.MethodGet, s.callers.access.Guard(access.AnyCaller, s.handlePoll)})
 	// The live operator page: / for browsers only, so that an API client
 	// still gets the API's JSON 404 there. The page and its assets are
 	// a static shell holding no data (a browser cannot send a bearer token
@@ -87,7 +87,7 @@ func (s *Service) routes(g prometheus.Gatherer) http.Handler {
 			s.ui.ServeAsset(w, r, r.PathValue("asset"))
 		}})
 	rt.handle("/v1/activities/{activity}/live",
-		endpoint{http.MethodGet, s.access.Guard(access.Operator, func(w http.ResponseWriter, r *http.Request) {
+		endpoint{http.MethodGet, s.callers.access.Guard(access.Operator, func(w http.ResponseWriter, r *http.Request) {
 			activity, err := reply.ParseID(r.PathValue("activity"), "activity")
 			if err != nil {
 				reply.Input(w, err)

@@ -41,7 +41,7 @@ import (
 	"github.com/allot-dev/allot/internal/ingest/results"
 	"github.com/allot-dev/allot/internal/ingest/shed"
 	"github.com/allot-dev/allot/internal/ingest/ui"
-	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -59,17 +59,23 @@ const (
 type Service struct {
 	cfg     Config
 	deps    Deps // DB, NATS, JS and Log are set
-	access  *access.Access
-	ids     *access.IDIssuer
+	callers callers
 	keys    *idempotency.Keys
 	shed    *shed.Answerer // started only when cfg.Shed
 	pub     *publish.Publisher
 	results *results.Results
-	ui      *ui.Server       // the live operator page and its feed
-	posns   *store.Positions // signup reads (positions cached by the waitlist's version)
+	ui      *ui.Server          // the live operator page and its feed
+	posns   *waitlist.Positions // signup reads (positions cached by the waitlist's version)
 	metrics *metrics
 	handler http.Handler
 	state   runState
+}
+
+// callers is what the service knows of its callers: who may call what, at
+// what rate (access), and the request ids issued to whom (ids).
+type callers struct {
+	access *access.Access
+	ids    *access.IDIssuer
 }
 
 // runState is what Start and Stop change.
@@ -116,13 +122,15 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	t := deps.Test
 	query := t.queryTimeout()
 	s := &Service{
-		cfg:     cfg,
-		deps:    deps,
-		access:  access.New(cfg.accessConfig(t), deps.Verifier, deps.Log, m.access),
-		ids:     access.NewIDIssuer(cfg.IDSecret),
+		cfg:  cfg,
+		deps: deps,
+		callers: callers{
+			access: access.New(cfg.accessConfig(t), deps.Verifier, deps.Log, m.access),
+			ids:    access.NewIDIssuer(cfg.IDSecret),
+		},
 		keys:    idempotency.New(cfg.PublishTimeout),
 		pub:     publish.New(cfg.publishConfig(t), deps.NATS, deps.JS, deps.Log, m.publish),
-		posns:   store.NewPositions(deps.DB),
+		posns:   waitlist.NewPositions(deps.DB),
 		metrics: m,
 		state:   runState{dbUp: &dbProbe{db: deps.DB, timeout: min(query, 2*time.Second)}},
 	}

@@ -48,11 +48,11 @@ type writeReq struct {
 func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr, uStr string) {
 	ctx := r.Context()
 	q, ok := s.parseWrite(w, r, op, aStr, uStr)
-	if !ok || !s.access.AllowWrite(w, op) {
+	if !ok || !s.callers.access.AllowWrite(w, op) {
 		return
 	}
 	q.wait = s.results.Admit(q.wait)
-	if !s.access.AllowUser(w, r, op, q.user) {
+	if !s.callers.access.AllowUser(w, r, op, q.user) {
 		return
 	}
 	// A claim for an activity with a view may be shed, once it is
@@ -133,7 +133,7 @@ func (s *Service) parseWrite(w http.ResponseWriter, r *http.Request, op wire.Op,
 func (s *Service) buildRequest(ctx context.Context, w http.ResponseWriter, q *writeReq) bool {
 	_, partitions := s.pub.Settings()
 	q.part = bus.PartitionOf(q.activity, partitions)
-	uid, err := s.ids.New(q.user, q.part, partitions)
+	uid, err := s.callers.ids.New(q.user, q.part, partitions)
 	if err != nil {
 		s.deps.Log.ErrorContext(ctx, "mint request id", slog.Any("err", err))
 		reply.Error(w, http.StatusInternalServerError, reply.MsgInternal)

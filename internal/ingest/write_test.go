@@ -98,7 +98,7 @@ func TestGoodWriteIsPublishedOnceThenAcked(t *testing.T) {
 			t.Errorf("%s: received_at %s is not now in UTC", tt.name, msg.ReceivedAt)
 		}
 		u, err := uuid.Parse(id)
-		if err != nil || u.Version() != 7 || !h.svc.ids.Issued(u) {
+		if err != nil || u.Version() != 7 || !h.svc.callers.ids.Issued(u) {
 			t.Errorf("%s: request id %s is not an issued UUIDv7 (err %v)", tt.name, id, err)
 		}
 	}
@@ -274,7 +274,7 @@ func TestWriteWithWait(t *testing.T) {
 		t.Fatalf("join with wait answered %+v", res)
 	}
 	u, err := uuid.Parse(res.RequestID)
-	if err != nil || !h.svc.ids.Issued(u) {
+	if err != nil || !h.svc.callers.ids.Issued(u) {
 		t.Fatalf("result request id %q is not issued (err %v)", res.RequestID, err)
 	}
 	eventually(t, 5*time.Second, "waiters return to 0", func() bool { return h.svc.results.Count() == 0 })

@@ -73,27 +73,42 @@ type userHold struct {
 // their signup while they wait, since an expiry promotes without a result
 // loadgen sees), and afterwards reads how every seat ended.
 type holds struct {
-	r      *runner
-	hold   time.Duration
-	noShow float64
-	seed   uint64
-	tick   time.Duration // the watch's period
+	r   *runner
+	set holdSettings
 
-	mu       sync.Mutex
-	cond     *sync.Cond // signals queue and closed
-	users    map[int64]*userHold
-	waiters  map[int64]struct{} // users with waitSeq > 0
-	queue    []int64            // users to confirm
-	pending  int                // confirms queued or in flight
-	closed   bool
-	confirms map[string]int
-	errors   int
-	reads    int
+	mu      sync.Mutex
+	users   map[int64]*userHold
+	waiters map[int64]struct{} // users with waitSeq > 0
+	q       confirmQueue
+	tally   holdTally
 
 	wg      sync.WaitGroup
 	stop    chan struct{}
 	workers []*worker
 	report  HoldReport
+}
+
+// holdSettings are the run's hold parameters.
+type holdSettings struct {
+	hold   time.Duration
+	noShow float64
+	seed   uint64
+	tick   time.Duration // the watch's period
+}
+
+// confirmQueue is the users waiting for a follow-up confirm (under mu).
+type confirmQueue struct {
+	cond    *sync.Cond // signals users and closed
+	users   []int64    // users to confirm
+	pending int        // confirms queued or in flight
+	closed  bool
+}
+
+// holdTally counts the confirms and the signup reads (under mu).
+type holdTally struct {
+	confirms map[string]int
+	errors   int
+	reads    int
 }
 
 // confirmers is the number of goroutines sending follow-up confirms.
@@ -105,11 +120,11 @@ const confirmers = 8
 const watchRun = 4
 
 func newHolds(r *runner, hold time.Duration) *holds {
-	h := &holds{r: r, hold: hold, noShow: r.cfg.NoShow, seed: r.cfg.Seed,
-		users: map[int64]*userHold{}, waiters: map[int64]struct{}{}, confirms: map[string]int{},
+	h := &holds{r: r, set: holdSettings{hold: hold, noShow: r.cfg.NoShow, seed: r.cfg.Seed},
+		users: map[int64]*userHold{}, waiters: map[int64]struct{}{}, tally: holdTally{confirms: map[string]int{}},
 		stop: make(chan struct{})}
-	h.cond = sync.NewCond(&h.mu)
-	h.tick = min(max(hold/5, 20*time.Millisecond), 250*time.Millisecond)
+	h.q.cond = sync.NewCond(&h.mu)
+	h.set.tick = min(max(hold/5, 20*time.Millisecond), 250*time.Millisecond)
 	return h
 }
 
@@ -201,27 +216,27 @@ func (h *holds) unwait(user int64, s *userHold) {
 
 // enqueue queues a confirm for a user who confirms; h.mu is held.
 func (h *holds) enqueue(user int64, s *userHold) {
-	if s.queued || noShow(user, h.seed, h.noShow) {
+	if s.queued || noShow(user, h.set.seed, h.set.noShow) {
 		return
 	}
 	s.queued = true
-	h.pending++
-	h.queue = append(h.queue, user)
-	h.cond.Signal()
+	h.q.pending++
+	h.q.users = append(h.q.users, user)
+	h.q.cond.Signal()
 }
 
 func (h *holds) confirmLoop(ctx context.Context, w *worker) {
 	for {
 		h.mu.Lock()
-		for len(h.queue) == 0 && !h.closed {
-			h.cond.Wait()
+		for len(h.q.users) == 0 && !h.q.closed {
+			h.q.cond.Wait()
 		}
-		if len(h.queue) == 0 {
+		if len(h.q.users) == 0 {
 			h.mu.Unlock()
 			return
 		}
-		u := h.queue[0]
-		h.queue = h.queue[1:]
+		u := h.q.users[0]
+		h.q.users = h.q.users[1:]
 		h.mu.Unlock()
 		h.confirm(ctx, w, u)
 	}
@@ -238,13 +253,13 @@ func (h *holds) confirm(ctx context.Context, w *worker, user int64) {
 	defer h.mu.Unlock()
 	s := h.user(user)
 	s.queued = false
-	h.pending--
+	h.q.pending--
 	if err != nil {
-		h.errors++
+		h.tally.errors++
 		h.r.sample("confirm: " + err.Error())
 		return
 	}
-	h.confirms[string(res.Outcome)]++
+	h.tally.confirms[string(res.Outcome)]++
 	switch res.Outcome {
 	case client.Confirmed:
 		s.seats++
@@ -262,7 +277,7 @@ func (h *holds) confirm(ctx context.Context, w *worker, user int64) {
 // and the promoted user must confirm before the hold lapses. A round stops
 // after watchRun users in a row still wait.
 func (h *holds) watch(ctx context.Context, w *worker) {
-	t := time.NewTicker(h.tick)
+	t := time.NewTicker(h.set.tick)
 	defer t.Stop()
 	for {
 		select {
@@ -313,9 +328,9 @@ func (h *holds) watch(ctx context.Context, w *worker) {
 // read reads user's signup; found is false when there is none.
 func (h *holds) read(ctx context.Context, w *worker, user int64) (client.Status, bool, error) {
 	h.mu.Lock()
-	h.reads++
+	h.tally.reads++
 	h.mu.Unlock()
-	st, err := w.c.Signup(ctx, h.r.cfg.Activity, user)
+	st, err := w.api.c.Signup(ctx, h.r.cfg.Activity, user)
 	if errors.Is(err, client.ErrNotFound) {
 		return "", false, nil
 	}
@@ -329,7 +344,7 @@ func (h *holds) read(ctx context.Context, w *worker, user int64) (client.Status,
 func (h *holds) idle() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.pending == 0
+	return h.q.pending == 0
 }
 
 // settle waits, after the burst, until the activity holds no seat and no
@@ -349,7 +364,7 @@ func (h *holds) settle(ctx context.Context, timeout time.Duration, state func(co
 		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(h.tick):
+		case <-time.After(h.set.tick):
 		}
 	}
 	h.report.Settle = time.Since(start)
@@ -360,12 +375,12 @@ func (h *holds) settle(ctx context.Context, timeout time.Duration, state func(co
 // finish stops the confirmers (after the queue drains) and the watch.
 func (h *holds) finish() {
 	h.mu.Lock()
-	if h.closed {
+	if h.q.closed {
 		h.mu.Unlock()
 		return
 	}
-	h.closed = true
-	h.cond.Broadcast()
+	h.q.closed = true
+	h.q.cond.Broadcast()
 	h.mu.Unlock()
 	close(h.stop)
 	h.wg.Wait()
@@ -394,7 +409,7 @@ func (h *holds) check(ctx context.Context) {
 				st, found, err := h.read(ctx, w, u)
 				h.mu.Lock()
 				if err != nil {
-					h.errors++
+					h.tally.errors++
 					h.r.sample("read signup: " + err.Error())
 				} else {
 					s := h.users[u]
@@ -412,8 +427,8 @@ func (h *holds) check(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	rep := &h.report
-	rep.Hold, rep.NoShow = h.hold, h.noShow
-	rep.Confirms, rep.ConfirmErrors, rep.SignupReads = h.confirms, h.errors, h.reads
+	rep.Hold, rep.NoShow = h.set.hold, h.set.noShow
+	rep.Confirms, rep.ConfirmErrors, rep.SignupReads = h.tally.confirms, h.tally.errors, h.tally.reads
 	example := func(format string, u int64) {
 		if len(rep.Examples) < maxSamples {
 			rep.Examples = append(rep.Examples, fmt.Sprintf(format, u))
@@ -421,7 +436,7 @@ func (h *holds) check(ctx context.Context) {
 	}
 	for _, u := range users {
 		s := h.users[u]
-		ns := noShow(u, h.seed, h.noShow)
+		ns := noShow(u, h.set.seed, h.set.noShow)
 		if s.held {
 			rep.HeldUsers++
 			if ns {

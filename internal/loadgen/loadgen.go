@@ -238,7 +238,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		if timeout == 0 {
 			// Lapsed holds promote the next in line, held in turn: a seat
 			// settles after a run of no-shows, rarely more than a few.
-			timeout = 30*time.Second + 20*r.holds.hold
+			timeout = 30*time.Second + 20*r.holds.set.hold
 		}
 		r.holds.settle(ctx, timeout, setup.state)
 	}
@@ -277,12 +277,8 @@ type runner struct {
 	client *http.Client // shared by the workers' API clients
 	plan   plan
 
-	lat  []time.Duration // send → final result, per request
-	outc []uint8         // outcome code per request, 0 = no result
-
-	next     atomic.Int64
-	finished atomic.Int64
-	t0       time.Time
+	slots slots
+	t0    time.Time
 
 	mu      sync.Mutex
 	samples []string
@@ -293,6 +289,16 @@ type runner struct {
 	// holdDoubles are the users the holds' final check found with two
 	// seats.
 	holdDoubles []int64
+}
+
+// slots are the burst's requests, one slot each: a worker takes the next
+// one, fills it in when its final result is in, and counts it finished.
+type slots struct {
+	lat  []time.Duration // send → final result, per request
+	outc []uint8         // outcome code per request, 0 = no result
+
+	next     atomic.Int64
+	finished atomic.Int64
 }
 
 func newRunner(cfg Config, deps Deps, client *http.Client) *runner {
@@ -315,8 +321,8 @@ func (r *runner) fire(ctx context.Context) error {
 	n := r.cfg.Requests
 	r.plan = makePlan(n, r.cfg.UserCount(), r.cfg.Mix, r.cfg.Seed)
 	r.plan.dropNoShowConfirms(r.cfg.Mix, r.cfg.Seed, r.cfg.NoShow)
-	r.lat = make([]time.Duration, n)
-	r.outc = make([]uint8, n)
+	r.slots.lat = make([]time.Duration, n)
+	r.slots.outc = make([]uint8, n)
 	r.workers = make([]*worker, r.cfg.Workers())
 	for i := range r.workers {
 		r.workers[i] = r.newWorker(uint64(i) + 1)
@@ -348,10 +354,10 @@ func (r *runner) startProgress() (stop func()) {
 		for {
 			select {
 			case <-done:
-				r.deps.Progress(int(r.finished.Load()))
+				r.deps.Progress(int(r.slots.finished.Load()))
 				return
 			case <-t.C:
-				r.deps.Progress(int(r.finished.Load()))
+				r.deps.Progress(int(r.slots.finished.Load()))
 			}
 		}
 	})

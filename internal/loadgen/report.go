@@ -117,10 +117,10 @@ func (r *runner) report(rep *Report) {
 	}
 	// Requests that never started (the burst was cut short) count neither
 	// as results nor as errors.
-	got := make([]time.Duration, 0, len(r.lat))
-	for i, c := range r.outc {
+	got := make([]time.Duration, 0, len(r.slots.lat))
+	for i, c := range r.slots.outc {
 		if c != codeNone {
-			got = append(got, r.lat[i])
+			got = append(got, r.slots.lat[i])
 		}
 	}
 	rep.Results = len(got)
@@ -153,7 +153,7 @@ func (r *runner) report(rep *Report) {
 func (r *runner) seats(rep *Report, promoted []int64) {
 	users := r.cfg.UserCount()
 	net := make([]int32, users+1)
-	for i, c := range r.outc {
+	for i, c := range r.slots.outc {
 		u := r.plan.users[i]
 		switch c {
 		case codeGranted, codeConfirmed:

@@ -16,13 +16,8 @@ import (
 // the transport) and keeps its own tallies, merged after the burst, so that
 // the hot path shares nothing but two counters.
 type worker struct {
-	r *runner
-	c *client.Client // writes and polls with ?wait=cfg.Wait
-	o *client.Client // the open, with ?wait=cfg.OpenWait
-	// opts make w.c; users are its copies with each user's own token
-	// (Config.UserToken).
-	opts  []client.Option
-	users map[int64]*client.Client
+	r   *runner
+	api workerClients
 
 	statuses   map[int]int
 	outcomes   [len(outcomeNames)]int
@@ -36,6 +31,16 @@ type worker struct {
 	lastFinal  time.Duration // since t0: the last final result
 }
 
+// workerClients are a worker's API clients.
+type workerClients struct {
+	c *client.Client // writes and polls with ?wait=cfg.Wait
+	o *client.Client // the open, with ?wait=cfg.OpenWait
+	// opts make c; users are its copies with each user's own token
+	// (Config.UserToken).
+	opts  []client.Option
+	users map[int64]*client.Client
+}
+
 func (r *runner) newWorker(uint64) *worker {
 	w := &worker{r: r, statuses: make(map[int]int, 4)}
 	observe := client.WithObserver(w.observe)
@@ -46,11 +51,11 @@ func (r *runner) newWorker(uint64) *worker {
 	// where a claim for a full activity can be answered at once.
 	noNetRetry, noKeys := client.WithNetRetries(0), client.WithoutKeys()
 	hc := client.WithHTTPClient(r.client)
-	w.opts = []client.Option{hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.Wait)}
+	w.api.opts = []client.Option{hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.Wait)}
 	token := client.WithToken(r.cfg.Token)
 	// The URL was validated by Config.Validate.
-	w.c, _ = client.New(r.cfg.baseURL(), append(w.opts, token)...)
-	w.o, _ = client.New(r.cfg.baseURL(), hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.OpenWait), token)
+	w.api.c, _ = client.New(r.cfg.baseURL(), append(w.api.opts, token)...)
+	w.api.o, _ = client.New(r.cfg.baseURL(), hc, retries, noNetRetry, noKeys, observe, client.WithWait(r.cfg.OpenWait), token)
 	return w
 }
 
@@ -59,16 +64,16 @@ func (r *runner) newWorker(uint64) *worker {
 // own token, so that each simulated user spends its own rate limit.
 func (w *worker) clientFor(user int64) *client.Client {
 	if w.r.deps.UserToken == nil {
-		return w.c
+		return w.api.c
 	}
-	if c, ok := w.users[user]; ok {
+	if c, ok := w.api.users[user]; ok {
 		return c
 	}
-	if w.users == nil {
-		w.users = make(map[int64]*client.Client)
+	if w.api.users == nil {
+		w.api.users = make(map[int64]*client.Client)
 	}
-	c, _ := client.New(w.r.cfg.baseURL(), append(w.opts, client.WithToken(w.r.deps.UserToken(user)))...)
-	w.users[user] = c
+	c, _ := client.New(w.r.cfg.baseURL(), append(w.api.opts, client.WithToken(w.r.deps.UserToken(user)))...)
+	w.api.users[user] = c
 	return c
 }
 
@@ -86,14 +91,14 @@ func (w *worker) observe(x client.Exchange) {
 }
 
 func (w *worker) loop(ctx context.Context) {
-	n := int64(len(w.r.lat))
+	n := int64(len(w.r.slots.lat))
 	for ctx.Err() == nil {
-		i := w.r.next.Add(1) - 1
+		i := w.r.slots.next.Add(1) - 1
 		if i >= n {
 			return
 		}
 		w.do(ctx, int(i))
-		w.r.finished.Add(1)
+		w.r.slots.finished.Add(1)
 	}
 }
 
@@ -119,9 +124,9 @@ func (w *worker) do(ctx context.Context, i int) {
 		}
 	}
 	end := time.Now()
-	r.lat[i] = end.Sub(start)
+	r.slots.lat[i] = end.Sub(start)
 	w.lastFinal = max(w.lastFinal, end.Sub(r.t0))
-	r.outc[i] = w.record(res)
+	r.slots.outc[i] = w.record(res)
 	if r.holds != nil {
 		r.holds.observe(r.plan.users[i], res)
 	}
@@ -152,7 +157,7 @@ func (w *worker) fail(err error) {
 // open opens the activity with its capacity and requires a done OPENED or
 // RESIZED.
 func (w *worker) open(ctx context.Context) (string, error) {
-	res, err := w.o.OpenWithHold(ctx, w.r.cfg.Activity, w.r.cfg.Capacity, w.r.cfg.Hold)
+	res, err := w.api.o.OpenWithHold(ctx, w.r.cfg.Activity, w.r.cfg.Capacity, w.r.cfg.Hold)
 	if err != nil {
 		return "", err
 	}
@@ -178,7 +183,7 @@ type State struct {
 
 // state reads the activity; nil when it does not exist (404).
 func (w *worker) state(ctx context.Context) (*State, error) {
-	a, err := w.c.Activity(ctx, w.r.cfg.Activity)
+	a, err := w.api.c.Activity(ctx, w.r.cfg.Activity)
 	if errors.Is(err, client.ErrNotFound) {
 		return nil, nil
 	}

@@ -277,17 +277,17 @@ func (n *Notifier) heartbeat(msg jetstream.Msg) (stop func()) {
 }
 
 func (n *Notifier) claim(seq uint64) bool {
-	n.inFlightMu.Lock()
-	defer n.inFlightMu.Unlock()
-	if _, ok := n.inFlight[seq]; ok {
+	n.inFlight.mu.Lock()
+	defer n.inFlight.mu.Unlock()
+	if _, ok := n.inFlight.seqs[seq]; ok {
 		return false
 	}
-	n.inFlight[seq] = struct{}{}
+	n.inFlight.seqs[seq] = struct{}{}
 	return true
 }
 
 func (n *Notifier) release(seq uint64) {
-	n.inFlightMu.Lock()
-	delete(n.inFlight, seq)
-	n.inFlightMu.Unlock()
+	n.inFlight.mu.Lock()
+	delete(n.inFlight.seqs, seq)
+	n.inFlight.mu.Unlock()
 }

@@ -100,13 +100,24 @@ type Notifier struct {
 	// inFlight holds the stream sequences being delivered here, so that a
 	// redelivery of a message this process still works on (its ack timer ran
 	// out while NATS was unreachable) is not POSTed a second time in parallel.
-	inFlightMu sync.Mutex
-	inFlight   map[uint64]struct{}
+	inFlight seqSet
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	errMu  sync.Mutex
-	err    error
+	// stopped is why the notifier stopped by itself, set once.
+	stopped stopReason
+}
+
+// seqSet is a set of stream sequences under its own lock.
+type seqSet struct {
+	mu   sync.Mutex
+	seqs map[uint64]struct{}
+}
+
+// stopReason is the first error that stopped a notifier.
+type stopReason struct {
+	mu  sync.Mutex
+	err error
 }
 
 // New returns a notifier on deps.NC with cfg, which Config.Validate has
@@ -132,7 +143,7 @@ func New(cfg Config, deps Deps) (*Notifier, error) {
 			// 301/302/303 would turn it into a GET and lose the body.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-		inFlight: make(map[uint64]struct{}),
+		inFlight: seqSet{seqs: make(map[uint64]struct{})},
 	}, nil
 }
 
@@ -203,17 +214,17 @@ func (n *Notifier) Stop() {
 // it stopped by itself (nil after Stop).
 func (n *Notifier) Wait() error {
 	n.wg.Wait()
-	n.errMu.Lock()
-	defer n.errMu.Unlock()
-	return n.err
+	n.stopped.mu.Lock()
+	defer n.stopped.mu.Unlock()
+	return n.stopped.err
 }
 
 func (n *Notifier) setErr(err error) {
-	n.errMu.Lock()
-	if n.err == nil {
-		n.err = err
+	n.stopped.mu.Lock()
+	if n.stopped.err == nil {
+		n.stopped.err = err
 	}
-	n.errMu.Unlock()
+	n.stopped.mu.Unlock()
 	n.cancel()
 }
 

@@ -141,10 +141,10 @@ func GetActivity(ctx context.Context, q DBTX, id int64) (ActivityState, bool, er
 // GetSignup reads user's signup in activity, with the 1-based waitlist
 // position when it is WAITING. Found is false when the user never signed up.
 //
-// The position is read from the waitlist buckets (BucketSize): the counts
-// of the buckets before the user's own plus the user's rank in its own, a
-// range scan of at most BucketSize rows, so its cost does not grow with
-// the line ahead. Both statements are one snapshot: the first names the
+// The position is read from the waitlist buckets (internal/store/waitlist,
+// waitlist.BucketSize): the counts of the buckets before the user's own plus
+// the user's rank in its own, a range scan of at most BucketSize rows, so
+// its cost does not grow with the line ahead. Both statements are one snapshot: the first names the
 // user's bucket, the second counts only if the user still waits at the
 // same queue_seq in that same bucket, else the read starts over.
 func GetSignup(ctx context.Context, q DBTX, activity, user int64) (SignupState, bool, error) {

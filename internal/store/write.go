@@ -407,6 +407,23 @@ func ValidRequestID(id string) bool {
 	return true
 }
 
+// InsertRows is insertRows, for the tables the store's subpackages write
+// (the waitlist buckets).
+func InsertRows(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n int, row func(i int, args []any) []any) error {
+	return insertRows(ctx, tx, prefix, suffix, cols, n, row)
+}
+
+// ExecChunks runs prefix + placeholders + suffix over args, cols values a
+// row, in statements of at most maxRowsPerStatement rows.
+func ExecChunks(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols int, args []any) error {
+	for c := range chunks(len(args) / cols) {
+		if _, err := tx.ExecContext(ctx, prefix+placeholders(c.hi-c.lo, cols)+suffix, args[cols*c.lo:cols*c.hi]...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // insertRows runs prefix + (?,..),(?,..) + suffix in chunks.
 func insertRows(ctx context.Context, tx *sql.Tx, prefix, suffix string, cols, n int, row func(i int, args []any) []any) error {
 	return insertRowsAffected(ctx, tx, prefix, suffix, cols, n, row, nil)

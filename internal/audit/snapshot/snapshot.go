@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/waitlist"
 )
 
 // resultsPage is how many processed_request rows one query reads. Keyset
@@ -233,7 +234,7 @@ func ReadActivities(ctx context.Context, tx *sql.Tx, activities []int64) ([]Acti
 
 // ReadBuckets reads the waitlist buckets (of activities, when given), by
 // activity, in order.
-func ReadBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]store.Bucket, error) {
+func ReadBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64][]waitlist.Bucket, error) {
 	query := "SELECT activity_id, first_seq, waiting FROM waitlist_bucket"
 	if len(activities) > 0 {
 		query += " WHERE activity_id IN (" + store.IntList(activities) + ")"
@@ -243,11 +244,11 @@ func ReadBuckets(ctx context.Context, tx *sql.Tx, activities []int64) (map[int64
 		return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)
 	}
 	defer rows.Close()
-	out := make(map[int64][]store.Bucket)
+	out := make(map[int64][]waitlist.Bucket)
 	for rows.Next() {
 		var (
 			id int64
-			b  store.Bucket
+			b  waitlist.Bucket
 		)
 		if err := rows.Scan(&id, &b.FirstSeq, &b.Waiting); err != nil {
 			return nil, fmt.Errorf("audit: read waitlist_bucket: %w", err)

@@ -1,4 +1,4 @@
-package store
+package waitlist
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// Positions reads signups as GetSignup does, with what a position read
+// Positions reads signups as store.GetSignup does, with what a position read
 // needs from the line ahead cached per activity.
 //
 // A waiter's position is the number of WAITING signups with a lower
@@ -43,7 +44,7 @@ import (
 // therefore exact for a snapshot taken after the read began: a client
 // that saw a write's result and then reads sees that write.
 type Positions struct {
-	db       DBTX
+	db       store.DBTX
 	prefixes *lru.Cache[int64, *prefixTable]
 	users    *lru.Cache[[2]int64, userPosition]
 	loads    singleflight.Group
@@ -73,7 +74,7 @@ const (
 // NewPositions reads through db, caching the prefixes of up to
 // PositionActivities activities and the positions of up to PositionUsers
 // waiters, the least recently read evicted first.
-func NewPositions(db DBTX) *Positions {
+func NewPositions(db store.DBTX) *Positions {
 	p := &Positions{db: db}
 	p.prefixes, _ = lru.New[int64, *prefixTable](PositionActivities) // errs only for a size below 1
 	p.users, _ = lru.New[[2]int64, userPosition](PositionUsers)
@@ -83,8 +84,8 @@ func NewPositions(db DBTX) *Positions {
 // errMoved means the version moved between a read's statements.
 var errMoved = errors.New("waitlist moved")
 
-// Get reads user's signup in activity, as GetSignup.
-func (p *Positions) Get(ctx context.Context, activity, user int64) (SignupState, bool, error) {
+// Get reads user's signup in activity, as store.GetSignup.
+func (p *Positions) Get(ctx context.Context, activity, user int64) (store.SignupState, bool, error) {
 	for range 8 {
 		s, found, err := p.get(ctx, activity, user)
 		if !errors.Is(err, errMoved) {
@@ -92,11 +93,11 @@ func (p *Positions) Get(ctx context.Context, activity, user int64) (SignupState,
 		}
 	}
 	// Waiters kept leaving under the reads: read without the cache.
-	return GetSignup(ctx, p.db, activity, user)
+	return store.GetSignup(ctx, p.db, activity, user)
 }
 
-func (p *Positions) get(ctx context.Context, activity, user int64) (SignupState, bool, error) {
-	s := SignupState{ActivityID: activity, UserID: user}
+func (p *Positions) get(ctx context.Context, activity, user int64) (store.SignupState, bool, error) {
+	s := store.SignupState{ActivityID: activity, UserID: user}
 	var (
 		until   sql.NullTime
 		seq     uint64
@@ -126,7 +127,7 @@ func (p *Positions) get(ctx context.Context, activity, user int64) (SignupState,
 		return s, true, nil
 	}
 	if !version.Valid {
-		return GetSignup(ctx, p.db, activity, user) // a signup without its activity row
+		return store.GetSignup(ctx, p.db, activity, user) // a signup without its activity row
 	}
 	if t, ok := p.prefixes.Peek(activity); ok && t.version > version.Int64 && start.After(t.loaded) {
 		// The version went back (the row was written by hand: a read
@@ -145,7 +146,7 @@ func (p *Positions) get(ctx context.Context, activity, user int64) (SignupState,
 	if !first.Valid {
 		// No bucket covers the waiter: rows written without them. The
 		// audit and the invariants report it; the answer stays exact.
-		return GetSignupByCount(ctx, p.db, activity, user)
+		return store.GetSignupByCount(ctx, p.db, activity, user)
 	}
 	// The user's rank in its bucket, with the version again: equal
 	// versions mean no waiter left in between, so the user still waits at

@@ -1,4 +1,8 @@
-package store
+// Package waitlist keeps the waitlist index of the store: an activity's
+// waiters cut into buckets (waitlist_bucket rows), which the allocator
+// writes in the transaction of its signups, and the cached position reads
+// that use them (Positions).
+package waitlist
 
 import (
 	"cmp"
@@ -9,6 +13,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -59,12 +64,12 @@ type Waitlist struct {
 	max int64
 }
 
-// NewWaitlist is the empty waitlist of a new activity, with buckets of
+// New is the empty waitlist of a new activity, with buckets of
 // size waiters at most (0: BucketSize).
-func NewWaitlist(size int64) *Waitlist { return &Waitlist{max: size} }
+func New(size int64) *Waitlist { return &Waitlist{max: size} }
 
-// WaitlistOf is the waitlist of buckets bs (in order), as read.
-func WaitlistOf(bs []Bucket) *Waitlist { return &Waitlist{b: slices.Clone(bs)} }
+// Of is the waitlist of buckets bs (in order), as read.
+func Of(bs []Bucket) *Waitlist { return &Waitlist{b: slices.Clone(bs)} }
 
 // Buckets returns a copy of the buckets, in order.
 func (w *Waitlist) Buckets() []Bucket { return slices.Clone(w.b) }
@@ -85,10 +90,10 @@ func (w *Waitlist) touch(seq uint64) {
 	w.dirty[seq] = true
 }
 
-// ErrWaitlistOrder means a waitlist change does not fit the buckets: a join
+// ErrOrder means a waitlist change does not fit the buckets: a join
 // below the last bucket, or a waiter that leaves from before the first.
 // The caller rebuilds the buckets from the signups.
-var ErrWaitlistOrder = errors.New("waitlist buckets do not fit the change")
+var ErrOrder = errors.New("waitlist buckets do not fit the change")
 
 // Join adds the waiter at queue_seq seq, which must be above every
 // queue_seq of the activity.
@@ -96,7 +101,7 @@ func (w *Waitlist) Join(seq uint64) error {
 	n := len(w.b)
 	switch {
 	case n > 0 && seq <= w.b[n-1].FirstSeq:
-		return fmt.Errorf("%w: join at %d, last bucket starts at %d", ErrWaitlistOrder, seq, w.b[n-1].FirstSeq)
+		return fmt.Errorf("%w: join at %d, last bucket starts at %d", ErrOrder, seq, w.b[n-1].FirstSeq)
 	case n > 0 && w.b[n-1].Waiting < w.size():
 		w.b[n-1].Waiting++
 		w.touch(w.b[n-1].FirstSeq)
@@ -114,7 +119,7 @@ func (w *Waitlist) Leave(seq uint64) error {
 		i-- // the bucket starting before seq
 	}
 	if i < 0 || w.b[i].Waiting <= 0 {
-		return fmt.Errorf("%w: no bucket holds a waiter at %d", ErrWaitlistOrder, seq)
+		return fmt.Errorf("%w: no bucket holds a waiter at %d", ErrOrder, seq)
 	}
 	w.b[i].Waiting--
 	w.touch(w.b[i].FirstSeq)
@@ -149,10 +154,10 @@ func (w *Waitlist) size() int64 {
 	return BucketSize
 }
 
-// BuildWaitlist cuts waiters (queue_seqs in any order) into full buckets
+// Build cuts waiters (queue_seqs in any order) into full buckets
 // of size (0: BucketSize): what the migration's backfill and a repair
 // write.
-func BuildWaitlist(waiters []uint64, size int64) *Waitlist {
+func Build(waiters []uint64, size int64) *Waitlist {
 	seqs := slices.Clone(waiters)
 	slices.Sort(seqs)
 	w := &Waitlist{rewrite: true, max: size}
@@ -190,8 +195,8 @@ func (w *Waitlist) Fits(waiters []uint64) bool {
 	return j == len(seqs)
 }
 
-// LoadWaitlist reads activity's buckets, of size at most (0: BucketSize).
-func LoadWaitlist(ctx context.Context, q DBTX, activity int64, size int64) (*Waitlist, error) {
+// Load reads activity's buckets, of size at most (0: BucketSize).
+func Load(ctx context.Context, q store.DBTX, activity int64, size int64) (*Waitlist, error) {
 	rows, err := q.QueryContext(ctx, "SELECT first_seq, waiting FROM waitlist_bucket WHERE activity_id = ? ORDER BY first_seq", activity)
 	if err != nil {
 		return nil, fmt.Errorf("waitlist buckets of %d: %w", activity, err)
@@ -211,15 +216,15 @@ func LoadWaitlist(ctx context.Context, q DBTX, activity int64, size int64) (*Wai
 	return w, nil
 }
 
-// FlushWaitlist writes activity's bucket changes since the last flush.
-func FlushWaitlist(ctx context.Context, tx *sql.Tx, activity int64, w *Waitlist) error {
-	return FlushWaitlists(ctx, tx, map[int64]*Waitlist{activity: w})
+// Flush writes activity's bucket changes since the last flush.
+func Flush(ctx context.Context, tx *sql.Tx, activity int64, w *Waitlist) error {
+	return FlushAll(ctx, tx, map[int64]*Waitlist{activity: w})
 }
 
-// FlushWaitlists writes the bucket changes of many activities since their
+// FlushAll writes the bucket changes of many activities since their
 // last flush, in a few statements for all of them (a batch over a
 // thousand activities must not cost a thousand statements).
-func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) error {
+func FlushAll(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) error {
 	type row struct {
 		activity int64
 		b        Bucket
@@ -253,25 +258,16 @@ func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) 
 			}
 		}
 	}
-	for chunk := range chunks(len(rewrite)) {
-		if _, err := tx.ExecContext(ctx, "DELETE FROM waitlist_bucket WHERE activity_id IN ("+
-			placeholders(chunk.hi-chunk.lo, 1)+")", rewrite[chunk.lo:chunk.hi]...); err != nil {
-			return fmt.Errorf("rewrite waitlist buckets: %w", err)
-		}
+	if err := store.ExecChunks(ctx, tx, "DELETE FROM waitlist_bucket WHERE activity_id IN (", ")", 1, rewrite); err != nil {
+		return fmt.Errorf("rewrite waitlist buckets: %w", err)
 	}
-	for chunk := range chunks(len(gone) / 2) {
-		if _, err := tx.ExecContext(ctx, "DELETE FROM waitlist_bucket WHERE (activity_id, first_seq) IN ("+
-			placeholders(chunk.hi-chunk.lo, 2)+")", gone[2*chunk.lo:2*chunk.hi]...); err != nil {
-			return fmt.Errorf("delete waitlist buckets: %w", err)
-		}
+	if err := store.ExecChunks(ctx, tx, "DELETE FROM waitlist_bucket WHERE (activity_id, first_seq) IN (", ")", 2, gone); err != nil {
+		return fmt.Errorf("delete waitlist buckets: %w", err)
 	}
-	for chunk := range chunks(len(bump)) {
-		if _, err := tx.ExecContext(ctx, "UPDATE activity SET waitlist_version = waitlist_version + 1 WHERE id IN ("+
-			placeholders(chunk.hi-chunk.lo, 1)+")", bump[chunk.lo:chunk.hi]...); err != nil {
-			return fmt.Errorf("bump waitlist versions: %w", err)
-		}
+	if err := store.ExecChunks(ctx, tx, "UPDATE activity SET waitlist_version = waitlist_version + 1 WHERE id IN (", ")", 1, bump); err != nil {
+		return fmt.Errorf("bump waitlist versions: %w", err)
 	}
-	err := insertRows(ctx, tx, "INSERT INTO waitlist_bucket (activity_id, first_seq, waiting) VALUES ",
+	err := store.InsertRows(ctx, tx, "INSERT INTO waitlist_bucket (activity_id, first_seq, waiting) VALUES ",
 		" ON DUPLICATE KEY UPDATE waiting = VALUES(waiting)", 3, len(put), func(i int, args []any) []any {
 			return append(args, put[i].activity, put[i].b.FirstSeq, put[i].b.Waiting)
 		})
@@ -286,12 +282,12 @@ func FlushWaitlists(ctx context.Context, tx *sql.Tx, waits map[int64]*Waitlist) 
 	return nil
 }
 
-// RebuildWaitlist recomputes activity's buckets and waiting_count from its
+// Rebuild recomputes activity's buckets and waiting_count from its
 // WAITING rows: for rows written by hand (tests, repairs). The allocator
 // repairs buckets that do not fit by itself when it loads an activity.
-func RebuildWaitlist(ctx context.Context, db *sql.DB, activity int64) error {
-	return WithTx(ctx, db, TxOptions{}, func(tx *sql.Tx) error {
-		live, err := LiveSignups(ctx, tx, activity)
+func Rebuild(ctx context.Context, db *sql.DB, activity int64) error {
+	return store.WithTx(ctx, db, store.TxOptions{}, func(tx *sql.Tx) error {
+		live, err := store.LiveSignups(ctx, tx, activity)
 		if err != nil {
 			return err
 		}
@@ -304,6 +300,6 @@ func RebuildWaitlist(ctx context.Context, db *sql.DB, activity int64) error {
 		if _, err := tx.ExecContext(ctx, "UPDATE activity SET waiting_count = ? WHERE id = ?", len(seqs), activity); err != nil {
 			return fmt.Errorf("rebuild waitlist of %d: %w", activity, err)
 		}
-		return FlushWaitlist(ctx, tx, activity, BuildWaitlist(seqs, 0))
+		return Flush(ctx, tx, activity, Build(seqs, 0))
 	})
 }

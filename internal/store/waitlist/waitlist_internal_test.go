@@ -1,4 +1,4 @@
-package store
+package waitlist
 
 import (
 	"math/rand/v2"
@@ -89,7 +89,7 @@ func (w *Waitlist) rank(seq uint64, line []uint64) int64 {
 // TestWaitlistRefusesWhatDoesNotFit: a join below the last bucket and a
 // leave before the first are refused (the allocator then rebuilds).
 func TestWaitlistRefusesWhatDoesNotFit(t *testing.T) {
-	w := BuildWaitlist([]uint64{10, 20, 30}, 0)
+	w := Build([]uint64{10, 20, 30}, 0)
 	if err := w.Join(5); err == nil {
 		t.Fatal("a join below the last bucket was taken")
 	}
