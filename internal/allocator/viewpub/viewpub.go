@@ -68,10 +68,17 @@ type queueState struct {
 	pending map[int64]viewOp
 	rebuild bool
 	// rebuilding says a rebuild is between its snapshot and its merge;
-	// seen then holds the last sequence of every activity the apply loop
+	// seen then holds the last state of every activity the apply loop
 	// changed meanwhile.
 	rebuilding bool
-	seen       map[int64]uint64
+	seen       map[int64]seenState
+}
+
+// seenState is the last state the apply loop offered of an activity
+// during a rebuild: its sequence, and whether it is viewed.
+type seenState struct {
+	seq    uint64
+	viewed bool
 }
 
 // Deps is what a publisher works with.
@@ -113,9 +120,12 @@ type keyState struct {
 // viewOp is one pending write.
 type viewOp struct {
 	v     wire.View
-	clear bool   // v is a cleared view: put with a TTL
-	del   bool   // a delete (the key is no longer tracked), at rev
-	rev   uint64 // for del
+	clear bool // v is a cleared view: put with a TTL
+	del   bool // a delete (the key is no longer tracked), at rev
+	// rev is the revision a delete, or a write of a key not tracked (a
+	// clear a rebuild queues for a stale key), is conditional on; a
+	// tracked key's write goes at its keyState's rev.
+	rev uint64
 	// tries counts conflicts resolved for this write; after a few it is
 	// dropped (another writer keeps changing the key).
 	tries int
@@ -176,7 +186,9 @@ func (p *Publisher) Offer(changed []*allocation.Activity) []wire.View {
 	for _, act := range changed {
 		seq := act.NextSeq - 1
 		if p.rebuilding {
-			p.seen[act.ID] = max(p.seen[act.ID], seq)
+			if seq >= p.seen[act.ID].seq {
+				p.seen[act.ID] = seenState{seq: seq, viewed: viewed(act)}
+			}
 		}
 		ks, tracked := p.keys.Peek(act.ID)
 		switch {
@@ -226,6 +238,12 @@ func (p *Publisher) queue(op viewOp) {
 
 func (p *Publisher) queueEvicted() {
 	for _, op := range p.evicted {
+		if p.keys.Contains(op.v.ActivityID) {
+			// Tracked again since (a rebuild found its key stored, or
+			// queued its view): that state stands, the delete would
+			// remove a view the publisher counts as stored.
+			continue
+		}
 		if _, ok := p.pending[op.v.ActivityID]; ok {
 			// A view not yet written: the delete replaces it, or the view
 			// would be stored untracked.
@@ -369,8 +387,7 @@ func (p *Publisher) round(ctx context.Context) {
 		}
 		delete(p.pending, id)
 		rev := op.rev
-		if !op.del {
-			ks, _ := p.keys.Peek(id)
+		if ks, ok := p.keys.Peek(id); ok && !op.del {
 			rev = ks.rev
 		}
 		ops = append(ops, sent{op: op, rev: rev})
@@ -528,8 +545,11 @@ func (p *Publisher) resolve(ctx context.Context, op viewOp) {
 		}
 		return
 	}
-	if !tracked {
-		p.keys.Add(id, keyState{rev: cur.rev, seq: op.v.Seq, live: !op.clear})
+	op.rev = cur.rev
+	if !tracked && !op.clear {
+		// A full view is tracked, to be cleared later; a clear needs
+		// no tracking (it expires).
+		p.keys.Add(id, keyState{rev: cur.rev, seq: op.v.Seq, live: true})
 	}
 	p.pending[id] = op
 }
@@ -596,7 +616,7 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	p.mu.Lock()
-	p.rebuilding, p.seen = true, make(map[int64]uint64)
+	p.rebuilding, p.seen = true, make(map[int64]seenState)
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
@@ -680,14 +700,30 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		}
 	}
 	p.mu.Lock()
+	// What the bucket holds updates the keys tracked. The keys listed and
+	// not tracked stay so unless a view of theirs is kept below: the
+	// bucket may hold more keys than are tracked (the stale views this
+	// rebuild clears), and tracking them all would evict the tracked keys
+	// of full activities, whose eviction deletes their views.
 	for id, l := range keys {
 		ks, ok := p.keys.Peek(id)
-		if !ok || l.seq >= ks.seq {
+		if !ok {
+			continue
+		}
+		if l.seq >= ks.seq {
 			ks.rev, ks.seq, ks.live = l.rev, l.seq, l.sheddable
 		} else {
 			ks.rev = max(ks.rev, l.rev)
 		}
 		p.keys.Add(id, ks)
+	}
+	// known is what the publisher knows of id's key: tracked, or listed.
+	known := func(id int64) (keyState, bool, bool) {
+		if ks, ok := p.keys.Peek(id); ok {
+			return ks, true, true
+		}
+		l, ok := keys[id]
+		return keyState{rev: l.rev, seq: l.seq, live: l.sheddable}, ok, false
 	}
 	full := false
 	for id, v := range rebuilt {
@@ -696,9 +732,22 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 			full = true
 			break
 		}
-		ks, ok := p.keys.Peek(id)
-		if (ok && ks.seq >= v.Seq) || p.seen[id] >= v.Seq && p.seen[id] > 0 {
-			continue // stored already, or the apply loop has a later state
+		if s := p.seen[id]; s.seq >= v.Seq && s.seq > 0 {
+			// The apply loop has a later state: it queued its view, or
+			// its clear if it tracked the key. One it did not track may
+			// hold a view listed here, which its state clears.
+			l, listed := keys[id]
+			if _, tracked := p.keys.Peek(id); !s.viewed && !tracked && listed && l.sheddable && l.seq < s.seq {
+				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: s.seq}, clear: true, rev: l.rev})
+			}
+			continue
+		}
+		ks, ok, tracked := known(id)
+		if ok && ks.seq >= v.Seq {
+			if !tracked {
+				p.keys.Add(id, ks) // stored already: tracked from now on
+			}
+			continue
 		}
 		ks.seq, ks.live = v.Seq, true
 		p.keys.Add(id, ks)
@@ -713,12 +762,12 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		}
 		if !l.sheddable {
 			if ks, _ := p.keys.Peek(id); l.created.Before(oldest) && ks.seq <= l.seq {
-				// A cleared view without a TTL: put again with one.
+				// A cleared view without a TTL: put again with one, at
+				// the listed revision (a clear is not tracked).
 				p.quiet = true
 				p.keys.Remove(id)
 				p.quiet = false
-				p.keys.Add(id, keyState{rev: l.rev, seq: l.seq})
-				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: l.seq}, clear: true})
+				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: l.seq}, clear: true, rev: l.rev})
 			}
 			continue
 		}
@@ -726,13 +775,17 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		if row, ok := snap.Rows[id]; ok {
 			v = wire.View{ActivityID: id, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: max(row.NextSeq-1, l.seq)}
 		}
-		ks, _ := p.keys.Peek(id)
+		ks, _, tracked := known(id)
 		if ks.seq > v.Seq || !ks.live {
 			continue // the apply loop queued a later state
 		}
-		ks.seq, ks.live = v.Seq, false
-		p.keys.Add(id, ks)
-		p.queue(viewOp{v: v, clear: true})
+		if tracked {
+			ks.seq, ks.live = v.Seq, false
+			p.keys.Add(id, ks)
+		}
+		// A key not tracked stays so: its clear goes at the listed
+		// revision, and expires.
+		p.queue(viewOp{v: v, clear: true, rev: ks.rev})
 	}
 	for _, op := range legacy {
 		if _, ok := p.pending[op.v.ActivityID]; !ok && !full {
