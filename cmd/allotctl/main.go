@@ -26,11 +26,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/binaries"
@@ -96,6 +98,20 @@ const setupWait = 2 * time.Minute
 
 type setupCfg binaries.Allotctl
 
+// connect opens a command's NATS connection and its JetStream handle.
+func connect(c config.Common, log *slog.Logger) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := c.ConnectNATS(binary, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
 func (c *setupCfg) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
@@ -122,17 +138,12 @@ func runSetup(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 2
 	}
 	log := c.Logger(stderr, binary)
-	nc, err := c.ConnectNATS(binary, log)
+	nc, js, err := connect(c.Common, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 2
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
 	wctx, cancel := context.WithTimeout(ctx, setupWait)
 	defer cancel()
 	set, _ := c.Shards() // checked by Validate

@@ -10,8 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/shards"
@@ -50,17 +48,12 @@ func runShards(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		return 2
 	}
 	log := c.Logger(stderr, binary)
-	nc, err := c.ConnectNATS(binary, log)
+	nc, js, err := connect(c.Common, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 2
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
 	ctx, cancel := context.WithTimeout(ctx, shardsWait)
 	defer cancel()
 	kv, err := bus.CheckBucket(ctx, js, bus.ShardsBucketConfig(1))
