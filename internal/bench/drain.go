@@ -28,7 +28,7 @@ type DrainConfig struct {
 	Capacity   int64   // of each activity
 	Op         wire.Op // wire.OpJoin or wire.OpClaim
 	Users      int     // distinct users (0 = one per request)
-	Allocator  allocator.Config
+	Allocator  allocator.Config // the zero Config: the defaults
 	// AfterStart, when set, runs once the allocator has started, before
 	// the drain is waited for (a benchmark freezes a bucket there).
 	AfterStart func()
@@ -84,7 +84,7 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	}
 	total := cfg.Requests + cfg.Activities
 
-	a, err := allocator.New(cfg.Allocator, allocator.Deps{DB: db, NATS: nc, Log: log})
+	a, err := allocator.New(allocatorConfig(cfg.Allocator), allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		return DrainResult{}, err
 	}
@@ -133,4 +133,13 @@ func (b *backlog) wait() error {
 	case <-time.After(time.Minute):
 		return fmt.Errorf("pre-publish did not complete within a minute")
 	}
+}
+
+// allocatorConfig is c, or the allocator's defaults when c is the zero
+// Config (a caller that sets nothing gets what a deployment gets).
+func allocatorConfig(c allocator.Config) allocator.Config {
+	if c == (allocator.Config{}) {
+		return config.Defaults[allocator.Config]()
+	}
+	return c
 }

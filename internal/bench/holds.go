@@ -108,7 +108,7 @@ func Holds(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return res, err
 	}
 
-	a, err := allocator.New(cfg.Allocator, allocator.Deps{DB: db, NATS: nc, Log: log})
+	a, err := allocator.New(allocatorConfig(cfg.Allocator), allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		return res, err
 	}

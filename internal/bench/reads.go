@@ -200,7 +200,7 @@ func Reads(ctx context.Context, db, readDB *sql.DB, nc *nats.Conn, log *slog.Log
 		base = "http://" + ln.Addr().String()
 	}
 
-	a, err := allocator.New(cfg.Allocator, allocator.Deps{DB: db, NATS: nc, Log: log})
+	a, err := allocator.New(allocatorConfig(cfg.Allocator), allocator.Deps{DB: db, NATS: nc, Log: log})
 	if err != nil {
 		return res, err
 	}
@@ -210,7 +210,7 @@ func Reads(ctx context.Context, db, readDB *sql.DB, nc *nats.Conn, log *slog.Log
 	defer a.Stop()
 	// The first batch loads the line into the allocator; measure after it.
 	start = time.Now()
-	if err := waitFence(ctx, db, 0, next+uint64(cfg.Allocator.BatchSize), 5*time.Minute); err != nil {
+	if err := waitFence(ctx, db, 0, next+uint64(allocatorConfig(cfg.Allocator).BatchSize), 5*time.Minute); err != nil {
 		return res, err
 	}
 	progress("the allocator loaded the line in %s", time.Since(start).Round(time.Millisecond))
