@@ -23,11 +23,11 @@ import (
 
 // DrainConfig describes one drain run.
 type DrainConfig struct {
-	Requests   int     // join or claim requests (after one open per activity)
-	Activities int     // spread over this many activities
-	Capacity   int64   // of each activity
-	Op         wire.Op // wire.OpJoin or wire.OpClaim
-	Users      int     // distinct users (0 = one per request)
+	Requests   int              // join or claim requests (after one open per activity)
+	Activities int              // spread over this many activities
+	Capacity   int64            // of each activity
+	Op         wire.Op          // wire.OpJoin or wire.OpClaim
+	Users      int              // distinct users (0 = one per request)
 	Allocator  allocator.Config // the zero Config: the defaults
 	// AfterStart, when set, runs once the allocator has started, before
 	// the drain is waited for (a benchmark freezes a bucket there).
