@@ -623,15 +623,48 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		p.rebuilding, p.seen = false, nil
 		p.mu.Unlock()
 	}()
-	keys := make(map[int64]listed)
-	// Messages without a TTL that should have one: cleared views and
-	// deletes written before cleared views expired (an upgrade) are
-	// written again with one, once.
-	var legacy []viewOp
 	oldest := time.Now().Add(-2*p.clearTTLDuration() - 2*bus.ViewMarkerTTL - 5*time.Second)
-	w, err := p.d.KV.WatchAll(lctx)
+	keys, legacy, err := p.listKeys(lctx, oldest)
 	if err != nil {
 		return err
+	}
+	rebuilt, snap, err := p.snapshotViews(ctx, keys)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.trackListed(keys)
+	full := p.queueRebuilt(keys, rebuilt)
+	if !full {
+		p.queueClears(keys, rebuilt, snap, oldest)
+	}
+	for _, op := range legacy {
+		if _, ok := p.pending[op.v.ActivityID]; !ok && !full {
+			p.queue(op)
+		}
+	}
+	if full {
+		p.rebuild = true
+		p.m.viewsDropped.WithLabelValues("queue_full").Inc()
+	}
+	p.queueEvicted()
+	p.m.viewsPending.Set(float64(len(p.pending)))
+	p.mu.Unlock()
+	p.m.viewRebuilds.Inc()
+	p.m.viewRebuildSecs.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// listKeys lists the bucket's keys of this partition as they are now, and
+// the old messages without a TTL that should have one (cleared views and
+// deletes written before cleared views expired: an upgrade), written again
+// with one, once.
+func (p *Publisher) listKeys(lctx context.Context, oldest time.Time) (map[int64]listed, []viewOp, error) {
+	keys := make(map[int64]listed)
+	var legacy []viewOp
+	w, err := p.d.KV.WatchAll(lctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	// Stopped as soon as the current values are in: updates that follow
 	// (expiry markers, other writers) would block the watcher's delivery
@@ -644,7 +677,7 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		case <-lctx.Done():
 			// A bucket that stopped answering: the watcher's channel
 			// would wait for ever.
-			return lctx.Err()
+			return nil, nil, lctx.Err()
 		}
 		if e == nil {
 			listing = false // the current values are in
@@ -670,6 +703,13 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		}
 		keys[id] = l
 	}
+	return keys, legacy, nil
+}
+
+// snapshotViews reads, in one MySQL snapshot, the full activities of this
+// partition and those whose listed view could decide a claim, and returns
+// the views they get now.
+func (p *Publisher) snapshotViews(ctx context.Context, keys map[int64]listed) (map[int64]wire.View, store.ViewSnapshot, error) {
 	var also []int64
 	for id, l := range keys {
 		if l.sheddable {
@@ -679,7 +719,7 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 	mine := func(id int64) bool { return bus.PartitionOf(id, p.d.Partitions) == p.d.Partition }
 	snap, err := store.ReadViewSnapshot(ctx, p.d.DB, mine, also, wire.MaxViewHolders, p.d.Between)
 	if err != nil {
-		return err
+		return nil, snap, err
 	}
 	rebuilt := make(map[int64]wire.View, len(snap.Full))
 	for _, row := range snap.Full {
@@ -699,12 +739,15 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 			rebuilt[row.ID] = viewOf(act)
 		}
 	}
-	p.mu.Lock()
-	// What the bucket holds updates the keys tracked. The keys listed and
-	// not tracked stay so unless a view of theirs is kept below: the
-	// bucket may hold more keys than are tracked (the stale views this
-	// rebuild clears), and tracking them all would evict the tracked keys
-	// of full activities, whose eviction deletes their views.
+	return rebuilt, snap, nil
+}
+
+// trackListed updates the keys tracked from what the bucket holds, under
+// p.mu. The keys listed and not tracked stay so unless a view of theirs is
+// kept: the bucket may hold more keys than are tracked (the stale views a
+// rebuild clears), and tracking them all would evict the tracked keys of
+// full activities, whose eviction deletes their views.
+func (p *Publisher) trackListed(keys map[int64]listed) {
 	for id, l := range keys {
 		ks, ok := p.keys.Peek(id)
 		if !ok {
@@ -717,15 +760,21 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		}
 		p.keys.Add(id, ks)
 	}
-	// known is what the publisher knows of id's key: tracked, or listed.
-	known := func(id int64) (keyState, bool, bool) {
-		if ks, ok := p.keys.Peek(id); ok {
-			return ks, true, true
-		}
-		l, ok := keys[id]
-		return keyState{rev: l.rev, seq: l.seq, live: l.sheddable}, ok, false
+}
+
+// known is what the publisher knows of id's key: tracked, or listed.
+func (p *Publisher) known(keys map[int64]listed, id int64) (keyState, bool, bool) {
+	if ks, ok := p.keys.Peek(id); ok {
+		return ks, true, true
 	}
-	full := false
+	l, ok := keys[id]
+	return keyState{rev: l.rev, seq: l.seq, live: l.sheddable}, ok, false
+}
+
+// queueRebuilt queues the rebuilt views the bucket does not hold yet,
+// under p.mu. It reports whether the queue filled up first: the rest waits
+// for a later rebuild.
+func (p *Publisher) queueRebuilt(keys map[int64]listed, rebuilt map[int64]wire.View) (full bool) {
 	for id, v := range rebuilt {
 		if len(p.pending) >= p.d.Track {
 			// The rest after the queue drained: a later rebuild.
@@ -742,7 +791,7 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 			}
 			continue
 		}
-		ks, ok, tracked := known(id)
+		ks, ok, tracked := p.known(keys, id)
 		if ok && ks.seq >= v.Seq {
 			if !tracked {
 				p.keys.Add(id, ks) // stored already: tracked from now on
@@ -753,10 +802,14 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		p.keys.Add(id, ks)
 		p.queue(viewOp{v: v})
 	}
+	return full
+}
+
+// queueClears queues a clear for each listed view that could decide a
+// claim and is not rebuilt, and a TTL for old clears without one, under
+// p.mu.
+func (p *Publisher) queueClears(keys map[int64]listed, rebuilt map[int64]wire.View, snap store.ViewSnapshot, oldest time.Time) {
 	for id, l := range keys {
-		if full {
-			break
-		}
 		if _, ok := rebuilt[id]; ok {
 			continue
 		}
@@ -775,7 +828,7 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		if row, ok := snap.Rows[id]; ok {
 			v = wire.View{ActivityID: id, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: max(row.NextSeq-1, l.seq)}
 		}
-		ks, _, tracked := known(id)
+		ks, _, tracked := p.known(keys, id)
 		if ks.seq > v.Seq || !ks.live {
 			continue // the apply loop queued a later state
 		}
@@ -787,21 +840,6 @@ func (p *Publisher) rebuildViews(ctx context.Context) error {
 		// revision, and expires.
 		p.queue(viewOp{v: v, clear: true, rev: ks.rev})
 	}
-	for _, op := range legacy {
-		if _, ok := p.pending[op.v.ActivityID]; !ok && !full {
-			p.queue(op)
-		}
-	}
-	if full {
-		p.rebuild = true
-		p.m.viewsDropped.WithLabelValues("queue_full").Inc()
-	}
-	p.queueEvicted()
-	p.m.viewsPending.Set(float64(len(p.pending)))
-	p.mu.Unlock()
-	p.m.viewRebuilds.Inc()
-	p.m.viewRebuildSecs.Observe(time.Since(start).Seconds())
-	return nil
 }
 
 // stopWatch stops w and reads what its delivery still holds, so that no
