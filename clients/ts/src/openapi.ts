@@ -100,8 +100,9 @@ export interface paths {
         put?: never;
         /**
          * Claim (op claim) - take a seat or fail; never waits, never oversold.
-         * @description A claim for an activity that is full may be shed: answered at once
-         *     from the allocator's view, before the allocator applies it
+         * @description A claim for an activity that is full may be shed: answered from the
+         *     allocator's view as soon as ingest's tail of the request stream
+         *     proves that answer, before the allocator applies it
          *     (`shed: true` in the result), exactly as the allocator would answer
          *     it at its place in the stream.
          */
@@ -292,7 +293,7 @@ export interface components {
              *     the user has.
              */
             held_until?: string;
-            /** @description The request's sequence in the request stream (for a shed claim, the last one applied to the activity). */
+            /** @description The request's sequence in the request stream (a shed claim's too, its own place in the stream). */
             seq: number;
             /** Format: date-time */
             applied_at: string;
@@ -507,8 +508,8 @@ export interface components {
         /**
          * @description The same key with the same op and path returns the same request_id
          *     and the request is applied once; the same key with another op or
-         *     path answers 422. Keys are remembered for ALLOT_IDEMPOTENCY_TTL
-         *     (24h). Generate one per logical attempt, and send it again on every
+         *     path answers 422. Keys are remembered for 24h (the TTL of the
+         *     ALLOT_IDEMPOTENCY bucket). Generate one per logical attempt, and send it again on every
          *     retry of that attempt.
          */
         IdempotencyKey: string;
@@ -569,8 +570,8 @@ export interface operations {
                 /**
                  * @description The same key with the same op and path returns the same request_id
                  *     and the request is applied once; the same key with another op or
-                 *     path answers 422. Keys are remembered for ALLOT_IDEMPOTENCY_TTL
-                 *     (24h). Generate one per logical attempt, and send it again on every
+                 *     path answers 422. Keys are remembered for 24h (the TTL of the
+                 *     ALLOT_IDEMPOTENCY bucket). Generate one per logical attempt, and send it again on every
                  *     retry of that attempt.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -644,8 +645,8 @@ export interface operations {
                 /**
                  * @description The same key with the same op and path returns the same request_id
                  *     and the request is applied once; the same key with another op or
-                 *     path answers 422. Keys are remembered for ALLOT_IDEMPOTENCY_TTL
-                 *     (24h). Generate one per logical attempt, and send it again on every
+                 *     path answers 422. Keys are remembered for 24h (the TTL of the
+                 *     ALLOT_IDEMPOTENCY bucket). Generate one per logical attempt, and send it again on every
                  *     retry of that attempt.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -686,8 +687,8 @@ export interface operations {
                 /**
                  * @description The same key with the same op and path returns the same request_id
                  *     and the request is applied once; the same key with another op or
-                 *     path answers 422. Keys are remembered for ALLOT_IDEMPOTENCY_TTL
-                 *     (24h). Generate one per logical attempt, and send it again on every
+                 *     path answers 422. Keys are remembered for 24h (the TTL of the
+                 *     ALLOT_IDEMPOTENCY bucket). Generate one per logical attempt, and send it again on every
                  *     retry of that attempt.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -728,8 +729,8 @@ export interface operations {
                 /**
                  * @description The same key with the same op and path returns the same request_id
                  *     and the request is applied once; the same key with another op or
-                 *     path answers 422. Keys are remembered for ALLOT_IDEMPOTENCY_TTL
-                 *     (24h). Generate one per logical attempt, and send it again on every
+                 *     path answers 422. Keys are remembered for 24h (the TTL of the
+                 *     ALLOT_IDEMPOTENCY bucket). Generate one per logical attempt, and send it again on every
                  *     retry of that attempt.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
@@ -770,8 +771,8 @@ export interface operations {
                 /**
                  * @description The same key with the same op and path returns the same request_id
                  *     and the request is applied once; the same key with another op or
-                 *     path answers 422. Keys are remembered for ALLOT_IDEMPOTENCY_TTL
-                 *     (24h). Generate one per logical attempt, and send it again on every
+                 *     path answers 422. Keys are remembered for 24h (the TTL of the
+                 *     ALLOT_IDEMPOTENCY bucket). Generate one per logical attempt, and send it again on every
                  *     retry of that attempt.
                  */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
