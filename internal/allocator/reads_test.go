@@ -155,11 +155,7 @@ func TestWaitlistBucketsRepairedOnLoad(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	a := e.start(conf(nil), TestHooks{BucketSize: 4})
-	last := e.publish(open(1, 1), "")
-	for u := int64(1); u <= 30; u++ {
-		last = e.publish(req(wire.OpJoin, 1, u), "")
-	}
-	e.waitFence(last)
+	e.line(1, 30)
 	a.Stop()
 	if _, err := e.db.ExecContext(context.Background(), "UPDATE waitlist_bucket SET waiting = waiting + 1 WHERE activity_id = 1 ORDER BY first_seq LIMIT 1"); err != nil {
 		t.Fatal(err)
@@ -183,11 +179,7 @@ func TestCachedPositionsFollowTheLine(t *testing.T) {
 	e := newEnv(t)
 	e.start(conf(nil), TestHooks{BucketSize: 4})
 	ctx := context.Background()
-	last := e.publish(open(1, 1), "")
-	for u := int64(1); u <= 40; u++ {
-		last = e.publish(req(wire.OpJoin, 1, u), "")
-	}
-	e.waitFence(last)
+	last := e.line(1, 40)
 	pos := waitlist.NewPositions(e.db.DB)
 	compareReads(t, e, pos, 0, []int64{1})
 	version := func() int64 { return e.db.Count(t, "SELECT waitlist_version FROM activity WHERE id = 1") }
@@ -238,11 +230,7 @@ func TestCachedPositionsNeverGoBack(t *testing.T) {
 	e := newEnv(t)
 	e.start(conf(nil), TestHooks{BucketSize: 8})
 	ctx := context.Background()
-	last := e.publish(open(1, 1), "")
-	for u := int64(1); u <= 200; u++ {
-		last = e.publish(req(wire.OpJoin, 1, u), "")
-	}
-	e.waitFence(last)
+	last := e.line(1, 200)
 	pos := waitlist.NewPositions(e.db.DB)
 	watched := []int64{100, 150, 199, 200}
 	stop := make(chan struct{})
@@ -297,11 +285,7 @@ func TestCachedPositionsAfterAVersionWrittenLower(t *testing.T) {
 	e := newEnv(t)
 	e.start(conf(nil), TestHooks{BucketSize: 4})
 	ctx := context.Background()
-	last := e.publish(open(1, 1), "")
-	for u := int64(1); u <= 30; u++ {
-		last = e.publish(req(wire.OpJoin, 1, u), "")
-	}
-	e.waitFence(last)
+	e.line(1, 30)
 	e.waitFence(e.publish(req(wire.OpCancel, 1, 10), "")) // the version is 1 or more
 	pos := waitlist.NewPositions(e.db.DB)
 	compareReads(t, e, pos, 0, []int64{1})
@@ -313,4 +297,17 @@ func TestCachedPositionsAfterAVersionWrittenLower(t *testing.T) {
 	}
 	e.waitFence(e.publish(req(wire.OpCancel, 1, 3), "")) // back to the version the cache saw
 	compareReads(t, e, pos, 1, []int64{1})
+}
+
+// line opens activity with one seat, has users 1..n join it (user 1 takes
+// the seat, the rest wait in order) and waits until all are applied. It
+// returns the last join's sequence.
+func (e *env) line(activity, n int64) uint64 {
+	e.t.Helper()
+	last := e.publish(open(activity, 1), "")
+	for u := int64(1); u <= n; u++ {
+		last = e.publish(req(wire.OpJoin, activity, u), "")
+	}
+	e.waitFence(last)
+	return last
 }
