@@ -36,7 +36,7 @@ type Request struct {
 	UserID     int64         // 0 for open
 	Capacity   int64         // open only; ignored by the other ops
 	Hold       time.Duration // open only: the hold of seats taken from now on (0: none)
-	HoldSeq    uint64        // expire only: the seq of the request that created the hold
+	HoldSeq    uint64        // expire only: the place of the request that created the hold
 	// ReceivedAt is when ingest received the request (an expire: when it
 	// fell due). A hold created by the request lasts until ReceivedAt plus
 	// the activity's hold; a confirm received after that is too late.
@@ -49,7 +49,7 @@ type Signup struct {
 	Status   wire.Status
 	QueueSeq uint64
 	// HeldUntil and HoldSeq describe a HELD signup's hold: when it lapses
-	// (whole microseconds, as MySQL keeps it) and the seq of the request
+	// (whole microseconds, as MySQL keeps it) and the place of the request
 	// that created it. Zero for every other status.
 	HeldUntil time.Time
 	HoldSeq   uint64
@@ -103,7 +103,7 @@ type Activity struct {
 	Held int64
 	// Hold is how long a seat taken from now on is held (0: no holds).
 	Hold time.Duration
-	// NextSeq is one past the stream sequence of the last request applied to
+	// NextSeq is one past the place of the last request applied to
 	// this activity. Apply refuses anything below it, which makes a replay
 	// that goes backwards fail loudly instead of deciding twice.
 	NextSeq uint64
@@ -137,8 +137,11 @@ func (m member) heldUntil() time.Time {
 
 func (m member) waiting() bool { return m.slot >= 0 }
 
-// Apply decides req at stream sequence seq against a (nil when the activity
-// was never opened) and mutates a in place. It returns the activity after the
+// Apply decides req at seq against a (nil when the activity was never
+// opened) and mutates a in place. seq is the request's place in the order,
+// its stream sequence and index in its batch packed as one number
+// (wire.Place); the domain only orders by it, so "seq" in this package
+// always means a place. It returns the activity after the
 // request: a new *Activity when an open creates it, a itself otherwise (nil
 // stays nil for a non-open request on a missing activity).
 //

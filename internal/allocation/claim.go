@@ -52,7 +52,8 @@ func Viewed(a *Activity) bool {
 // state covers and, unless it has more than wire.MaxViewHolders seats
 // taken, every holder, so that ViewSeats can decide a claim from it.
 func ViewOf(a *Activity) wire.View {
-	v := wire.View{ActivityID: a.ID, Capacity: a.Capacity, Confirmed: a.Confirmed, Seq: a.NextSeq - 1}
+	v := wire.View{ActivityID: a.ID, Capacity: a.Capacity, Confirmed: a.Confirmed,
+		Seq: wire.SeqOf(a.NextSeq - 1), Index: wire.IndexOf(a.NextSeq - 1)}
 	if a.Confirmed > wire.MaxViewHolders {
 		return v
 	}

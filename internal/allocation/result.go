@@ -12,7 +12,7 @@ import (
 func RequestOf(req wire.Request) Request {
 	r := Request{
 		Op: req.Op, ActivityID: req.ActivityID, UserID: req.UserID,
-		Hold: time.Duration(req.Hold), HoldSeq: req.HoldSeq, ReceivedAt: req.ReceivedAt,
+		Hold: time.Duration(req.Hold), HoldSeq: req.HoldPlace(), ReceivedAt: req.ReceivedAt,
 	}
 	if req.Capacity != nil {
 		r.Capacity = *req.Capacity
@@ -20,7 +20,7 @@ func RequestOf(req wire.Request) Request {
 	return r
 }
 
-// ResultOf turns the decision d on req (at stream sequence seq, leaving the
+// ResultOf turns the decision d on req (at place, wire.Place, leaving the
 // activity as after, applied at the instant at) into the result: the one
 // value the allocator publishes on the result subject and records, a read
 // of the record gives back, the audit expects (its applied_at apart) and
@@ -28,10 +28,11 @@ func RequestOf(req wire.Request) Request {
 // wire.Instant(at), the reason is cut as its column keeps it, and the
 // promoted users are in the field the op names (wire.SinglePromotion).
 // The caller owns the clock: the domain reads none.
-func ResultOf(req wire.Request, seq uint64, d Decision, after *Activity, at time.Time) wire.Result {
+func ResultOf(req wire.Request, place uint64, d Decision, after *Activity, at time.Time) wire.Result {
 	r := wire.Result{
 		RequestID: req.RequestID, State: wire.StateDone, Op: req.Op,
-		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: d.Outcome, Seq: seq,
+		ActivityID: req.ActivityID, UserID: req.UserID, Outcome: d.Outcome,
+		Seq: wire.SeqOf(place), Index: wire.IndexOf(place),
 		AppliedAt: wire.Instant(at),
 	}
 	if d.Status != "" {

@@ -28,7 +28,7 @@ func DecodeRequest(subject string, data []byte) (Request, error) {
 	if req.Op == OpVoid {
 		// A void names no activity; its subject is its partition's carrier,
 		// which bus.CheckRequestSubject checks against the partition count.
-		if req.ActivityID != 0 || req.UserID < 0 || req.Capacity != nil || req.Hold != 0 || req.HoldSeq != 0 || req.IdempotencyKey != "" {
+		if req.ActivityID != 0 || req.UserID < 0 || req.Capacity != nil || req.Hold != 0 || req.HoldSeq != 0 || req.HoldIndex != 0 || req.IdempotencyKey != "" {
 			return req, errors.New("a void carries only request_id, user_id and received_at")
 		}
 		if _, err := strconv.ParseInt(ActivityOfSubject(subject), 10, 64); err != nil {
@@ -58,8 +58,8 @@ func DecodeRequest(subject string, data []byte) (Request, error) {
 			return req, fmt.Errorf("%s needs a positive user_id, got %d", req.Op, req.UserID)
 		}
 	case OpExpire:
-		if req.UserID <= 0 || req.HoldSeq == 0 {
-			return req, fmt.Errorf("expire needs a positive user_id and hold_seq, got %d and %d", req.UserID, req.HoldSeq)
+		if req.UserID <= 0 || req.HoldSeq == 0 || req.HoldSeq >= 1<<(64-IndexBits) || req.HoldIndex < 0 || req.HoldIndex >= MaxBatch {
+			return req, fmt.Errorf("expire needs a positive user_id and a hold's place, got %d and %d#%d", req.UserID, req.HoldSeq, req.HoldIndex)
 		}
 	default:
 		return req, fmt.Errorf("unknown op %q", req.Op)

@@ -22,6 +22,8 @@ func (e Event) AppendJSON(b []byte) []byte {
 	b = appendString(b, e.RequestID)
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendUint(b, e.Seq, 10)
+	b = append(b, `,"index":`...)
+	b = strconv.AppendInt(b, int64(e.Index), 10)
 	b = append(b, `,"at":"`...)
 	b = e.At.AppendFormat(b, time.RFC3339Nano)
 	if e.HeldUntil != nil {

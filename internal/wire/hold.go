@@ -35,9 +35,20 @@ const (
 )
 
 // HoldScheduleSubject is the subject of the schedule of the hold that the
-// request at stream sequence holdSeq gave user on activity.
-func HoldScheduleSubject(activity, user int64, holdSeq uint64) string {
-	return holdSchedulePrefix + strconv.FormatInt(activity, 10) + "." + strconv.FormatInt(user, 10) + "." + strconv.FormatUint(holdSeq, 10)
+// request at place hold (Place) gave user on activity.
+func HoldScheduleSubject(activity, user int64, hold uint64) string {
+	return holdSchedulePrefix + strconv.FormatInt(activity, 10) + "." + strconv.FormatInt(user, 10) + "." + holdToken(hold)
+}
+
+// holdToken names the hold at place hold in a subject and in an expire's
+// id: its stream sequence, with "-index" for a request in a batch, so the
+// holds of single requests keep the names they had before batches.
+func holdToken(hold uint64) string {
+	s := strconv.FormatUint(SeqOf(hold), 10)
+	if i := IndexOf(hold); i > 0 {
+		s += "-" + strconv.Itoa(i)
+	}
+	return s
 }
 
 // HoldDueSubject is the subject an expire for activity is stored on in
@@ -53,21 +64,22 @@ func HoldDue(heldUntil time.Time) time.Time { return heldUntil.Add(HoldGrace) }
 var holdNamespace = uuid.MustParse("0b6c7a52-8e1f-4d3a-b9c2-5f4e3d2a1b07")
 
 // ExpireRequestID is the request_id (and the schedule's Nats-Msg-Id) of the
-// expire of the hold the request at holdSeq gave user on activity: derived,
-// so a schedule published twice (an outbox relayed again after a crash) is
-// one request, applied once.
-func ExpireRequestID(activity, user int64, holdSeq uint64) string {
+// expire of the hold the request at place hold gave user on activity:
+// derived, so a schedule published twice (an outbox relayed again after a
+// crash) is one request, applied once. A user who joins, cancels and joins
+// again inside one batch holds two holds, with two ids.
+func ExpireRequestID(activity, user int64, hold uint64) string {
 	return uuid.NewSHA1(holdNamespace, []byte(strconv.FormatInt(activity, 10)+"/"+
-		strconv.FormatInt(user, 10)+"/"+strconv.FormatUint(holdSeq, 10))).String()
+		strconv.FormatInt(user, 10)+"/"+holdToken(hold))).String()
 }
 
-// ExpireRequest is the expire of the hold the request at holdSeq gave user
-// on activity until heldUntil. Its received_at is the moment it is due, so
-// a replay decides it exactly as the allocator did.
-func ExpireRequest(activity, user int64, holdSeq uint64, heldUntil time.Time) Request {
+// ExpireRequest is the expire of the hold the request at place hold gave
+// user on activity until heldUntil. Its received_at is the moment it is
+// due, so a replay decides it exactly as the allocator did.
+func ExpireRequest(activity, user int64, hold uint64, heldUntil time.Time) Request {
 	return Request{
-		RequestID: ExpireRequestID(activity, user, holdSeq), Op: OpExpire,
-		ActivityID: activity, UserID: user, HoldSeq: holdSeq,
+		RequestID: ExpireRequestID(activity, user, hold), Op: OpExpire,
+		ActivityID: activity, UserID: user, HoldSeq: SeqOf(hold), HoldIndex: IndexOf(hold),
 		ReceivedAt: HoldDue(heldUntil).UTC(),
 	}
 }

@@ -125,12 +125,20 @@ type Request struct {
 	Capacity   *int64 `json:"capacity,omitempty"`
 	// Hold is an open's hold (0: none), a Go duration in JSON.
 	Hold Duration `json:"hold,omitempty"`
-	// HoldSeq names the hold an expire lapses: the stream sequence of the
-	// request that created it.
+	// HoldSeq and HoldIndex name the hold an expire lapses: the place
+	// (stream sequence, index in its batch) of the request that created
+	// it (HoldPlace).
 	HoldSeq        uint64    `json:"hold_seq,omitempty"`
+	HoldIndex      int       `json:"hold_index,omitempty"`
 	IdempotencyKey string    `json:"idempotency_key,omitempty"`
 	ReceivedAt     time.Time `json:"received_at"`
 }
+
+// HoldPlace is the place of the hold an expire names.
+func (r Request) HoldPlace() uint64 { return Place(r.HoldSeq, r.HoldIndex) }
+
+// PlaceOf is the place of the request a result answers.
+func (r Result) PlaceOf() uint64 { return Place(r.Seq, r.Index) }
 
 // Result is a request's final, recorded result: the poll answer when done.
 // It has one shape on the result subject, in MySQL and in an answer (see
@@ -154,7 +162,11 @@ type Result struct {
 	// or the promoted user's) or, for a held user's repeat, of the hold
 	// the user has.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
-	Seq       uint64     `json:"seq"`
+	// Seq and Index are the request's place: the stream sequence of the
+	// message that carried it and its index in that message's batch (0
+	// for a single request).
+	Seq   uint64 `json:"seq"`
+	Index int    `json:"index"`
 	// AppliedAt is an Instant: UTC, whole microseconds.
 	AppliedAt time.Time `json:"applied_at"`
 	// Reason says why a REJECTED request changed nothing (CutReason).
@@ -185,8 +197,10 @@ type Event struct {
 	ActivityID int64     `json:"activity_id"`
 	UserID     int64     `json:"user_id"`
 	RequestID  string    `json:"request_id"`
-	Seq        uint64    `json:"seq"`
-	At         time.Time `json:"at"`
+	// Seq and Index are the place of the request that caused the event.
+	Seq   uint64    `json:"seq"`
+	Index int       `json:"index"`
+	At    time.Time `json:"at"`
 	// HeldUntil is set on held and promoted events of a hold.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
 }
@@ -230,10 +244,13 @@ func ViewKey(activity int64) string { return "a." + strconv.FormatInt(activity, 
 // while nobody waits. An activity with waiters has no view: its waitlist
 // changes with every join, and claims on it are rare.
 type View struct {
-	ActivityID int64  `json:"activity_id"`
-	Capacity   int64  `json:"capacity"`
-	Confirmed  int64  `json:"confirmed"`
-	Seq        uint64 `json:"seq"` // the last stream sequence applied to the activity
+	ActivityID int64 `json:"activity_id"`
+	Capacity   int64 `json:"capacity"`
+	Confirmed  int64 `json:"confirmed"`
+	// Seq and Index are the place of the last request applied to the
+	// activity.
+	Seq   uint64 `json:"seq"`
+	Index int    `json:"index,omitempty"`
 	// Complete: every holder is listed in Holders, and none holds a seat
 	// under a hold.
 	Complete bool    `json:"complete"`

@@ -54,16 +54,16 @@ func TestDecodeRequestHolds(t *testing.T) {
 	if _, err := DecodeRequest("alloc.req.1", []byte(`{"request_id":"`+id+`","op":"open","activity_id":1,"capacity":3,"hold":"soon"}`)); err == nil {
 		t.Fatal("an unparsable hold was accepted")
 	}
-	e := ExpireRequest(1, 7, 42, time.Unix(100, 0))
+	e := ExpireRequest(1, 7, Place(42, 0), time.Unix(100, 0))
 	b, err := json.Marshal(e)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := DecodeRequest("alloc.req.1", b)
-	if err != nil || got.Op != OpExpire || got.HoldSeq != 42 || got.UserID != 7 || got.RequestID != ExpireRequestID(1, 7, 42) {
+	if err != nil || got.Op != OpExpire || got.HoldSeq != 42 || got.HoldIndex != 0 || got.UserID != 7 || got.RequestID != ExpireRequestID(1, 7, Place(42, 0)) {
 		t.Fatalf("expire round trip: %+v, %v", got, err)
 	}
-	if ExpireRequestID(1, 7, 42) == ExpireRequestID(1, 7, 43) {
+	if ExpireRequestID(1, 7, Place(42, 0)) == ExpireRequestID(1, 7, Place(43, 0)) || ExpireRequestID(1, 7, Place(42, 0)) == ExpireRequestID(1, 7, Place(42, 1)) {
 		t.Fatal("two holds share an expire id")
 	}
 	if _, err := DecodeRequest("alloc.req.1", []byte(`{"request_id":"`+id+`","op":"expire","activity_id":1,"user_id":7}`)); err == nil {
