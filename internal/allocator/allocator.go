@@ -23,6 +23,7 @@ import (
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator/checkpoints"
 	"github.com/allot-dev/allot/internal/allocator/postcommit"
+	"github.com/allot-dev/allot/internal/allocator/rows"
 	"github.com/allot-dev/allot/internal/allocator/viewpub"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/lifecycle"
@@ -181,7 +182,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 func (a *Allocator) viewDeps(kv jetstream.KeyValue) viewpub.Deps {
 	return viewpub.Deps{NATS: a.deps.NATS, KV: kv, DB: a.deps.DB, Log: a.deps.Log, Metrics: a.m.views,
 		Partition: a.deps.Partition, Partitions: a.cfg.Partitions, ClearTTL: a.deps.Test.ViewClearTTL,
-		Track: 4 * a.cfg.Cache, Restore: activityOf, Between: a.deps.Test.ViewSnapshot}
+		Track: 4 * a.cfg.Cache, Restore: rows.Activity, Between: a.deps.Test.ViewSnapshot}
 }
 
 // launch runs the allocator's parts on one lifecycle until Stop, or

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator/rows"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/store/waitlist"
@@ -193,14 +194,14 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		a.keepWaitlist(ctx, d.locked.waits, after, r.req.UserID, wasWaiting, dec.Changed)
 	}
 	for _, s := range dec.Changed {
-		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = signupRow(r.req.ActivityID, s)
+		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = rows.SignupRow(r.req.ActivityID, s)
 	}
 	res := allocation.ResultOf(r.req, r.seq, dec, after, d.now)
 	a.traceDecision(ctx, r.item, res, len(dec.Events))
 	d.out.results = append(d.out.results, res)
 	a.m.decisions.WithLabelValues(string(r.req.Op), string(dec.Outcome)).Inc()
 	a.m.acceptToApply.Observe(d.now.Sub(r.req.ReceivedAt).Seconds())
-	d.results = append(d.results, resultRow(res, a.deps.Partition, dec.Events))
+	d.results = append(d.results, rows.ResultRow(res, a.deps.Partition, dec.Events))
 	d.out.events += len(dec.Events)
 }
 
@@ -226,7 +227,7 @@ func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	actRows := make([]store.ActivityRow, 0, len(d.touched))
 	for _, id := range d.locked.ids {
 		if act := d.locked.acts[id]; act != nil && d.touched[id] {
-			actRows = append(actRows, activityRow(act))
+			actRows = append(actRows, rows.ActivityRow(act))
 			a.loop.cache.Add(id, act)
 			if d.changed[id] {
 				d.out.changed = append(d.out.changed, act)
@@ -286,13 +287,13 @@ func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string,
 
 // activity returns the live state of activity id under its row lock: the
 // cached one when it matches the row, else one loaded from MySQL.
-func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map[int64]store.ActivityRow) (*allocation.Activity, error) {
-	row, ok := rows[id]
+func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, locked map[int64]store.ActivityRow) (*allocation.Activity, error) {
+	row, ok := locked[id]
 	if !ok {
 		a.loop.cache.Remove(id)
 		return nil, nil
 	}
-	if c, _ := a.loop.cache.Get(id); c != nil && matchesRow(c, row) {
+	if c, _ := a.loop.cache.Get(id); c != nil && rows.Matches(c, row) {
 		a.m.cache.hits.Inc()
 		return c, nil
 	}
@@ -302,7 +303,7 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	if err != nil {
 		return nil, err
 	}
-	act, err := activityOf(row, live)
+	act, err := rows.Activity(row, live)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +324,7 @@ func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Ac
 	if err != nil {
 		return nil, err
 	}
-	if seqs := waiterSeqs(act); !w.Fits(seqs) {
+	if seqs := rows.WaiterSeqs(act); !w.Fits(seqs) {
 		a.deps.Log.WarnContext(ctx, "waitlist buckets do not match the signups; rebuilding them", slog.Int64("activity_id", act.ID))
 		w = waitlist.Build(seqs, a.deps.Test.BucketSize)
 	}
@@ -354,7 +355,7 @@ func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*waitlist.
 		}
 		if err != nil {
 			a.deps.Log.ErrorContext(ctx, "waitlist buckets out of step; rebuilding them", slog.Int64("activity_id", after.ID), slog.Any("err", err))
-			w = waitlist.Build(waiterSeqs(after), a.deps.Test.BucketSize)
+			w = waitlist.Build(rows.WaiterSeqs(after), a.deps.Test.BucketSize)
 			waits[after.ID] = w
 			a.loop.waits.Add(after.ID, w)
 			return
