@@ -18,8 +18,7 @@ func (a *Allocator) decideEach(ctx context.Context, tx *sql.Tx, d *decision) err
 	if err := store.InsertRejected(ctx, tx, d.rejected, d.now); err != nil { // refused as they were read
 		return err
 	}
-	changed := map[int64]bool{}
-	rolledBack := false
+	var changed []*allocation.Activity
 	for _, r := range d.reqs {
 		if _, err := tx.ExecContext(ctx, "SAVEPOINT allot_request"); err != nil {
 			return fmt.Errorf("savepoint: %w", err)
@@ -31,10 +30,12 @@ func (a *Allocator) decideEach(ctx context.Context, tx *sql.Tx, d *decision) err
 			if _, rerr := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT allot_request"); rerr != nil {
 				return fmt.Errorf("rollback to savepoint: %w", rerr)
 			}
-			// The cached states hold the rolled-back decision: reload.
+			// The cached states hold the rolled-back decision (the domain
+			// decides in place, the states in changed too): reload them,
+			// and let a rebuild publish the views.
 			a.loop.cache.Purge()
 			a.loop.waits.Purge()
-			rolledBack = true
+			changed, a.loop.viewsStale = nil, true
 			row := store.RejectedRow{Seq: r.seq, Index: r.index, Subject: r.subject, Reason: "cannot be applied: " + err.Error(), Request: r.req}
 			if err := store.InsertRejected(ctx, tx, []store.RejectedRow{row}, d.now); err != nil {
 				return err
@@ -48,38 +49,10 @@ func (a *Allocator) decideEach(ctx context.Context, tx *sql.Tx, d *decision) err
 		d.out.results = append(d.out.results, one.out.results...)
 		d.out.events += one.out.events
 		d.out.refused += one.out.refused
-		for _, act := range one.out.changed {
-			changed[act.ID] = true
+		if !a.loop.viewsStale {
+			changed = append(changed, one.out.changed...)
 		}
 	}
-	return a.reloadChanged(ctx, tx, d, changed, rolledBack)
-}
-
-// reloadChanged sets the activities d changed, as they now are in the
-// transaction: read again when a rollback to a savepoint may have left
-// the states in hand ahead of MySQL (the domain decides in place).
-func (a *Allocator) reloadChanged(ctx context.Context, tx *sql.Tx, d *decision, changed map[int64]bool, reload bool) error {
-	ids := make([]int64, 0, len(changed))
-	for id := range changed {
-		ids = append(ids, id)
-	}
-	if reload {
-		a.loop.cache.Purge()
-		a.loop.waits.Purge()
-	}
-	locked, err := store.LockActivities(ctx, tx, ids)
-	if err != nil {
-		return err
-	}
-	d.out.changed = make([]*allocation.Activity, 0, len(ids))
-	for _, id := range ids {
-		act, err := a.activity(ctx, tx, id, locked)
-		if err != nil {
-			return err
-		}
-		if act != nil {
-			d.out.changed = append(d.out.changed, act)
-		}
-	}
+	d.out.changed = changed
 	return nil
 }
