@@ -377,3 +377,26 @@ func TestMalformedBatchRefusedWhole(t *testing.T) {
 	}
 	e.db.CheckInvariants(t)
 }
+
+// TestTransactionBoundCountsRequests: BatchSize bounds the requests of one
+// transaction, not its messages: whole messages until the requests reach
+// it. (A transaction's results share its one clock reading.)
+func TestTransactionBoundCountsRequests(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.publish(open(1, 100), "")
+	var last uint64
+	for b := range int64(3) {
+		last = e.publishBatch([]wire.Request{req(wire.OpJoin, 1, 3*b+1), req(wire.OpJoin, 1, 3*b+2), req(wire.OpJoin, 1, 3*b+3)}, "")
+	}
+	e.start(conf(func(k *Config) { k.BatchSize = 4; k.BatchWait = 200 * time.Millisecond }), TestHooks{})
+	e.waitFence(last)
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 10 {
+		t.Fatalf("%d results, want 10", n)
+	}
+	// The open and a batch (4 requests), then two batches (6): never all 10.
+	if n := e.db.Count(t, "SELECT MAX(n) FROM (SELECT COUNT(*) AS n FROM processed_request GROUP BY applied_at) x"); n > 6 {
+		t.Fatalf("one transaction applied %d requests, over the bound of 4 by more than a message", n)
+	}
+	e.db.CheckInvariants(t)
+}
