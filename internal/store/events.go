@@ -32,11 +32,6 @@ type RelayCursor struct {
 	Piece int
 }
 
-// After reports whether the place (seq, index) is after c's.
-func (c RelayCursor) After(seq uint64, index int) bool {
-	return seq > c.Seq || seq == c.Seq && index > c.Index
-}
-
 // EnsureRelay creates the relay cursor of partition p if it is missing.
 func EnsureRelay(ctx context.Context, q DBTX, p int) error {
 	if _, err := q.ExecContext(ctx, "INSERT INTO event_relay (partition_id, last_seq) VALUES (?, 0) "+
