@@ -260,8 +260,8 @@ func (a *Allocator) contiguous(fence uint64, work []item) bool {
 }
 
 // walk reads this partition's messages after fence from the stream itself,
-// in order, whole messages up to one batch's requests, using the delivered copy of any message in
-// work. It returns what to apply next and how many messages it read that no
+// in order, whole messages up to one batch's requests (BatchSize), using
+// the delivered copy of any message in work. It returns what to apply next and how many messages it read that no
 // delivery brought (a crashed allocator's, or dropped on the way).
 func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item, int, error) {
 	delivered := make(map[uint64]item, len(work))
