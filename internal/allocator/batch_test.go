@@ -291,13 +291,18 @@ func TestRequestInTwoMessagesAppliedOnce(t *testing.T) {
 // TestTwoHoldsOfOneUserInABatch: join, cancel, join of one user in one batch
 // on an activity with holds gives two holds at two places, whose expires
 // have two ids; the relay schedules both, the dead hold's expire finds no
-// hold and the live one's lapses it.
+// hold and the live one's lapses it. A user promoted by a cancel inside a
+// batch holds the hold at the cancel's place, and its expire lapses it.
 func TestTwoHoldsOfOneUserInABatch(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	const act, user = 7, 1
 	const hold = time.Second
+	const other = 8 // the promotion's activity
 	e.publish(openHold(act, 1, hold), "")
+	e.publish(openHold(other, 1, hold), "")
+	e.publish(req(wire.OpJoin, other, 1), "")
+	promoting := e.publishBatch([]wire.Request{req(wire.OpJoin, other, 2), req(wire.OpCancel, other, 1)}, "")
 	reqs := []wire.Request{req(wire.OpJoin, act, user), req(wire.OpCancel, act, user), req(wire.OpJoin, act, user)}
 	seq := e.publishBatch(reqs, "")
 	e.start(conf(nil), TestHooks{})
@@ -326,6 +331,10 @@ func TestTwoHoldsOfOneUserInABatch(t *testing.T) {
 	s, ok, err := store.GetActivity(context.Background(), e.db, act)
 	if err != nil || !ok || s.Held != 0 || s.Confirmed != 0 {
 		t.Fatalf("after the hold lapsed: %+v %v %v", s, ok, err)
+	}
+	promotedID := wire.ExpireRequestID(other, 2, wire.Place(promoting, 1))
+	if r := e.waitResult(promotedID, 30*time.Second); r.Outcome != wire.OutcomeExpired || r.UserID != 2 {
+		t.Fatalf("the promoted user's expire (hold at %d#1): %+v", promoting, r)
 	}
 	e.db.CheckInvariants(t)
 }
