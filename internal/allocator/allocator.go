@@ -16,13 +16,14 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/allocator/checkpoints"
 	"github.com/allot-dev/allot/internal/allocator/postcommit"
+	"github.com/allot-dev/allot/internal/allocator/pull"
+	"github.com/allot-dev/allot/internal/allocator/rows"
 	"github.com/allot-dev/allot/internal/allocator/viewpub"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/lifecycle"
@@ -181,7 +182,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 func (a *Allocator) viewDeps(kv jetstream.KeyValue) viewpub.Deps {
 	return viewpub.Deps{NATS: a.deps.NATS, KV: kv, DB: a.deps.DB, Log: a.deps.Log, Metrics: a.m.views,
 		Partition: a.deps.Partition, Partitions: a.cfg.Partitions, ClearTTL: a.deps.Test.ViewClearTTL,
-		Track: 4 * a.cfg.Cache, Restore: activityOf, Between: a.deps.Test.ViewSnapshot}
+		Track: 4 * a.cfg.Cache, Restore: rows.Activity, Between: a.deps.Test.ViewSnapshot}
 }
 
 // launch runs the allocator's parts on one lifecycle until Stop, or
@@ -272,11 +273,11 @@ func (a *Allocator) setErr(err error) {
 
 // run is the apply loop: collect a batch, apply it, repeat.
 func (a *Allocator) run(ctx context.Context) error {
-	var p puller
-	stopWatch := context.AfterFunc(ctx, p.stop)
+	var p pull.Puller
+	stopWatch := context.AfterFunc(ctx, p.Stop)
 	defer stopWatch()
 	defer func() {
-		p.stop()
+		p.Stop()
 		a.handOver(context.WithoutCancel(ctx))
 	}()
 	for ctx.Err() == nil {
@@ -284,7 +285,7 @@ func (a *Allocator) run(ctx context.Context) error {
 			a.standBy(ctx, &p)
 			continue
 		}
-		it := p.current()
+		it := p.Current()
 		if it == nil {
 			var err error
 			it, err = a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
@@ -293,17 +294,17 @@ func (a *Allocator) run(ctx context.Context) error {
 				time.Sleep(250 * time.Millisecond)
 				continue
 			}
-			p.set(it)
+			p.Set(it)
 			a.loop.viewsStale = true
 			if ctx.Err() != nil {
 				break
 			}
 		}
-		msgs, err := a.collect(it)
+		msgs, err := pull.Collect(it, a.deps.Test.idleCheck(), a.cfg.BatchWait, a.cfg.BatchSize)
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 			// Stopped (shutdown, a handover) or its connection closed: a
 			// new one is made on the next round.
-			p.forget(it)
+			p.Forget(it)
 			if len(msgs) == 0 {
 				if ctx.Err() == nil {
 					time.Sleep(100 * time.Millisecond)
@@ -323,7 +324,7 @@ func (a *Allocator) run(ctx context.Context) error {
 		if err := a.handleUntilDone(ctx, msgs); errors.Is(err, errGaveUp) {
 			// Hand the partition over at once, and the batch in hand with
 			// it: redelivered now to the next owner, not after AckWait.
-			p.stop()
+			p.Stop()
 			a.handOver(ctx)
 			for _, m := range msgs {
 				m.Nak() //nolint:errcheck // unacknowledged anyway: redelivered after AckWait
@@ -335,49 +336,12 @@ func (a *Allocator) run(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// puller is the apply loop's pull on the consumer; its stop may come from
-// another goroutine (ctx's end).
-type puller struct {
-	mu   sync.Mutex
-	iter jetstream.MessagesContext
-}
-
-func (p *puller) current() jetstream.MessagesContext {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.iter
-}
-
-func (p *puller) set(it jetstream.MessagesContext) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.iter = it
-}
-
-// forget drops it, closed, unless another pull replaced it.
-func (p *puller) forget(it jetstream.MessagesContext) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.iter == it {
-		p.iter = nil
-	}
-}
-
-func (p *puller) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.iter != nil {
-		p.iter.Stop()
-		p.iter = nil
-	}
-}
-
 // standBy is a round of an allocator that another live one outranks on
 // its partition: it stops pulling and hands the pin over rather than wait
 // it out, waits a little, and probes MySQL if it gave the partition up.
-func (a *Allocator) standBy(ctx context.Context, p *puller) {
-	if p.current() != nil {
-		p.stop()
+func (a *Allocator) standBy(ctx context.Context, p *pull.Puller) {
+	if p.Current() != nil {
+		p.Stop()
 		a.handOver(ctx)
 		if a.pub != nil {
 			a.pub.Forget() // the next owner rebuilds them
@@ -511,34 +475,4 @@ func (a *Allocator) holdsPartition(ctx context.Context) bool {
 		}
 	}
 	return true
-}
-
-// collect returns the next batch: it waits up to IdleCheck for a first
-// message, then up to BatchWait more for the rest.
-func (a *Allocator) collect(iter jetstream.MessagesContext) ([]jetstream.Msg, error) {
-	first, err := iter.Next(jetstream.NextMaxWait(a.deps.Test.idleCheck()))
-	if err != nil {
-		if errors.Is(err, nats.ErrTimeout) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	msgs := make([]jetstream.Msg, 1, a.cfg.BatchSize)
-	msgs[0] = first
-	deadline := time.Now().Add(a.cfg.BatchWait)
-	for len(msgs) < a.cfg.BatchSize {
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			break
-		}
-		m, err := iter.Next(jetstream.NextMaxWait(wait))
-		if err != nil {
-			if errors.Is(err, nats.ErrTimeout) {
-				break
-			}
-			return msgs, err
-		}
-		msgs = append(msgs, m)
-	}
-	return msgs, nil
 }

@@ -13,17 +13,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/allocator/messages"
 	"github.com/allot-dev/allot/internal/allocator/spans"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// item is one stored request: delivered by the consumer (msg set) or read
-// straight from the stream to fill a gap (msg nil).
+// item is one stored message (one request, or a batch of them): delivered
+// by the consumer (msg set) or read straight from the stream to fill a gap
+// (msg nil).
 type item struct {
 	seq     uint64
 	subject string
+	batch   string // its wire.BatchHeader: "" for a single request
 	data    []byte
 	msg     jetstream.Msg
 	// dseq is the consumer's delivery sequence and delivered the number of
@@ -35,10 +38,11 @@ type item struct {
 type outcome struct {
 	fence    uint64 // the partition's fence after the commit
 	results  []wire.Result
-	rejected map[uint64]string // seq → reason
+	rejected map[uint64]string // seq → reason, of the messages refused whole
+	refused  int               // requests (and messages) refused
 	events   int
 	changed  []*allocation.Activity // activities whose state the commit changed
-	last     uint64                 // the last stream sequence the commit covered; 0 when it covered none
+	last     uint64                 // the last message (stream sequence) the commit covered; 0 when it covered none
 	tried    uint64                 // a single transaction's message (txMode.single), even when it failed
 }
 
@@ -55,7 +59,7 @@ func (a *Allocator) handle(ctx context.Context, msgs []jetstream.Msg) error {
 			a.deps.Log.ErrorContext(ctx, "message without metadata", slog.Any("err", err))
 			continue
 		}
-		items = append(items, item{seq: md.Sequence.Stream, subject: m.Subject(), data: m.Data(), msg: m,
+		items = append(items, item{seq: md.Sequence.Stream, subject: m.Subject(), batch: m.Headers().Get(wire.BatchHeader), data: m.Data(), msg: m,
 			dseq: md.Sequence.Consumer, delivered: md.NumDelivered})
 	}
 	slices.SortFunc(items, func(x, y item) int { return cmp.Compare(x.seq, y.seq) })
@@ -222,6 +226,8 @@ func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item, mode 
 	if mode.single && len(work) > 1 {
 		work = work[:1]
 	}
+	// The bound counts requests: whole messages until it is reached.
+	work = work[:messages.Take(len(work), a.cfg.BatchSize, func(i int) int { return messages.Count(work[i].batch) })]
 	if mode.single && len(work) == 1 {
 		out.tried = work[0].seq
 	}
@@ -254,8 +260,8 @@ func (a *Allocator) contiguous(fence uint64, work []item) bool {
 }
 
 // walk reads this partition's messages after fence from the stream itself,
-// in order, at most one batch, using the delivered copy of any message in
-// work. It returns what to apply next and how many messages it read that no
+// in order, whole messages up to one batch's requests (BatchSize), using
+// the delivered copy of any message in work. It returns what to apply next and how many messages it read that no
 // delivery brought (a crashed allocator's, or dropped on the way).
 func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item, int, error) {
 	delivered := make(map[uint64]item, len(work))
@@ -265,16 +271,18 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 	var (
 		out    []item
 		filled int
+		reqs   int
 		last   uint64
 	)
 	if len(work) > 0 {
 		last = work[len(work)-1].seq
 	}
 	filter := bus.PartitionFilter(a.deps.Partition, a.cfg.Partitions)
-	for next := fence + 1; len(out) < a.cfg.BatchSize && (len(work) == 0 || next <= last); {
+	for next := fence + 1; reqs < a.cfg.BatchSize && (len(work) == 0 || next <= last); {
 		if it, ok := delivered[next]; ok && a.cfg.Partitions <= 1 {
 			// One partition: the stream holds nothing else, no lookup needed.
 			out = append(out, it)
+			reqs += messages.Count(it.batch)
 			next++
 			continue
 		}
@@ -285,12 +293,13 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 		if err != nil {
 			return nil, 0, fmt.Errorf("%w: read stream after %d: %w", bus.ErrUnavailable, next-1, err)
 		}
-		if it, ok := delivered[raw.Sequence]; ok {
-			out = append(out, it)
-		} else {
-			out = append(out, item{seq: raw.Sequence, subject: raw.Subject, data: raw.Data})
+		it, ok := delivered[raw.Sequence]
+		if !ok {
+			it = item{seq: raw.Sequence, subject: raw.Subject, batch: raw.Header.Get(wire.BatchHeader), data: raw.Data}
 			filled++
 		}
+		out = append(out, it)
+		reqs += messages.Count(it.batch)
 		next = raw.Sequence + 1
 	}
 	return out, filled, nil
@@ -325,12 +334,13 @@ func (a *Allocator) noteCommitted(items []item, out outcome) {
 }
 
 // reject records the message at stream sequence seq, the one a
-// transaction of its own just failed on, as rejected for cause, and moves
-// the fence onto it, in a transaction of its own. It checks under the
-// fence's lock that seq is still the partition's next message: if another
-// allocator applied it meanwhile, nothing is rejected (rejected false) and
-// the caller applies again, so a valid request is never rejected for an
-// earlier transaction's cause.
+// transaction of its own just failed on, as rejected for cause (each of a
+// batch's requests at its place), and moves the fence onto it, in a
+// transaction of its own. It checks under the fence's lock that seq is
+// still the partition's next message: if another allocator applied it
+// meanwhile, nothing is rejected (rejected false) and the caller applies
+// again, so a valid request is never rejected for an earlier
+// transaction's cause.
 func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause error) (outcome, bool, error) {
 	var (
 		out      outcome
@@ -359,12 +369,21 @@ func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause 
 		}
 		next := work[0]
 		now := wire.Instant(time.Now())
-		req, _ := wire.DecodeRequest(next.subject, next.data) // what can be read of it names the rejection
 		reason := "cannot be applied: " + cause.Error()
-		if err := store.InsertRejected(ctx, tx, []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason, Request: req}}, now); err != nil {
+		// What can be read of it names the rejections.
+		rows := []store.RejectedRow{{Seq: next.seq, Subject: next.subject, Reason: reason}}
+		if reqs, err := messages.Expand(next.seq, next.subject, next.batch, next.data, a.cfg.Partitions); err == nil {
+			rows = rows[:0]
+			for _, r := range reqs {
+				rows = append(rows, store.RejectedRow{Seq: next.seq, Index: r.Index, Subject: next.subject, Reason: reason, Request: r.Req})
+			}
+		}
+		if err := store.InsertRejected(ctx, tx, rows, now); err != nil {
 			return err
 		}
-		out.reject(next.seq, req, reason, now)
+		for _, r := range rows {
+			out.reject(r, true, now)
+		}
 		out.fence, out.last = next.seq, next.seq
 		rejected = true
 		return store.SetPartition(ctx, tx, a.deps.Partition, out.fence)
@@ -372,12 +391,16 @@ func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause 
 	return out, rejected, err
 }
 
-// reject notes that the message at seq was refused for reason, and, when
-// it names a request that rejected_message records (so that a poll finds
-// it), the REJECTED result its waiting client is told, as a poll reads it.
-func (o *outcome) reject(seq uint64, req wire.Request, reason string, at time.Time) {
-	o.rejected[seq] = reason
-	if res, ok := store.RefusedResult(store.RejectedRow{Seq: seq, Reason: reason, Request: req}, at); ok {
+// reject notes that the request at r's place was refused (whole: its
+// message is refused as a whole, and terminated), and, when r names a
+// request that rejected_message records (so that a poll finds it), the
+// REJECTED result its waiting client is told, as a poll reads it.
+func (o *outcome) reject(r store.RejectedRow, whole bool, at time.Time) {
+	o.refused++
+	if whole {
+		o.rejected[r.Seq] = r.Reason
+	}
+	if res, ok := store.RefusedResult(r, at); ok {
 		o.results = append(o.results, res)
 	}
 }

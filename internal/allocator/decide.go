@@ -10,16 +10,19 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/allocation"
-	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/allocator/messages"
+	"github.com/allot-dev/allot/internal/allocator/rows"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/store/waitlist"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// valid is a decoded request at its place in the stream.
+// valid is a decoded request of a message at its place in the stream.
 type valid struct {
 	item
-	req wire.Request
+	index int
+	place uint64 // wire.Place(seq, index)
+	req   wire.Request
 }
 
 // decision is one transaction's decisions in the making: decide's steps
@@ -27,12 +30,13 @@ type valid struct {
 type decision struct {
 	now      time.Time
 	out      outcome
-	reqs     []valid             // decoded, in stream order
+	reqs     []valid             // decoded, in place order
 	rejected []store.RejectedRow // refused: undecodable, or by the domain
 	// done holds the request ids already applied (or applied by this
 	// batch): a repeat is skipped.
-	done map[string]bool
-	// refusedAt maps a void's target to the first sequence it was refused
+	done    map[string]bool
+	repeats []string // the ids of the requests skipped as repeats, in order
+	// refusedAt maps a void's target to the first place it was refused
 	// at (nil: the batch holds no void).
 	refusedAt map[string]uint64
 	locked    lockedActivities
@@ -58,17 +62,12 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	// keeps it.
 	d := &decision{now: wire.Instant(time.Now()), out: out}
 	a.decode(d, work)
-	if err := a.findRepeats(ctx, tx, d, mode); err != nil {
-		return d.out, err
-	}
-	if err := a.lockActivities(ctx, tx, d); err != nil {
-		return d.out, err
-	}
-	d.out.results = slices.Grow(d.out.results, len(d.reqs))
-	for _, r := range d.reqs {
-		a.decideOne(ctx, d, r)
-	}
-	if err := a.write(ctx, tx, d); err != nil {
+	if mode.single && len(work) == 1 && work[0].batch != "" {
+		// Isolating a batch: its requests one at a time (isolate.go).
+		if err := a.decideEach(ctx, tx, d); err != nil {
+			return d.out, err
+		}
+	} else if err := a.decideAll(ctx, tx, d, mode); err != nil {
 		return d.out, err
 	}
 	d.out.fence = work[len(work)-1].seq
@@ -76,22 +75,72 @@ func (a *Allocator) decide(ctx context.Context, tx *sql.Tx, work []item, out out
 	return d.out, store.SetPartition(ctx, tx, a.deps.Partition, d.out.fence)
 }
 
-// decode reads each message of work as a request; one that cannot be read
-// (or is on the wrong subject) is refused.
+// decideAll decides d's requests (decoded) in one go: skip repeats, lock
+// and load the activities, decide each request, write.
+func (a *Allocator) decideAll(ctx context.Context, tx *sql.Tx, d *decision, mode txMode) error {
+	if err := a.findRepeats(ctx, tx, d, mode); err != nil {
+		return err
+	}
+	if err := a.lockActivities(ctx, tx, d); err != nil {
+		return err
+	}
+	d.out.results = slices.Grow(d.out.results, len(d.reqs))
+	for _, r := range d.reqs {
+		a.decideOne(ctx, d, r)
+	}
+	if err := a.write(ctx, tx, d); err != nil {
+		return err
+	}
+	return a.answerRepeats(ctx, tx, d)
+}
+
+// answerRepeats tells the clients of d's repeats (a request id applied
+// before, by an earlier message or earlier in this one) the first
+// application's recorded result, as MySQL holds it.
+func (a *Allocator) answerRepeats(ctx context.Context, tx *sql.Tx, d *decision) error {
+	if len(d.repeats) == 0 {
+		return nil
+	}
+	first, err := store.GetResults(ctx, tx, d.repeats)
+	if err != nil {
+		return err
+	}
+	for _, id := range d.repeats {
+		if res, ok := first[id]; ok {
+			d.out.results = append(d.out.results, res)
+		}
+	}
+	return nil
+}
+
+// decode expands each message of work into its requests at their places
+// (messages.Expand). A message malformed as a whole is refused at (seq,
+// 0), nothing in it applied; a request that cannot be read (or is on the
+// wrong subject) is refused alone at its place.
 func (a *Allocator) decode(d *decision, work []item) {
 	d.reqs = make([]valid, 0, len(work))
 	for _, it := range work {
-		req, err := wire.DecodeRequest(it.subject, it.data)
-		if err == nil {
-			err = bus.CheckRequestSubject(it.subject, req, a.cfg.Partitions)
-		}
+		reqs, err := messages.Expand(it.seq, it.subject, it.batch, it.data, a.cfg.Partitions)
 		if err != nil {
-			d.rejected = append(d.rejected, store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error(), Request: req})
-			d.out.reject(it.seq, req, err.Error(), d.now)
+			d.refuse(store.RejectedRow{Seq: it.seq, Subject: it.subject, Reason: err.Error()}, true)
 			continue
 		}
-		d.reqs = append(d.reqs, valid{it, req})
+		for _, r := range reqs {
+			if r.Err != nil {
+				d.refuse(store.RejectedRow{Seq: it.seq, Index: r.Index, Subject: it.subject, Reason: r.Err.Error(), Request: r.Req}, it.batch == "")
+				continue
+			}
+			d.reqs = append(d.reqs, valid{item: it, index: r.Index, place: r.Place, req: r.Req})
+		}
 	}
+}
+
+// refuse records the refusal row; whole says it refuses its message as a
+// whole (a single request's, or a malformed message), which is then
+// terminated rather than acknowledged.
+func (d *decision) refuse(row store.RejectedRow, whole bool) {
+	d.rejected = append(d.rejected, row)
+	d.out.reject(row, whole, d.now)
 }
 
 // findRepeats looks up the requests that already have their answer.
@@ -154,9 +203,10 @@ func (a *Allocator) lockActivities(ctx context.Context, tx *sql.Tx, d *decision)
 	return nil
 }
 
-// decideOne decides request r, in stream order, on the states so far.
+// decideOne decides request r, in place order, on the states so far.
 func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 	if d.done[r.req.RequestID] {
+		d.repeats = append(d.repeats, r.req.RequestID)
 		return
 	}
 	if r.req.Op == wire.OpVoid {
@@ -168,13 +218,12 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 	if s, ok := act.Lookup(r.req.UserID); ok && s.Status == wire.StatusWaiting {
 		wasWaiting = s.QueueSeq
 	}
-	after, dec, err := allocation.Apply(act, allocation.RequestOf(r.req), r.seq)
+	after, dec, err := allocation.Apply(act, allocation.RequestOf(r.req), r.place)
 	if err != nil {
 		if _, ok := d.refusedAt[r.req.RequestID]; !ok && d.refusedAt != nil {
-			d.refusedAt[r.req.RequestID] = r.seq
+			d.refusedAt[r.req.RequestID] = r.place
 		}
-		d.rejected = append(d.rejected, store.RejectedRow{Seq: r.seq, Subject: r.subject, Reason: err.Error(), Request: r.req})
-		d.out.reject(r.seq, r.req, err.Error(), d.now)
+		d.refuse(store.RejectedRow{Seq: r.seq, Index: r.index, Subject: r.subject, Reason: err.Error(), Request: r.req}, r.batch == "")
 		return
 	}
 	d.done[r.req.RequestID] = true // a repeat later in this batch is skipped too
@@ -193,27 +242,27 @@ func (a *Allocator) decideOne(ctx context.Context, d *decision, r valid) {
 		a.keepWaitlist(ctx, d.locked.waits, after, r.req.UserID, wasWaiting, dec.Changed)
 	}
 	for _, s := range dec.Changed {
-		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = signupRow(r.req.ActivityID, s)
+		d.signups[[2]int64{r.req.ActivityID, s.UserID}] = rows.SignupRow(r.req.ActivityID, s)
 	}
-	res := allocation.ResultOf(r.req, r.seq, dec, after, d.now)
+	res := allocation.ResultOf(r.req, r.place, dec, after, d.now)
 	a.traceDecision(ctx, r.item, res, len(dec.Events))
 	d.out.results = append(d.out.results, res)
 	a.m.decisions.WithLabelValues(string(r.req.Op), string(dec.Outcome)).Inc()
 	a.m.acceptToApply.Observe(d.now.Sub(r.req.ReceivedAt).Seconds())
-	d.results = append(d.results, resultRow(res, a.deps.Partition, dec.Events))
+	d.results = append(d.results, rows.ResultRow(res, a.deps.Partition, dec.Events))
 	d.out.events += len(dec.Events)
 }
 
 // decideVoid decides a void, unless the id it voids was refused before it.
 func (a *Allocator) decideVoid(d *decision, r valid) {
-	if at, ok := d.refusedAt[r.req.RequestID]; ok && at < r.seq {
+	if at, ok := d.refusedAt[r.req.RequestID]; ok && at < r.place {
 		return
 	}
 	// The id has no result before this void in the partition's order (a
 	// repeat was skipped): it was never stored, and a copy stored later
 	// is a repeat of this result.
 	d.done[r.req.RequestID] = true
-	res := allocation.VoidResult(r.req, r.seq, d.now)
+	res := allocation.VoidResult(r.req, r.seq, d.now) // a void is a single message: its place is (seq, 0)
 	d.out.results = append(d.out.results, res)
 	a.m.decisions.WithLabelValues(string(r.req.Op), string(res.Outcome)).Inc()
 	d.results = append(d.results, store.ResultRow{Result: res, Partition: a.deps.Partition})
@@ -226,7 +275,7 @@ func (a *Allocator) write(ctx context.Context, tx *sql.Tx, d *decision) error {
 	actRows := make([]store.ActivityRow, 0, len(d.touched))
 	for _, id := range d.locked.ids {
 		if act := d.locked.acts[id]; act != nil && d.touched[id] {
-			actRows = append(actRows, activityRow(act))
+			actRows = append(actRows, rows.ActivityRow(act))
 			a.loop.cache.Add(id, act)
 			if d.changed[id] {
 				d.out.changed = append(d.out.changed, act)
@@ -267,7 +316,7 @@ func voidIDs(reqs []valid) []string {
 
 // refusedBefore maps those of ids that were stored and refused (a
 // rejected_message row, or a refusal earlier in this batch) to the first
-// sequence they were refused at; nil when ids is empty.
+// place they were refused at; nil when ids is empty.
 func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string, batch []store.RejectedRow) (map[string]uint64, error) {
 	if len(ids) == 0 {
 		return nil, nil
@@ -277,8 +326,9 @@ func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string,
 		return nil, err
 	}
 	for _, r := range batch {
-		if seq, ok := at[r.Request.RequestID]; store.ValidRequestID(r.Request.RequestID) && (!ok || r.Seq < seq) {
-			at[r.Request.RequestID] = r.Seq
+		place := wire.Place(r.Seq, r.Index)
+		if first, ok := at[r.Request.RequestID]; store.ValidRequestID(r.Request.RequestID) && (!ok || place < first) {
+			at[r.Request.RequestID] = place
 		}
 	}
 	return at, nil
@@ -286,13 +336,13 @@ func (a *Allocator) refusedBefore(ctx context.Context, tx *sql.Tx, ids []string,
 
 // activity returns the live state of activity id under its row lock: the
 // cached one when it matches the row, else one loaded from MySQL.
-func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map[int64]store.ActivityRow) (*allocation.Activity, error) {
-	row, ok := rows[id]
+func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, locked map[int64]store.ActivityRow) (*allocation.Activity, error) {
+	row, ok := locked[id]
 	if !ok {
 		a.loop.cache.Remove(id)
 		return nil, nil
 	}
-	if c, _ := a.loop.cache.Get(id); c != nil && matchesRow(c, row) {
+	if c, _ := a.loop.cache.Get(id); c != nil && rows.Matches(c, row) {
 		a.m.cache.hits.Inc()
 		return c, nil
 	}
@@ -302,7 +352,7 @@ func (a *Allocator) activity(ctx context.Context, tx *sql.Tx, id int64, rows map
 	if err != nil {
 		return nil, err
 	}
-	act, err := activityOf(row, live)
+	act, err := rows.Activity(row, live)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +373,7 @@ func (a *Allocator) waitlist(ctx context.Context, tx *sql.Tx, act *allocation.Ac
 	if err != nil {
 		return nil, err
 	}
-	if seqs := waiterSeqs(act); !w.Fits(seqs) {
+	if seqs := rows.WaiterSeqs(act); !w.Fits(seqs) {
 		a.deps.Log.WarnContext(ctx, "waitlist buckets do not match the signups; rebuilding them", slog.Int64("activity_id", act.ID))
 		w = waitlist.Build(seqs, a.deps.Test.BucketSize)
 	}
@@ -354,7 +404,7 @@ func (a *Allocator) keepWaitlist(ctx context.Context, waits map[int64]*waitlist.
 		}
 		if err != nil {
 			a.deps.Log.ErrorContext(ctx, "waitlist buckets out of step; rebuilding them", slog.Int64("activity_id", after.ID), slog.Any("err", err))
-			w = waitlist.Build(waiterSeqs(after), a.deps.Test.BucketSize)
+			w = waitlist.Build(rows.WaiterSeqs(after), a.deps.Test.BucketSize)
 			waits[after.ID] = w
 			a.loop.waits.Add(after.ID, w)
 			return

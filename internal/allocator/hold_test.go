@@ -76,17 +76,17 @@ func TestHoldsExpireThroughTheStream(t *testing.T) {
 
 			// User 1's hold lapses, user 2 is held; then 2's, user 3 held;
 			// then 3's, nobody left.
-			holdSeq := seqs[0]
+			holdAt := wire.Place(seqs[0], 0) // the place of the request that gave the hold
 			heldUntil := *first.HeldUntil
 			var lastSeq uint64
 			for u := int64(1); u <= 3; u++ {
-				id := wire.ExpireRequestID(act, u, holdSeq)
+				id := wire.ExpireRequestID(act, u, holdAt)
 				r := e.waitResult(id, 20*time.Second)
 				if r.Op != wire.OpExpire || r.Outcome != wire.OutcomeExpired || r.UserID != u {
 					t.Fatalf("expire of user %d: %+v", u, r)
 				}
-				if r.Seq <= lastSeq || r.Seq <= holdSeq {
-					t.Fatalf("expire of user %d at seq %d, after %d and hold seq %d", u, r.Seq, lastSeq, holdSeq)
+				if r.Seq <= lastSeq || r.PlaceOf() <= holdAt {
+					t.Fatalf("expire of user %d at seq %d, after %d and hold %s", u, r.Seq, lastSeq, wire.FormatPlace(holdAt))
 				}
 				if r.AppliedAt.Before(heldUntil) {
 					t.Fatalf("expire of user %d applied at %v, before its hold's end %v", u, r.AppliedAt, heldUntil)
@@ -104,7 +104,7 @@ func TestHoldsExpireThroughTheStream(t *testing.T) {
 				} else if r.PromotedUserID != nil {
 					t.Fatalf("last expire promoted %d", *r.PromotedUserID)
 				}
-				holdSeq = r.Seq
+				holdAt = r.PlaceOf()
 			}
 			s, ok, err := store.GetActivity(ctx, e.db, act)
 			if err != nil || !ok || s.Confirmed != 0 || s.Held != 0 || s.Waiting != 0 || s.Remaining != 1 {

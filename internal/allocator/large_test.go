@@ -214,13 +214,13 @@ func TestMillionPromotions(t *testing.T) {
 	const waiters = 1_000_000
 	start := time.Now()
 	signups := make([]store.SignupRow, 0, waiters+1)
-	signups = append(signups, store.SignupRow{ActivityID: 1, UserID: 1, Status: wire.StatusConfirmed, QueueSeq: 1})
+	signups = append(signups, store.SignupRow{ActivityID: 1, UserID: 1, Status: wire.StatusConfirmed, QueueSeq: wire.Place(1, 0)})
 	for u := range int64(waiters) {
-		signups = append(signups, store.SignupRow{ActivityID: 1, UserID: u + 2, Status: wire.StatusWaiting, QueueSeq: uint64(u + 2)})
+		signups = append(signups, store.SignupRow{ActivityID: 1, UserID: u + 2, Status: wire.StatusWaiting, QueueSeq: wire.Place(uint64(u+2), 0)})
 	}
-	next := uint64(waiters + 2)
+	next := uint64(waiters + 2) // the stream sequence after the joins; next_seq is a place
 	err := store.WithTx(ctx, e.db.DB, store.TxOptions{}, func(tx *sql.Tx) error {
-		if err := store.UpsertActivities(ctx, tx, []store.ActivityRow{{ID: 1, Capacity: 1, Confirmed: 1, NextSeq: next, Waiting: waiters}}); err != nil {
+		if err := store.UpsertActivities(ctx, tx, []store.ActivityRow{{ID: 1, Capacity: 1, Confirmed: 1, NextSeq: wire.Place(next-1, 0) + 1, Waiting: waiters}}); err != nil {
 			return err
 		}
 		if err := store.UpsertSignups(ctx, tx, signups); err != nil {

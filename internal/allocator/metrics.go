@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "allot_allocator_transaction_retries_total", Help: "Transactions run again after a deadlock, lock wait timeout or lost connection.",
 		}),
 		rejected: f.NewCounter(prometheus.CounterOpts{
-			Name: "allot_allocator_rejected_messages_total", Help: "Malformed messages terminated and recorded.",
+			Name: "allot_allocator_rejected_messages_total", Help: "Refused requests (and messages malformed as a whole) recorded as rejected.",
 		}),
 		gapFilled: f.NewCounter(prometheus.CounterOpts{
 			Name: "allot_allocator_gap_filled_messages_total", Help: "Messages read from the stream to fill a gap left by a dead allocator.",

@@ -24,7 +24,6 @@ func (a *Allocator) afterCommit(ctx context.Context, items []item, out outcome) 
 			continue
 		}
 		if reason, bad := out.rejected[it.seq]; bad {
-			a.m.rejected.Inc()
 			a.deps.Log.WarnContext(ctx, "malformed request terminated", slog.Uint64("seq", it.seq),
 				slog.String("subject", it.subject), slog.String("reason", reason))
 			it.msg.TermWithReason(reason) //nolint:errcheck // the fence already covers it
@@ -35,6 +34,7 @@ func (a *Allocator) afterCommit(ctx context.Context, items []item, out outcome) 
 		}
 		last = it.msg
 	}
+	a.m.rejected.Add(float64(out.refused))
 	a.m.batchSize.Observe(float64(len(out.results)))
 	// Views now, in this goroutine: they read activities the next batch
 	// will change, and they must reach ingest before these results.

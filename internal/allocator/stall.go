@@ -112,18 +112,7 @@ func (a *Allocator) probe(ctx context.Context) {
 		return
 	}
 	a.loop.lastProbe = time.Now()
-	pctx, cancel := context.WithTimeout(ctx, probeEvery)
-	defer cancel()
-	tx, err := a.deps.DB.BeginTx(pctx, nil)
-	if err == nil {
-		var one int
-		if err = tx.QueryRowContext(pctx, "SELECT 1").Scan(&one); err == nil {
-			err = tx.Commit()
-		} else {
-			tx.Rollback() //nolint:errcheck // the connection is gone or the probe failed
-		}
-	}
-	if err != nil {
+	if stallwatch.Probe(ctx, a.deps.DB, probeEvery) != nil {
 		return
 	}
 	a.stall.gaveUp.Store(false)

@@ -114,8 +114,9 @@ func (d *DB) Count(t testing.TB, query string, args ...any) int64 {
 //  3. waiters are promoted in queue_seq order: no CONFIRMED row has a larger
 //     queue_seq than a WAITING one (it would have jumped the queue, or taken
 //     a seat while someone waited);
-//  4. one result per stream sequence across partitions (the primary key is
-//     (partition_id, seq), so two partitions could each hold one);
+//  4. one result per place (stream sequence, index in its batch) across
+//     partitions (the primary key is (partition_id, seq, batch_index), so
+//     two partitions could each hold one);
 //  5. no effect applied twice (Effects: the signup history, the counters
 //     and the rows against the results' events).
 //
@@ -146,7 +147,7 @@ func (d *DB) CheckInvariants(t testing.TB) {
 			LEAD(first_seq) OVER (PARTITION BY activity_id ORDER BY first_seq) AS next_first FROM waitlist_bucket) b
 			WHERE b.waiting < 1 OR b.waiting <> (SELECT COUNT(*) FROM activity_signup s WHERE s.activity_id = b.activity_id
 			AND s.status = 'WAITING' AND s.queue_seq >= b.first_seq AND (b.next_first IS NULL OR s.queue_seq < b.next_first))`},
-		{"one result per stream sequence", `SELECT COUNT(*) - COUNT(DISTINCT seq) FROM processed_request`},
+		{"one result per place", `SELECT COUNT(*) - COUNT(DISTINCT seq, batch_index) FROM processed_request`},
 		{"a void changes nothing: REJECTED, no activity, no events", `SELECT COUNT(*) FROM processed_request WHERE op = 'void' AND
 			(outcome <> 'REJECTED' OR activity_id <> 0 OR COALESCE(events, '') <> '' OR status IS NOT NULL)`},
 		// The database's: schema constraints, checked as present.

@@ -37,23 +37,24 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 	state := map[key]int{}
 	opened := map[int64]bool{}
 	var problems []string
-	rows, err := d.QueryContext(ctx, "SELECT seq, request_id, activity_id, events, partition_id, event_parts FROM processed_request WHERE events IS NOT NULL ORDER BY seq")
+	rows, err := d.QueryContext(ctx, "SELECT seq, batch_index, request_id, activity_id, events, partition_id, event_parts FROM processed_request WHERE events IS NOT NULL ORDER BY seq, batch_index")
 	if err != nil {
 		return nil, fmt.Errorf("dbtest: read results: %w", err)
 	}
 	for rows.Next() {
 		var (
 			seq               uint64
+			index             int
 			id, enc           string
 			activityID        int64
 			partition, pieces int
 		)
-		if err := rows.Scan(&seq, &id, &activityID, &enc, &partition, &pieces); err != nil {
+		if err := rows.Scan(&seq, &index, &id, &activityID, &enc, &partition, &pieces); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		if pieces > 0 { // a long event list, stored in pieces
-			if enc, err = store.WholeValue(ctx, d.DB, partition, seq, store.ColEvents, enc); err != nil {
+			if enc, err = store.WholeValue(ctx, d.DB, partition, seq, index, store.ColEvents, enc); err != nil {
 				rows.Close()
 				return nil, err
 			}
@@ -91,8 +92,8 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 				to, ok = none, from != none
 			}
 			if !ok {
-				problems = append(problems, fmt.Sprintf("seq %d request %s: event %s for user %d of activity %d, who is %s already",
-					seq, id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat", "holding a seat under a hold"}[from]))
+				problems = append(problems, fmt.Sprintf("seq %s request %s: event %s for user %d of activity %d, who is %s already",
+					wire.FormatPlace(wire.Place(seq, index)), id, e.Kind, e.UserID, activityID, [...]string{"not signed up", "waiting", "holding a seat", "holding a seat under a hold"}[from]))
 			}
 			state[k] = to
 		}

@@ -27,7 +27,7 @@ import (
 // Relay publishes the events of committed requests to ALLOT_EVENTS. The
 // outbox is processed_request itself: each row carries the events its
 // request caused, written in the business transaction. The relay walks a
-// partition's rows in seq order behind a cursor (event_relay), publishes
+// partition's rows in place order (seq, batch index) behind a cursor (event_relay), publishes
 // with Nats-Msg-Id = event_id, and moves the cursor once JetStream has
 // acknowledged every event, holding no lock or connection meanwhile. After
 // a crash it resumes at the cursor; events published but not yet covered
@@ -165,20 +165,20 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	rows, last, err := store.PendingOutbox(ctx, r.db, r.partition, from.Seq, r.batch, relayBytes)
-	if err != nil || last == from.Seq {
+	rows, last, err := store.PendingOutbox(ctx, r.db, r.partition, from, r.batch, relayBytes)
+	if err != nil || last.Seq == from.Seq && last.Index == from.Index {
 		return false, err
 	}
 	var (
 		events []wire.Event
 		skips  []skip
 	)
-	to := store.RelayCursor{Seq: last}
+	to := last
 	for i, row := range rows {
 		if row.EventParts > 0 || from.Piece > 0 {
 			if i > 0 {
 				// What comes before it first; then it, piece by piece.
-				to = store.RelayCursor{Seq: row.Seq - 1}
+				to = store.RelayCursor{Seq: rows[i-1].Seq, Index: rows[i-1].Index}
 				break
 			}
 			events, to, skips, err = r.piece(ctx, row, from)
@@ -200,7 +200,7 @@ func (r *Relay) once(ctx context.Context) (more bool, err error) {
 	}
 	if !moved {
 		r.log.InfoContext(ctx, "outbox relay: another relay moved the cursor; its events and these are the same",
-			slog.Uint64("from_seq", from.Seq))
+			slog.Uint64("from_seq", from.Seq), slog.Int("from_index", from.Index))
 		return true, nil
 	}
 	// Said once the cursor has passed them, so that a pass that failed
@@ -220,19 +220,19 @@ type skip struct {
 // piece returns the events of the piece of row the cursor from is at, and
 // where the cursor goes once they are relayed.
 func (r *Relay) piece(ctx context.Context, row store.OutboxRow, from store.RelayCursor) ([]wire.Event, store.RelayCursor, []skip, error) {
-	next := store.RelayCursor{Seq: from.Seq, Piece: from.Piece + 1}
+	next := store.RelayCursor{Seq: from.Seq, Index: from.Index, Piece: from.Piece + 1}
 	if from.Piece >= row.EventParts {
-		next = store.RelayCursor{Seq: row.Seq}
+		next = store.RelayCursor{Seq: row.Seq, Index: row.Index}
 	}
 	if from.Piece == 0 {
 		evs, skips := decode(row, row.Events, 0)
 		return evs, next, skips, nil
 	}
-	data, first, err := store.OutboxPiece(ctx, r.db, r.partition, row.Seq, from.Piece)
+	data, first, err := store.OutboxPiece(ctx, r.db, r.partition, row.Seq, row.Index, from.Piece)
 	if errors.Is(err, sql.ErrNoRows) {
 		// A piece that is not there cannot be relayed by waiting: record
 		// it and go on with the next request.
-		return nil, store.RelayCursor{Seq: row.Seq},
+		return nil, store.RelayCursor{Seq: row.Seq, Index: row.Index},
 			[]skip{{row, fmt.Sprintf("piece %d of %d of the event list is missing", from.Piece, row.EventParts)}}, nil
 	}
 	if err != nil {
@@ -259,7 +259,7 @@ func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) 
 		}
 		ev := wire.Event{
 			EventID: wire.EventID(row.RequestID, first+i), Kind: es[0].Kind, ActivityID: row.ActivityID,
-			UserID: es[0].UserID, RequestID: row.RequestID, Seq: row.Seq, At: row.AppliedAt,
+			UserID: es[0].UserID, RequestID: row.RequestID, Seq: row.Seq, Index: row.Index, At: row.AppliedAt,
 		}
 		if until := es[0].HeldUntil; !until.IsZero() {
 			ev.HeldUntil = &until
@@ -279,8 +279,9 @@ func decode(row store.OutboxRow, data string, first int) ([]wire.Event, []skip) 
 // written to the nanosecond (nats.go's WithScheduleAt cuts it to the
 // second, which could fire an expire before its hold ends).
 func holdSchedule(ev wire.Event) (*nats.Msg, string) {
-	req := wire.ExpireRequest(ev.ActivityID, ev.UserID, ev.Seq, *ev.HeldUntil)
-	msg := nats.NewMsg(wire.HoldScheduleSubject(ev.ActivityID, ev.UserID, ev.Seq))
+	hold := wire.Place(ev.Seq, ev.Index) // the hold's place: the request that gave it
+	req := wire.ExpireRequest(ev.ActivityID, ev.UserID, hold, *ev.HeldUntil)
+	msg := nats.NewMsg(wire.HoldScheduleSubject(ev.ActivityID, ev.UserID, hold))
 	msg.Header.Set(jetstream.ScheduleHeader, "@at "+req.ReceivedAt.Format(time.RFC3339Nano))
 	msg.Header.Set(jetstream.ScheduleTargetHeader, wire.HoldDueSubject(ev.ActivityID))
 	msg.Data, _ = json.Marshal(req) // a struct of plain fields: cannot fail
@@ -291,9 +292,9 @@ func holdSchedule(ev wire.Event) (*nats.Msg, string) {
 // and records it in outbox_skipped.
 func (r *Relay) bad(ctx context.Context, sk skip) {
 	r.m.badEntries.Inc()
-	r.log.ErrorContext(ctx, "outbox relay: events cannot be read; skipped them", slog.Uint64("seq", sk.row.Seq),
+	r.log.ErrorContext(ctx, "outbox relay: events cannot be read; skipped them", slog.Uint64("seq", sk.row.Seq), slog.Int("index", sk.row.Index),
 		slog.String("request_id", sk.row.RequestID), slog.String("reason", sk.reason))
-	if err := store.SkipOutbox(ctx, r.db, r.partition, sk.row.Seq, sk.row.RequestID, sk.reason); err != nil {
+	if err := store.SkipOutbox(ctx, r.db, r.partition, sk.row.Seq, sk.row.Index, sk.row.RequestID, sk.reason); err != nil {
 		r.log.ErrorContext(ctx, "outbox relay", slog.Any("err", err))
 	}
 }

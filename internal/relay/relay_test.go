@@ -175,3 +175,50 @@ func holdsNothing(ctx context.Context, other, pool *sql.DB) error {
 	}
 	return nil
 }
+
+// TestRelayWalksPlaces: the requests of a batch share a stream sequence;
+// the relay walks them in place order (seq, index), a request whose event
+// list is stored in pieces among them, and its events carry their
+// request's place.
+func TestRelayWalksPlaces(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rows := []struct {
+		seq   uint64
+		index int
+		id    string
+		parts int
+		ev    string
+	}{
+		{1, 0, "01a22ef1-1297-7592-b831-fc9513c7c811", 0, "promoted:5"},
+		{1, 1, "01a22ef1-1297-7592-b831-fc9513c7c812", 1, "promoted:6"},
+		{1, 2, "01a22ef1-1297-7592-b831-fc9513c7c813", 0, "promoted:8"},
+		{2, 0, "01a22ef1-1297-7592-b831-fc9513c7c814", 0, "promoted:9"},
+	}
+	for _, r := range rows {
+		if _, err := e.db.Exec("INSERT INTO processed_request (partition_id, seq, batch_index, request_id, op, activity_id, user_id, outcome, events, event_parts, applied_at) "+
+			"VALUES (0, ?, ?, ?, 'open', 1, 0, 'RESIZED', ?, ?, NOW(6))", r.seq, r.index, r.id, r.ev, r.parts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.db.Exec("INSERT INTO processed_request_part (partition_id, seq, batch_index, col, piece, first_event, data) VALUES (0, 1, 1, 'e', 1, 1, 'promoted:7')"); err != nil {
+		t.Fatal(err)
+	}
+	run(t, New(Deps{DB: e.db.DB, JS: e.js, Log: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()}))
+	evs := e.promoted(5)
+	for i, want := range []struct {
+		user  int64
+		row   int
+		event int
+	}{{5, 0, 0}, {6, 1, 0}, {7, 1, 1}, {8, 2, 0}, {9, 3, 0}} {
+		r := rows[want.row]
+		if ev := evs[i]; ev.UserID != want.user || ev.Seq != r.seq || ev.Index != r.index || ev.EventID != wire.EventID(r.id, want.event) {
+			t.Errorf("event %d: user %d at %d#%d id %s; want user %d at %d#%d id %s", i, ev.UserID, ev.Seq, ev.Index, ev.EventID,
+				want.user, r.seq, r.index, wire.EventID(r.id, want.event))
+		}
+	}
+	testenv.WaitFor(t, 10*time.Second, "the cursor at the last place", func() bool {
+		c, err := store.ReadRelay(context.Background(), e.db, 0)
+		return err == nil && c == store.RelayCursor{Seq: 2, Index: 0, Piece: 0}
+	})
+}

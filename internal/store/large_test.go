@@ -100,7 +100,7 @@ func TestResultLargerThanAPacket(t *testing.T) {
 	if parts == 0 {
 		t.Fatal("events stored without pieces")
 	}
-	whole, err := store.WholeValue(ctx, db, 0, 7, store.ColEvents, head)
+	whole, err := store.WholeValue(ctx, db, 0, 7, 0, store.ColEvents, head)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func RefusedResult(r RejectedRow, at time.Time) (wire.Result, bool) {
 		return wire.Result{}, false
 	}
 	return wire.Result{RequestID: q.RequestID, State: wire.StateDone, Op: wire.Op(rejectedOp(q.Op)),
-		ActivityID: q.ActivityID, UserID: q.UserID, Outcome: wire.OutcomeRejected, Seq: r.Seq,
+		ActivityID: q.ActivityID, UserID: q.UserID, Outcome: wire.OutcomeRejected, Seq: r.Seq, Index: r.Index,
 		AppliedAt: wire.Instant(at), Reason: RejectedReason(r.Reason)}, true
 }
 

@@ -32,7 +32,7 @@ type SignupState struct {
 	HeldUntil  *time.Time  `json:"held_until,omitempty"`
 }
 
-const resultColumns = "request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason, held_until"
+const resultColumns = "request_id, seq, batch_index, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, applied_at, reason, held_until"
 
 // GetResult reads the recorded result of requestID: its processed_request
 // row (a promoted list stored in pieces included), or, for a request the
@@ -56,8 +56,8 @@ func getRejected(ctx context.Context, q DBTX, requestID string) (wire.Result, bo
 		op             sql.NullString
 		activity, user sql.NullInt64
 	)
-	err := q.QueryRowContext(ctx, "SELECT seq, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
-		" WHERE request_id = ? ORDER BY seq LIMIT 1", requestID).Scan(&r.Seq, &op, &activity, &user, &r.Reason, &r.AppliedAt)
+	err := q.QueryRowContext(ctx, "SELECT seq, batch_index, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
+		" WHERE request_id = ? ORDER BY seq, batch_index LIMIT 1", requestID).Scan(&r.Seq, &r.Index, &op, &activity, &user, &r.Reason, &r.AppliedAt)
 	if errors.Is(err, sql.ErrNoRows) {
 		return wire.Result{}, false, nil
 	}
@@ -83,13 +83,13 @@ func scanResult(ctx context.Context, q DBTX, row scanner) (wire.Result, error) {
 		partition int
 		parts     int
 	)
-	err := row.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
+	err := row.Scan(&r.RequestID, &r.Seq, &r.Index, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
 		&status, &position, &promoted, &capacity, &r.AppliedAt, &reason, &until, &partition, &parts)
 	if err != nil {
 		return r, err
 	}
 	if parts > 0 {
-		if promoted.String, err = WholeValue(ctx, q, partition, r.Seq, ColPromoted, promoted.String); err != nil {
+		if promoted.String, err = WholeValue(ctx, q, partition, r.Seq, r.Index, ColPromoted, promoted.String); err != nil {
 			return r, err
 		}
 	}
@@ -251,11 +251,12 @@ func GetActivityRow(ctx context.Context, q DBTX, id int64) (ActivityRow, bool, e
 }
 
 // WholeValue returns the long value col ("p": promoted_user_ids, "e":
-// events) of the processed_request row at (partition, seq) whose first
-// piece is head, with the pieces stored in processed_request_part after it.
-func WholeValue(ctx context.Context, q DBTX, partition int, seq uint64, col, head string) (string, error) {
-	rows, err := q.QueryContext(ctx, "SELECT data FROM processed_request_part WHERE partition_id = ? AND seq = ? AND col = ? ORDER BY piece",
-		partition, seq, col)
+// events) of the processed_request row at (partition, seq, index) whose
+// first piece is head, with the pieces stored in processed_request_part
+// after it.
+func WholeValue(ctx context.Context, q DBTX, partition int, seq uint64, index int, col, head string) (string, error) {
+	rows, err := q.QueryContext(ctx, "SELECT data FROM processed_request_part WHERE partition_id = ? AND seq = ? AND batch_index = ? AND col = ? ORDER BY piece",
+		partition, seq, index, col)
 	if err != nil {
 		return "", fmt.Errorf("read pieces of seq %d: %w", seq, err)
 	}
@@ -312,8 +313,8 @@ func GetResults(ctx context.Context, q DBTX, ids []string) (map[string]wire.Resu
 		return out, nil
 	}
 	// The rest may have been refused: the first rejection of each.
-	rows, err = q.QueryContext(ctx, "SELECT request_id, seq, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
-		" WHERE request_id IN "+in+" ORDER BY seq DESC", args...)
+	rows, err = q.QueryContext(ctx, "SELECT request_id, seq, batch_index, op, activity_id, user_id, reason, rejected_at FROM rejected_message"+
+		" WHERE request_id IN "+in+" ORDER BY seq DESC, batch_index DESC", args...)
 	if err != nil {
 		return nil, fmt.Errorf("get rejections: %w", err)
 	}
@@ -324,7 +325,7 @@ func GetResults(ctx context.Context, q DBTX, ids []string) (map[string]wire.Resu
 			op             sql.NullString
 			activity, user sql.NullInt64
 		)
-		if err := rows.Scan(&r.RequestID, &r.Seq, &op, &activity, &user, &r.Reason, &r.AppliedAt); err != nil {
+		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Index, &op, &activity, &user, &r.Reason, &r.AppliedAt); err != nil {
 			return nil, fmt.Errorf("get rejections: %w", err)
 		}
 		if _, done := out[r.RequestID]; done && out[r.RequestID].Outcome != wire.OutcomeRejected {

@@ -21,7 +21,8 @@ import (
 // back, the same value (and the same JSON) as the result it published:
 // for every op and kind of outcome, applied_at and held_until in whole
 // microseconds, a cancel's single promoted user and a resize's list, a
-// reason, a void, and a message MySQL refused.
+// reason, a void, and a message MySQL refused. The requests sit at places
+// (seq, index) of batches of four, so a read gives back both.
 func TestResultRoundTrip(t *testing.T) {
 	t.Parallel()
 	db := dbtest.New(t)
@@ -47,10 +48,10 @@ func TestResultRoundTrip(t *testing.T) {
 		{Op: wire.OpCancel, UserID: 8},                // NOT_SIGNED_UP
 		{Op: wire.OpOpen, Capacity: capacity(4)},      // RESIZED, promotes 4 and 5
 		{Op: wire.OpOpen, Capacity: capacity(1)},      // REJECTED, with a reason
-		{Op: wire.OpExpire, UserID: 2, HoldSeq: 3},    // EXPIRED (received after the hold)
+		{Op: wire.OpExpire, UserID: 2, HoldSeq: 3},    // EXPIRED (received after the hold of request 3)
 		{Op: wire.OpConfirm, UserID: 4},               // CONFIRMED
 		{Op: wire.OpJoin, UserID: 6},                  // CONFIRMED (no hold since the resize)
-		{Op: wire.OpExpire, UserID: 6, HoldSeq: 17},   // NOT_HELD
+		{Op: wire.OpExpire, UserID: 6, HoldSeq: 17},   // NOT_HELD (request 17 held nothing)
 		{Op: wire.OpVoid, UserID: 7},                  // REJECTED, never stored
 		{Op: "a-long-op", ActivityID: act, UserID: 9}, // refused by MySQL
 	}
@@ -60,8 +61,14 @@ func TestResultRoundTrip(t *testing.T) {
 		want    = map[string]wire.Result{}
 		refused []store.RejectedRow
 	)
+	// placeOf is the place of the request at index i of reqs.
+	placeOf := func(i int) uint64 { return wire.Place(uint64(i/4+1), i%4) }
 	for i, req := range reqs {
-		seq := uint64(i + 1)
+		seq := placeOf(i)
+		if req.Op == wire.OpExpire { // HoldSeq above numbers the request that held
+			hold := placeOf(int(req.HoldSeq) - 1)
+			req.HoldSeq, req.HoldIndex = wire.SeqOf(hold), wire.IndexOf(hold)
+		}
 		req.RequestID = uuid.NewString()
 		req.ReceivedAt = t0.Add(time.Duration(i) * time.Millisecond)
 		if req.Op == wire.OpExpire && req.UserID == 2 {
@@ -69,12 +76,12 @@ func TestResultRoundTrip(t *testing.T) {
 		}
 		switch req.Op {
 		case wire.OpVoid:
-			res := allocation.VoidResult(req, seq, now)
+			res := allocation.VoidResult(req, 100, now) // a void is a message of its own
 			rows = append(rows, store.ResultRow{Result: res})
 			want[req.RequestID] = res
 			continue
 		case "a-long-op":
-			row := store.RejectedRow{Seq: seq, Subject: wire.RequestSubject(act),
+			row := store.RejectedRow{Seq: wire.SeqOf(seq), Index: wire.IndexOf(seq), Subject: wire.RequestSubject(act),
 				Reason: "cannot be applied: " + strings.Repeat("é", 300) + "\xff", Request: req}
 			res, ok := store.RefusedResult(row, now)
 			if !ok {

@@ -44,7 +44,11 @@ type SignupRow struct {
 // would not take. Request holds what could be decoded of it (a zero
 // RequestID when nothing could), so that a poll of its id answers REJECTED.
 type RejectedRow struct {
+	// Seq and Index are the refused request's place: its message's stream
+	// sequence and its index in the message's batch (0 for a single
+	// request, and for a message refused whole).
 	Seq     uint64
+	Index   int
 	Subject string
 	Reason  string
 	Request wire.Request
@@ -122,7 +126,7 @@ func SetPartition(ctx context.Context, tx *sql.Tx, p int, last uint64) error {
 }
 
 // RefusedRequests maps those of ids that rejected_message records (stored
-// and refused) to the first sequence they were refused at.
+// and refused) to the first place (wire.Place) they were refused at.
 func RefusedRequests(ctx context.Context, tx *sql.Tx, ids []string) (map[string]uint64, error) {
 	at := make(map[string]uint64)
 	for chunk := range chunks(len(ids)) {
@@ -131,7 +135,7 @@ func RefusedRequests(ctx context.Context, tx *sql.Tx, ids []string) (map[string]
 		for i, id := range part {
 			args[i] = id
 		}
-		rows, err := tx.QueryContext(ctx, "SELECT request_id, MIN(seq) FROM rejected_message WHERE request_id IN ("+placeholders(len(part), 1)+") GROUP BY request_id", args...)
+		rows, err := tx.QueryContext(ctx, "SELECT request_id, MIN(seq * 65536 + batch_index) FROM rejected_message WHERE request_id IN ("+placeholders(len(part), 1)+") GROUP BY request_id", args...)
 		if err != nil {
 			return nil, fmt.Errorf("refused requests: %w", err)
 		}
@@ -309,27 +313,27 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow, pieceMax int
 			pieces := splitBytes(h.promoted, n)
 			h.promoted, h.promotedN = pieces[0], len(pieces)-1
 			for k, p := range pieces[1:] {
-				parts = append(parts, partRow{r.Partition, r.Seq, ColPromoted, k + 1, 0, p})
+				parts = append(parts, partRow{r.Partition, r.Seq, r.Index, ColPromoted, k + 1, 0, p})
 			}
 		}
 		if len(h.events) > n {
 			pieces, first := splitEvents(h.events, n)
 			h.events, h.eventsN = pieces[0], len(pieces)-1
 			for k, p := range pieces[1:] {
-				parts = append(parts, partRow{r.Partition, r.Seq, ColEvents, k + 1, first[k+1], p})
+				parts = append(parts, partRow{r.Partition, r.Seq, r.Index, ColEvents, k + 1, first[k+1], p})
 			}
 		}
 		heads[i] = h
 	}
 	err := insertRows(ctx, tx, "INSERT INTO processed_request ("+resultColumns+
 		", partition_id, events, promoted_parts, event_parts) VALUES ", "",
-		17, len(rs), func(i int, args []any) []any {
+		18, len(rs), func(i int, args []any) []any {
 			r, h := rs[i], heads[i]
 			var until any
 			if r.HeldUntil != nil {
 				until = r.HeldUntil.UTC()
 			}
-			return append(args, r.RequestID, r.Seq, r.Op, r.ActivityID, r.UserID, r.Outcome,
+			return append(args, r.RequestID, r.Seq, r.Index, r.Op, r.ActivityID, r.UserID, r.Outcome,
 				nullString(r.Status), nullInt(r.Position), nullIfEmpty(h.promoted), nullInt(r.Capacity), r.AppliedAt,
 				nullIfEmpty(wire.CutReason(r.Reason)), until, r.Partition, nullIfEmpty(h.events), h.promotedN, h.eventsN)
 		})
@@ -340,10 +344,10 @@ func InsertResults(ctx context.Context, tx *sql.Tx, rs []ResultRow, pieceMax int
 	if err != nil {
 		return err
 	}
-	return insertRows(ctx, tx, "INSERT INTO processed_request_part (partition_id, seq, col, piece, first_event, data) VALUES ", "",
-		6, len(parts), func(i int, args []any) []any {
+	return insertRows(ctx, tx, "INSERT INTO processed_request_part (partition_id, seq, batch_index, col, piece, first_event, data) VALUES ", "",
+		7, len(parts), func(i int, args []any) []any {
 			p := parts[i]
-			return append(args, p.partition, p.seq, p.col, p.piece, p.firstEvent, p.data)
+			return append(args, p.partition, p.seq, p.index, p.col, p.piece, p.firstEvent, p.data)
 		})
 }
 
@@ -360,25 +364,27 @@ const (
 type partRow struct {
 	partition  int
 	seq        uint64
+	index      int
 	col        string
 	piece      int
 	firstEvent int
 	data       string
 }
 
-// InsertRejected records refused messages.
+// InsertRejected records refused requests (or messages refused whole), each
+// at its place.
 func InsertRejected(ctx context.Context, tx *sql.Tx, rs []RejectedRow, at time.Time) error {
 	// The fence moves with the rejection, so a message is rejected once;
 	// the no-op update only keeps a repeat harmless.
-	return insertRows(ctx, tx, "INSERT INTO rejected_message (seq, subject, reason, rejected_at, request_id, op, activity_id, user_id) VALUES ",
+	return insertRows(ctx, tx, "INSERT INTO rejected_message (seq, batch_index, subject, reason, rejected_at, request_id, op, activity_id, user_id) VALUES ",
 		" ON DUPLICATE KEY UPDATE seq = seq",
-		8, len(rs), func(i int, args []any) []any {
+		9, len(rs), func(i int, args []any) []any {
 			r := rs[i]
 			var id, op, activity, user any
 			if q := r.Request; ValidRequestID(q.RequestID) {
 				id, op, activity, user = q.RequestID, rejectedOp(q.Op), q.ActivityID, q.UserID
 			}
-			return append(args, r.Seq, truncate(r.Subject, 255), RejectedReason(r.Reason), wire.Instant(at), id, op, activity, user)
+			return append(args, r.Seq, r.Index, truncate(r.Subject, 255), RejectedReason(r.Reason), wire.Instant(at), id, op, activity, user)
 		})
 }
 

@@ -76,7 +76,7 @@ func Decision(ctx context.Context, msg jetstream.Msg, seq uint64, res wire.Resul
 	opts = append(opts, trace.WithAttributes(
 		attribute.String("allot.request_id", res.RequestID), attribute.String("allot.op", string(res.Op)),
 		attribute.Int64("allot.activity_id", res.ActivityID), attribute.String("allot.outcome", string(res.Outcome)),
-		attribute.Int64("allot.seq", int64(seq)), attribute.Int("allot.events", events)))
+		attribute.Int64("allot.seq", int64(seq)), attribute.Int("allot.index", res.Index), attribute.Int("allot.events", events)))
 	_, span := tracing.Tracer().Start(trace.ContextWithRemoteSpanContext(context.Background(), remote), "allocator decide", opts...)
 	span.End()
 	return span.SpanContext()

@@ -23,8 +23,25 @@ package stallwatch
 
 import (
 	"context"
+	"database/sql"
 	"time"
 )
+
+// Probe tries one transaction on db within timeout: nil once one commits.
+func Probe(ctx context.Context, db *sql.DB, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	var one int
+	if err := tx.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+		tx.Rollback() //nolint:errcheck // the connection is gone or the probe failed
+		return err
+	}
+	return tx.Commit()
+}
 
 // Watched is what a watch looks at, and whom it tells.
 type Watched struct {

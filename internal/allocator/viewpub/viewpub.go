@@ -355,7 +355,7 @@ func (p *Publisher) Run(stop context.Context) error {
 // rev: what a late writer does. Only tests call it.
 func (p *Publisher) PutStale(ctx context.Context, v wire.View, rev uint64) {
 	p.mu.Lock()
-	p.keys.Add(v.ActivityID, keyState{rev: rev, seq: v.Seq, live: allocation.ViewDecides(v)})
+	p.keys.Add(v.ActivityID, keyState{rev: rev, seq: placeOf(v), live: allocation.ViewDecides(v)})
 	p.queue(viewOp{v: v})
 	p.mu.Unlock()
 	for {
@@ -510,7 +510,7 @@ func (p *Publisher) resolve(ctx context.Context, op viewOp) {
 	}
 	retry := false
 	switch {
-	case cur.present && cur.seq >= op.v.Seq:
+	case cur.present && cur.seq >= placeOf(op.v):
 		// The bucket holds a later (or the same) state: it wins.
 	case cur.present:
 		retry = true
@@ -524,7 +524,7 @@ func (p *Publisher) resolve(ctx context.Context, op viewOp) {
 			p.requeue(op)
 			return
 		}
-		retry = ok && row.NextSeq-1 == op.v.Seq
+		retry = ok && row.NextSeq-1 == placeOf(op.v)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -540,7 +540,7 @@ func (p *Publisher) resolve(ctx context.Context, op viewOp) {
 		return // a later write goes at the revision just learnt
 	}
 	if !retry {
-		if !(cur.present && cur.seq == op.v.Seq) {
+		if !(cur.present && cur.seq == placeOf(op.v)) {
 			p.m.viewsDropped.WithLabelValues("stale").Inc()
 		}
 		return
@@ -549,7 +549,7 @@ func (p *Publisher) resolve(ctx context.Context, op viewOp) {
 	if !tracked && !op.clear {
 		// A full view is tracked, to be cleared later; a clear needs
 		// no tracking (it expires).
-		p.keys.Add(id, keyState{rev: cur.rev, seq: op.v.Seq, live: true})
+		p.keys.Add(id, keyState{rev: cur.rev, seq: placeOf(op.v), live: true})
 	}
 	p.pending[id] = op
 }
@@ -588,7 +588,7 @@ func (p *Publisher) current(ctx context.Context, id int64) (storedView, bool, er
 		// Unreadable: any write replaces it.
 		return storedView{present: true, rev: m.Sequence}, false, nil
 	}
-	sv.present, sv.seq = true, v.Seq
+	sv.present, sv.seq = true, placeOf(v)
 	return sv, allocation.ViewDecides(v), nil
 }
 
@@ -697,7 +697,7 @@ func (p *Publisher) listKeys(lctx context.Context, oldest time.Time) (map[int64]
 		l := listed{rev: e.Revision(), created: e.Created()}
 		var v wire.View
 		if json.Unmarshal(e.Value(), &v) == nil {
-			l.seq, l.sheddable = v.Seq, allocation.ViewDecides(v)
+			l.seq, l.sheddable = placeOf(v), allocation.ViewDecides(v)
 		} else {
 			l.sheddable = true // unreadable: cleared below
 		}
@@ -727,7 +727,7 @@ func (p *Publisher) snapshotViews(ctx context.Context, keys map[int64]listed) (m
 			continue
 		}
 		if row.Confirmed > wire.MaxViewHolders {
-			rebuilt[row.ID] = wire.View{ActivityID: row.ID, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: row.NextSeq - 1}
+			rebuilt[row.ID] = at(wire.View{ActivityID: row.ID, Capacity: row.Capacity, Confirmed: row.Confirmed}, row.NextSeq-1)
 			continue
 		}
 		act, err := p.d.Restore(row, snap.Seats[row.ID])
@@ -781,24 +781,24 @@ func (p *Publisher) queueRebuilt(keys map[int64]listed, rebuilt map[int64]wire.V
 			full = true
 			break
 		}
-		if s := p.seen[id]; s.seq >= v.Seq && s.seq > 0 {
+		if s := p.seen[id]; s.seq >= placeOf(v) && s.seq > 0 {
 			// The apply loop has a later state: it queued its view, or
 			// its clear if it tracked the key. One it did not track may
 			// hold a view listed here, which its state clears.
 			l, listed := keys[id]
 			if _, tracked := p.keys.Peek(id); !s.viewed && !tracked && listed && l.sheddable && l.seq < s.seq {
-				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: s.seq}, clear: true, rev: l.rev})
+				p.queue(viewOp{v: at(wire.View{ActivityID: id}, s.seq), clear: true, rev: l.rev})
 			}
 			continue
 		}
 		ks, ok, tracked := p.known(keys, id)
-		if ok && ks.seq >= v.Seq {
+		if ok && ks.seq >= placeOf(v) {
 			if !tracked {
 				p.keys.Add(id, ks) // stored already: tracked from now on
 			}
 			continue
 		}
-		ks.seq, ks.live = v.Seq, true
+		ks.seq, ks.live = placeOf(v), true
 		p.keys.Add(id, ks)
 		p.queue(viewOp{v: v})
 	}
@@ -820,20 +820,20 @@ func (p *Publisher) queueClears(keys map[int64]listed, rebuilt map[int64]wire.Vi
 				p.quiet = true
 				p.keys.Remove(id)
 				p.quiet = false
-				p.queue(viewOp{v: wire.View{ActivityID: id, Seq: l.seq}, clear: true, rev: l.rev})
+				p.queue(viewOp{v: at(wire.View{ActivityID: id}, l.seq), clear: true, rev: l.rev})
 			}
 			continue
 		}
-		v := wire.View{ActivityID: id, Seq: l.seq}
+		v := at(wire.View{ActivityID: id}, l.seq)
 		if row, ok := snap.Rows[id]; ok {
-			v = wire.View{ActivityID: id, Capacity: row.Capacity, Confirmed: row.Confirmed, Seq: max(row.NextSeq-1, l.seq)}
+			v = at(wire.View{ActivityID: id, Capacity: row.Capacity, Confirmed: row.Confirmed}, max(row.NextSeq-1, l.seq))
 		}
 		ks, _, tracked := p.known(keys, id)
-		if ks.seq > v.Seq || !ks.live {
+		if ks.seq > placeOf(v) || !ks.live {
 			continue // the apply loop queued a later state
 		}
 		if tracked {
-			ks.seq, ks.live = v.Seq, false
+			ks.seq, ks.live = placeOf(v), false
 			p.keys.Add(id, ks)
 		}
 		// A key not tracked stays so: its clear goes at the listed

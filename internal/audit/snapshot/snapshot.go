@@ -159,12 +159,12 @@ func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([
 	for i := range page {
 		r := &page[i]
 		if r.promotedParts > 0 {
-			if r.Promoted.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, store.ColPromoted, r.Promoted.String); err != nil {
+			if r.Promoted.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, 0, store.ColPromoted, r.Promoted.String); err != nil {
 				return nil, fmt.Errorf("audit: %w", err)
 			}
 		}
 		if r.eventParts > 0 {
-			if r.Events.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, store.ColEvents, r.Events.String); err != nil {
+			if r.Events.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, 0, store.ColEvents, r.Events.String); err != nil {
 				return nil, fmt.Errorf("audit: %w", err)
 			}
 		}
