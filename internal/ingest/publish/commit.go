@@ -76,6 +76,7 @@ type pubRequest struct {
 	msg   *nats.Msg
 	id    string
 	op    wire.Op
+	alone bool           // never in a batch
 	until time.Time      // the caller waits for an answer until then
 	res   chan pubResult // buffered 1
 }
@@ -180,13 +181,17 @@ func (c *committer) messages(group []*pubRequest) (msgs []*outMsg, rest []*pubRe
 	open := make(map[string]*outMsg) // the subject's last message, while it has room
 	for i, r := range group {
 		m := open[r.msg.Subject]
-		if m == nil || len(m.reqs) >= c.batchMax || m.bytes+1+len(r.msg.Data) > maxBatchBytes {
+		if m == nil || r.alone || len(m.reqs) >= c.batchMax || m.bytes+1+len(r.msg.Data) > maxBatchBytes {
 			if len(msgs) == c.maxBatch {
 				return c.build(msgs), group[i:]
 			}
 			m = &outMsg{}
 			msgs = append(msgs, m)
 			open[r.msg.Subject] = m
+			if r.alone {
+				// The activity's later requests go after it.
+				delete(open, r.msg.Subject)
+			}
 		}
 		m.reqs = append(m.reqs, r)
 		m.bytes += 1 + len(r.msg.Data)
@@ -358,17 +363,17 @@ func (c *committer) commitBatch(msgs []*outMsg, timeout time.Duration) bool {
 	return true
 }
 
-// publish queues msg, a request with op, and waits for its outcome, at
-// most until deadline (the committer answers by then; a little more is
-// waited for, in case it is late).
-func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, deadline time.Time) pubResult {
+// publish queues msg, a request with op (alone: never in a batch), and
+// waits for its outcome, at most until deadline (the committer answers by
+// then; a little more is waited for, in case it is late).
+func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, alone bool, deadline time.Time) pubResult {
 	// The worker gets a copy: publishing sets headers on the message, and
 	// the caller may publish msg again while the worker still holds it.
 	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+3)}
 	for k, v := range msg.Header {
 		own.Header[k] = slices.Clone(v)
 	}
-	r := &pubRequest{msg: own, id: id, op: op, until: deadline, res: make(chan pubResult, 1)}
+	r := &pubRequest{msg: own, id: id, op: op, alone: alone, until: deadline, res: make(chan pubResult, 1)}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {

@@ -84,7 +84,7 @@ func publishAll(t *testing.T, r *commitRig, ids []string, activities int, how in
 			}
 			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: int64(1 + i%activities), UserID: int64(i + 1)})
 			msg := &nats.Msg{Subject: wire.RequestSubject(int64(1 + i%activities)), Data: data, Header: nats.Header{}}
-			res := r.c.publish(msg, wire.OpClaim, id, time.Now().Add(10*time.Second))
+			res := r.c.publish(msg, wire.OpClaim, id, false, time.Now().Add(10*time.Second))
 			if res.err != nil {
 				t.Errorf("publish %d: %v", i, res.err)
 				return
