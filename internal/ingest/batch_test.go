@@ -238,7 +238,7 @@ func TestBurstResultsHaveDistinctPlaces(t *testing.T) {
 		if got := h.requestAt(r.PlaceOf()); got != id {
 			t.Fatalf("%s recorded at %s, which holds %s", id, wire.FormatPlace(r.PlaceOf()), got)
 		}
-		if r.Outcome == wire.OutcomeConfirmed {
+		if r.Outcome == wire.OutcomeGranted {
 			granted++
 		}
 	}
