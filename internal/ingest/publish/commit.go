@@ -149,14 +149,24 @@ func (c *committer) run(ctx context.Context) {
 	}
 }
 
-// commit publishes one group.
+// commit publishes one group, by the earliest time one of its callers
+// waits until. A request whose caller no longer waits is not published: it
+// is told nothing left the process.
 func (c *committer) commit(group []*pubRequest) {
-	deadline := group[0].until
+	now := time.Now()
+	live := group[:0]
+	var deadline time.Time
 	for _, r := range group {
-		if r.until.Before(deadline) {
+		if !r.until.After(now) {
+			r.res <- pubResult{err: errors.New("the publish deadline passed in the queue")}
+			continue
+		}
+		if deadline.IsZero() || r.until.Before(deadline) {
 			deadline = r.until
 		}
+		live = append(live, r)
 	}
+	group = live
 	for len(group) > 0 {
 		msgs, rest := c.messages(group)
 		group = rest

@@ -302,3 +302,42 @@ func TestGroupCommitFallsBack(t *testing.T) {
 		}
 	})
 }
+
+// TestGroupCommitKeepsAloneRequestsInOrder: a request that must go alone
+// (a keyed one) is its own message with its request id as Nats-Msg-Id, and
+// its activity's later requests go after it, never into an earlier batch.
+func TestGroupCommitKeepsAloneRequestsInOrder(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, true, wire.MaxBatch)
+	ids := newIDs(9)
+	alone := func(i int) bool { return i == 3 || i == 4 || i == 8 }
+	got := make([]placed, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpJoin, ActivityID: 1, UserID: int64(i + 1)})
+			msg := &nats.Msg{Subject: wire.RequestSubject(1), Data: data, Header: nats.Header{}}
+			res := r.c.publish(msg, wire.OpJoin, id, alone(i), time.Now().Add(10*time.Second))
+			if res.err != nil {
+				t.Errorf("publish %d: %v", i, res.err)
+				return
+			}
+			got[i] = placed{wire.Place(res.ack.Sequence, res.index), res.batched}
+		})
+		testenv.WaitFor(t, 10*time.Second, "the request queued", func() bool { return len(r.c.in) > i })
+	}
+	r.start(t)
+	wg.Wait()
+	// 0-2 | 3 | 4 | 5-7 | 8
+	if n := requireStored(t, r.js, ids, got); n != 5 {
+		t.Fatalf("stored as %d messages, want 5", n)
+	}
+	for i := range got {
+		if got[i].batched == alone(i) {
+			t.Fatalf("request %d: batched %v, alone %v", i, got[i].batched, alone(i))
+		}
+		if i > 0 && got[i].place <= got[i-1].place {
+			t.Fatalf("request %d at %s, not after request %d at %s", i, wire.FormatPlace(got[i].place), i-1, wire.FormatPlace(got[i-1].place))
+		}
+	}
+}
