@@ -51,6 +51,14 @@ import (
 // is published alone by its caller (Publish): such a request may be stored
 // twice, which is safe (a request id is applied once) but leaves its place
 // unsure, so it is never shed.
+//
+// Order: within a group, an activity's requests keep their arrival order
+// in their messages, and its messages go out in that order (one atomic
+// batch, or pipelined on one connection, which the broker stores in
+// order). Only a copy published again after a lost PubAck that had not in
+// fact been stored can land behind a later message of the same group;
+// every request of a group was in flight at the same time, so no client
+// saw one answered before it sent another, and causal order always holds.
 
 // Defaults of the group commit.
 const (
