@@ -47,7 +47,7 @@ func answer(status int, body string, header ...string) func(http.ResponseWriter,
 const (
 	id      = "0190f5e2-7c4a-7b3e-8f00-3c1d2e4f5a6b"
 	pending = `{"request_id":"` + id + `","state":"pending"}`
-	done    = `{"request_id":"` + id + `","state":"done","op":"join","activity_id":1,"user_id":2,"outcome":"WAITING","status":"WAITING","position":1,"promoted_user_id":null,"seq":9,"applied_at":"2026-01-01T00:00:00Z"}`
+	done    = `{"request_id":"` + id + `","state":"done","op":"join","activity_id":1,"user_id":2,"outcome":"WAITING","status":"WAITING","position":1,"promoted_user_id":null,"seq":9,"index":4,"applied_at":"2026-01-01T00:00:00Z"}`
 )
 
 func fake(t *testing.T, steps ...func(http.ResponseWriter, *http.Request)) (*script, *Client) {
@@ -107,8 +107,8 @@ func TestJoinRetriesWithOneKeyAndHonoursRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Outcome != Waiting || *res.Position != 1 || *res.Status != StatusWaiting {
-		t.Errorf("result %+v, want WAITING at position 1", res)
+	if res.Outcome != Waiting || *res.Position != 1 || *res.Status != StatusWaiting || res.Seq != 9 || res.Index != 4 {
+		t.Errorf("result %+v, want WAITING at position 1, at 9#4", res)
 	}
 	// The 503's Retry-After: 1 exactly; the 429 (the write's attempt 1)
 	// a backoff of 2 x 1ms; the early pending poll (attempt 0) one of 1ms.

@@ -208,7 +208,7 @@ func TestWordsMatchTheServers(t *testing.T) {
 	// A result the server encodes decodes into the client's type intact.
 	pos, st := int64(3), wire.StatusWaiting
 	in := wire.Result{RequestID: "r", State: wire.StateDone, Op: wire.OpJoin, ActivityID: 1, UserID: 2,
-		Outcome: wire.OutcomeWaiting, Status: &st, Position: &pos, PromotedUserIDs: []int64{5, 6}, Seq: 7,
+		Outcome: wire.OutcomeWaiting, Status: &st, Position: &pos, PromotedUserIDs: []int64{5, 6}, Seq: 7, Index: 3,
 		AppliedAt: time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC), Shed: true}
 	data, err := json.Marshal(in)
 	if err != nil {

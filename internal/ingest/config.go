@@ -16,6 +16,7 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // Config is ingest's configuration, read from ALLOT_ variables (embed it in
@@ -41,7 +42,8 @@ type Config struct {
 // Publishing is how requests are published (package publish).
 type Publishing struct {
 	PublishTimeout time.Duration `envconfig:"INGEST_PUBLISH_TIMEOUT" default:"5s" desc:"bound on one publish to JetStream, PubAck included"`
-	CommitMinBatch int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"smallest queue of requests published as one atomic batch (group commit); -1 = never"`
+	CommitMinBatch int           `envconfig:"INGEST_COMMIT_MIN_BATCH" default:"16" desc:"fewest messages of a group commit published as one atomic batch; -1 = never"`
+	BatchMax       int           `envconfig:"INGEST_BATCH_MAX" default:"1000" desc:"most requests of one activity published as one message (a batch) by the group commit; 1 = every request alone"`
 	MaxInFlight    int           `envconfig:"INGEST_MAX_IN_FLIGHT" default:"2048" desc:"publishes awaiting their PubAck; 503 beyond"`
 }
 
@@ -97,6 +99,9 @@ func (e Config) Validate() error {
 	if e.CommitMinBatch == 0 || e.CommitMinBatch < -1 || e.CommitMinBatch > publish.DefaultCommitMaxBatch {
 		return fmt.Errorf("ALLOT_INGEST_COMMIT_MIN_BATCH must be -1 (never batch) or between 1 and %d, got %d", publish.DefaultCommitMaxBatch, e.CommitMinBatch)
 	}
+	if e.BatchMax < 1 || e.BatchMax > wire.MaxBatch {
+		return fmt.Errorf("ALLOT_INGEST_BATCH_MAX must be between 1 (no batches) and %d, got %d", wire.MaxBatch, e.BatchMax)
+	}
 	if e.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(e.MetricsAddr); err != nil {
 			return fmt.Errorf("ALLOT_INGEST_METRICS_ADDR must be host:port or :port, got %q", e.MetricsAddr)
@@ -142,7 +147,8 @@ func (e Config) accessConfig(t TestHooks) access.Config {
 
 func (e Config) publishConfig(t TestHooks) publish.Config {
 	return publish.Config{PublishTimeout: e.PublishTimeout, MaxInFlight: e.MaxInFlight,
-		CommitMinBatch: e.CommitMinBatch, SettleMax: cmp.Or(t.SettleMax, publish.DefaultSettleMax)}
+		CommitMinBatch: e.CommitMinBatch, BatchMax: e.BatchMax,
+		SettleMax: cmp.Or(t.SettleMax, publish.DefaultSettleMax), DropBatchAck: t.DropBatchAck}
 }
 
 // Deps is everything Run and New use that is not configuration.
@@ -180,6 +186,10 @@ type TestHooks struct {
 	SettleMax       int           // publish.DefaultSettleMax
 	UserBurst       int           // Config.UserBurst
 	ReadBurst       int           // Config.ReadBurst
+	// DropBatchAck, when set, is asked for every PubAck of a batch message
+	// the group commit receives; true drops it as if it were lost (nil:
+	// none is dropped).
+	DropBatchAck func(id string) bool
 }
 
 func (t TestHooks) recheck() time.Duration { return cmp.Or(t.RecheckInterval, DefaultRecheckInterval) }

@@ -74,8 +74,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"outcome"}))
 	m.publish.CommitBatch = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "allot_ingest_commit_batch_size",
-		Help:    "Requests published together as one atomic batch (group commit).",
+		Help:    "Messages (single requests and batches) published together as one atomic batch (group commit).",
 		Buckets: prometheus.ExponentialBuckets(16, 2, 7),
+	}))
+	m.publish.MessageRequests = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allot_ingest_message_requests",
+		Help:    "Requests in each message the group commit published: 1 for a single request, more for a batch of one activity's requests.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 11), // 1 .. 1024
 	}))
 	m.shed.TailWait = register(&r, prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "allot_ingest_tail_wait_seconds",

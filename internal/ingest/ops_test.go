@@ -329,6 +329,8 @@ func TestConfigRejectsBadValues(t *testing.T) {
 		func(c *Config) { c.RateLimit = -1 },
 		func(c *Config) { c.MaxInFlight = 0 },
 		func(c *Config) { c.CommitMinBatch = 0 },
+		func(c *Config) { c.BatchMax = 0 },
+		func(c *Config) { c.BatchMax = wire.MaxBatch + 1 },
 	} {
 		c := good
 		set(&c)

@@ -75,12 +75,15 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	if q.repeat && s.answerRepeat(ctx, w, q) {
 		return
 	}
-	seq, ok := s.publish(ctx, w, q)
+	st, ok := s.publish(ctx, w, q)
 	if !ok {
 		return
 	}
-	if candidate != nil {
-		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, seq, candidate); ok {
+	// Only a place known for sure proves an answer: a request that may be
+	// stored twice (its batch's PubAck was lost, then it went alone) is
+	// answered by the allocator, from whichever copy comes first.
+	if candidate != nil && st.Sole {
+		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, st.Place, candidate); ok {
 			reply.JSON(w, http.StatusOK, res)
 			return
 		}
@@ -202,19 +205,19 @@ func (s *Service) answerRepeat(ctx context.Context, w http.ResponseWriter, q wri
 // publishes are in flight or the broker refused, with the request id when
 // it may be stored (settled in the background: republished, else voided,
 // so that the id the client is given reaches a final state).
-func (s *Service) publish(ctx context.Context, w http.ResponseWriter, q writeReq) (uint64, bool) {
-	seq, err := s.pub.Publish(ctx, q.activity, q.id, q.data)
+func (s *Service) publish(ctx context.Context, w http.ResponseWriter, q writeReq) (publish.Stored, bool) {
+	st, err := s.pub.Publish(ctx, q.activity, q.op, q.id, q.data, q.hasKey)
 	switch {
 	case err == nil:
-		return seq, true
+		return st, true
 	case errors.Is(err, publish.ErrOverloaded):
 		reply.RetryAfter(w, time.Second)
 		reply.Error(w, http.StatusServiceUnavailable, reply.MsgOverloaded)
 	case errors.Is(err, publish.ErrMaybeStored):
-		s.pub.Settle(q.activity, q.id, q.data, q.user, q.part)
+		s.pub.Settle(q.activity, q.op, q.id, q.data, q.user, q.part)
 		reply.MaybeStored(w, q.id)
 	default:
 		reply.Error(w, http.StatusServiceUnavailable, reply.MsgBrokerDown)
 	}
-	return 0, false
+	return publish.Stored{}, false
 }

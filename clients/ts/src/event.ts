@@ -12,6 +12,7 @@ const fields: ReadonlyArray<readonly [keyof Event, "string" | "number"]> = [
   ["user_id", "number"],
   ["request_id", "string"],
   ["seq", "number"],
+  ["index", "number"],
   ["at", "string"],
 ];
 

@@ -293,8 +293,15 @@ export interface components {
              *     the user has.
              */
             held_until?: string;
-            /** @description The request's sequence in the request stream (a shed claim's too, its own place in the stream). */
+            /**
+             * @description The stream sequence of the message that carries the request in
+             *     the request stream (a shed claim's too). A message carries one
+             *     request or a batch of one activity's requests; the request's
+             *     place in the stream is (seq, index), and places order as pairs.
+             */
             seq: number;
+            /** @description The 0-based index of the request in its message's batch; 0 for a single request. */
+            index: number;
             /** Format: date-time */
             applied_at: string;
             /** @description A shed claim, answered by ingest from the allocator's view of a full activity before the allocator applied it. */
@@ -339,7 +346,10 @@ export interface components {
             /** @description 0 for activity-level events (opened, resized, sold_out). */
             user_id: number;
             request_id: components["schemas"]["UUID"];
+            /** @description The stream sequence of the message that carries the request that caused the event. */
             seq: number;
+            /** @description The 0-based index of that request in its message's batch; 0 for a single request. */
+            index: number;
             /** Format: date-time */
             at: string;
             /**

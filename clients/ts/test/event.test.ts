@@ -23,6 +23,7 @@ test("the fixture's events decode, as text and as bytes, field for field", () =>
   const promoted = decodeEvent(JSON.stringify(events[1]));
   assert.equal(promoted.user_id, 2);
   assert.equal(promoted.seq, 4);
+  assert.equal(promoted.index, 2);
   assert.equal(promoted.request_id, "7c1d3e5f-2a4b-4c6d-8e0f-1a2b3c4d5e6f");
   assert.equal(Date.parse(promoted.at), Date.UTC(2026, 11, 1, 10, 41, 7, 610));
 });
@@ -38,6 +39,7 @@ test("a body a receiver cannot dedupe or read is refused with the reason", () =>
     ["a 256-byte event_id", JSON.stringify({ ...good, event_id: "x".repeat(256) }), /at most 255 bytes/],
     ["a string activity_id", JSON.stringify({ ...good, activity_id: "9001" }), /activity_id is not a number/],
     ["no seq", JSON.stringify({ ...good, seq: undefined }), /no seq/],
+    ["a string index", JSON.stringify({ ...good, index: "0" }), /index is not a number/],
     ["a bad at", JSON.stringify({ ...good, at: "yesterday" }), /at is not a date-time/],
     ["a bad held_until", JSON.stringify({ ...good, held_until: 5 }), /held_until is not a date-time/],
     ["bytes that are not UTF-8", new Uint8Array([0x7b, 0xff, 0x7d]), /malformed event: /],

@@ -71,7 +71,7 @@ const rid = "0a1b2c3d-4e5f-4061-8273-8495a6b7c8d9";
 function done(extra: Partial<Result> = {}): Result {
   return {
     request_id: rid, state: "done", op: "join", activity_id: 7, user_id: 3, outcome: "CONFIRMED",
-    status: "CONFIRMED", position: null, promoted_user_id: null, seq: 12, applied_at: "2026-12-01T10:00:00Z", ...extra,
+    status: "CONFIRMED", position: null, promoted_user_id: null, seq: 12, index: 0, applied_at: "2026-12-01T10:00:00Z", ...extra,
   };
 }
 const pending = { request_id: rid, state: "pending" };

@@ -23,9 +23,11 @@ import (
 type brokerSample struct {
 	streams map[string]jetstream.StreamState
 	// batches and batched are the atomic batches ingest published and the
-	// requests they carried (allot_ingest_commit_batch_size's count and
-	// sum); -1 when the metrics could not be read.
-	batches, batched float64
+	// messages they carried (allot_ingest_commit_batch_size's count and
+	// sum), msgs and reqs the messages its group commit published and the
+	// requests in them (allot_ingest_message_requests'); -1 when the
+	// metrics could not be read.
+	batches, batched, msgs, reqs float64
 }
 
 // sampleBroker reads every stream of the JetStream server at natsURL and
@@ -33,7 +35,7 @@ type brokerSample struct {
 func sampleBroker(ctx context.Context, natsURL, baseURL string) (brokerSample, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b := brokerSample{streams: map[string]jetstream.StreamState{}, batches: -1, batched: -1}
+	b := brokerSample{streams: map[string]jetstream.StreamState{}, batches: -1, batched: -1, msgs: -1, reqs: -1}
 	nc, err := bus.Connect(natsURL, "bench-broker", slog.New(slog.DiscardHandler))
 	if err != nil {
 		return b, err
@@ -50,14 +52,15 @@ func sampleBroker(ctx context.Context, natsURL, baseURL string) (brokerSample, e
 	if err := l.Err(); err != nil {
 		return b, err
 	}
-	b.batches, b.batched = commitBatches(ctx, baseURL)
+	b.batches, b.batched, b.msgs, b.reqs = commitBatches(ctx, baseURL)
 	return b, nil
 }
 
-// commitBatches reads allot_ingest_commit_batch_size's count and sum from
-// baseURL's /metrics; -1, -1 when it cannot.
-func commitBatches(ctx context.Context, baseURL string) (count, sum float64) {
-	count, sum = -1, -1
+// commitBatches reads the count and sum of allot_ingest_commit_batch_size
+// and of allot_ingest_message_requests from baseURL's /metrics; -1 each
+// when it cannot.
+func commitBatches(ctx context.Context, baseURL string) (count, sum, msgs, reqs float64) {
+	count, sum, msgs, reqs = -1, -1, -1, -1
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/metrics", nil)
 	if err != nil {
 		return
@@ -87,6 +90,10 @@ func commitBatches(ctx context.Context, baseURL string) (count, sum float64) {
 			count = f
 		case "allot_ingest_commit_batch_size_sum":
 			sum = f
+		case "allot_ingest_message_requests_count":
+			msgs = f
+		case "allot_ingest_message_requests_sum":
+			reqs = f
 		}
 	}
 	return
@@ -114,13 +121,17 @@ func printBroker(w io.Writer, before, after brokerSample, writes int) {
 		fmt.Fprintf(w, "  %d HTTP writes (the claims and the open) stored as %d messages in %s: %.2f requests per message\n",
 			writes, stored, wire.RequestStream, float64(writes)/float64(stored))
 	}
-	if before.batches >= 0 && after.batches >= 0 {
-		n, reqs := after.batches-before.batches, after.batched-before.batched
-		mean := 0.0
+	if before.batches >= 0 && after.batches >= 0 && before.msgs >= 0 && after.msgs >= 0 {
+		n, in := after.batches-before.batches, after.batched-before.batched
+		msgs, reqs := after.msgs-before.msgs, after.reqs-before.reqs
+		mean, per := 0.0, 0.0
 		if n > 0 {
-			mean = reqs / n
+			mean = in / n
 		}
-		fmt.Fprintf(w, "  ingest's group commit: %.0f atomic batches carrying %.0f requests (%.1f a batch); %.0f published alone\n",
-			n, reqs, mean, max(float64(stored)-reqs, 0))
+		if msgs > 0 {
+			per = reqs / msgs
+		}
+		fmt.Fprintf(w, "  ingest's group commit: %.0f requests in %.0f messages (%.1f a message); %.0f atomic batches carrying %.0f of the messages (%.1f a batch)\n",
+			reqs, msgs, per, n, in, mean)
 	}
 }

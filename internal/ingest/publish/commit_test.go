@@ -2,9 +2,10 @@ package publish
 
 import (
 	"context"
-	"fmt"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -21,83 +22,158 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// commitRig runs a committer against a real JetStream server whose request
-// stream allows atomic publish or not. sizes returns the atomic batches'
-// sizes so far (the committer counts a batch after answering it, so a
-// reader waits for the count it expects).
-func commitRig(t *testing.T, atomicOK bool) (c *committer, js jetstream.JetStream, sizes func() []int) {
+// commitRig is a committer against a real JetStream server whose request
+// stream allows atomic publish or not, not running yet (start runs it).
+// sizes returns the atomic batches' sizes so far (the committer counts a
+// batch after answering it, so a reader waits for the count it expects).
+type commitRig struct {
+	c     *committer
+	js    jetstream.JetStream
+	mu    sync.Mutex
+	sizes []int
+}
+
+func newCommitRig(t *testing.T, atomicOK bool, batchMax int) *commitRig {
 	t.Helper()
 	ns := natstest.New(t)
 	nc, js := ns.Connect(t)
-	ctx := context.Background()
-	var (
-		mu  sync.Mutex
-		got []int
-	)
 	cfg := config.Defaults[bus.Config]().RequestStream()
 	cfg.AllowAtomicPublish = atomicOK
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
+	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
-	c = &committer{nc: nc, js: js, log: slog.New(slog.NewTextHandler(io.Discard, nil)), in: make(chan *pubRequest, 1024),
-		minBatch: 4, maxBatch: 1000, timeout: 5 * time.Second,
-		batches: func(n int) { mu.Lock(); got = append(got, n); mu.Unlock() }}
-	rctx, cancel := context.WithCancel(ctx)
-	t.Cleanup(cancel)
-	c.run(rctx)
-	return c, js, func() []int { mu.Lock(); defer mu.Unlock(); return slices.Clone(got) }
+	r := &commitRig{js: js}
+	r.c = &committer{nc: nc, js: js, log: slog.New(slog.NewTextHandler(io.Discard, nil)), in: make(chan *pubRequest, 4096),
+		minBatch: 4, maxBatch: 1000, batchMax: batchMax,
+		batches: func(n int) { r.mu.Lock(); r.sizes = append(r.sizes, n); r.mu.Unlock() }}
+	return r
 }
 
-// publishAll publishes n requests at once, with ids[i] as Nats-Msg-Id, and
-// returns the sequence each was acknowledged with.
-func publishAll(t *testing.T, c *committer, ids []string) []uint64 {
+func (r *commitRig) start(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r.c.run(ctx)
+}
+
+func (r *commitRig) batches() []int { r.mu.Lock(); defer r.mu.Unlock(); return slices.Clone(r.sizes) }
+
+// placed is where a request was stored.
+type placed struct {
+	place   uint64
+	batched bool
+}
+
+// Ways publishAll queues its requests.
+const (
+	concurrent = iota // all at once, the committer running
+	queued            // all at once, the committer started once all are queued (one group)
+	inOrder           // one after another in the order of ids, then the committer started
+)
+
+// publishAll publishes one claim per id, ids[i] on activity
+// 1+i%activities, queued as how says, and returns each one's place.
+func publishAll(t *testing.T, r *commitRig, ids []string, activities int, how int) []placed {
 	t.Helper()
-	seqs := make([]uint64, len(ids))
+	out := make([]placed, len(ids))
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i, id := range ids {
 		wg.Go(func() {
-			<-start
-			msg := &nats.Msg{Subject: wire.RequestSubject(int64(1 + i%5)), Data: []byte(`{"n":` + fmt.Sprint(i) + `}`), Header: nats.Header{}}
-			res := c.publish(msg, id, time.Now().Add(10*time.Second))
+			if how != inOrder {
+				<-start
+			}
+			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: int64(1 + i%activities), UserID: int64(i + 1)})
+			msg := &nats.Msg{Subject: wire.RequestSubject(int64(1 + i%activities)), Data: data, Header: nats.Header{}}
+			res := r.c.publish(msg, wire.OpClaim, id, false, time.Now().Add(10*time.Second))
 			if res.err != nil {
 				t.Errorf("publish %d: %v", i, res.err)
 				return
 			}
-			seqs[i] = res.ack.Sequence
+			out[i] = placed{wire.Place(res.ack.Sequence, res.index), res.batched}
 		})
+		if how == inOrder {
+			for deadline := time.Now().Add(10 * time.Second); len(r.c.in) <= i; {
+				if time.Now().After(deadline) {
+					t.Fatalf("request %d not queued", i)
+				}
+				runtime.Gosched()
+			}
+		}
 	}
 	close(start)
+	if how != concurrent {
+		testenv.WaitFor(t, 10*time.Second, "every request queued", func() bool { return len(r.c.in) == len(ids) })
+	}
+	r.start(t)
 	wg.Wait()
-	return seqs
+	return out
 }
 
-// requireStored checks that every id is stored exactly once, at the
-// sequence its PubAck named.
-func requireStored(t *testing.T, js jetstream.JetStream, ids []string, seqs []uint64) {
+// stored reads the request stream: the request id at every place, and the
+// Nats-Msg-Id of every message.
+func stored(t *testing.T, js jetstream.JetStream) (ids map[uint64]string, msgIDs []string) {
 	t.Helper()
 	ctx := context.Background()
 	st, err := js.Stream(ctx, wire.RequestStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, _ := st.Info(ctx)
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = map[uint64]string{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+		msgIDs = append(msgIDs, m.Header.Get(jetstream.MsgIDHeader))
+		ops := m.Header.Get(wire.OpsHeader)
+		ds, err := wire.DecodeMessage(m.Subject, m.Header.Get(wire.BatchHeader), m.Data)
+		if err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+		var want []wire.Op
+		for _, d := range ds {
+			if d.Err != nil {
+				t.Fatalf("seq %d#%d: %v", seq, d.Index, d.Err)
+			}
+			ids[wire.Place(seq, d.Index)] = d.Request.RequestID
+			want = append(want, d.Request.Op)
+		}
+		if ops != wire.OpsOf(want...) {
+			t.Fatalf("seq %d: %s %q, want %q", seq, wire.OpsHeader, ops, wire.OpsOf(want...))
+		}
+		if len(ds) == 1 && m.Header.Get(wire.BatchHeader) == "" && msgIDs[len(msgIDs)-1] != ds[0].Request.RequestID {
+			t.Fatalf("seq %d: a single request stored with Nats-Msg-Id %s, want its request id", seq, msgIDs[len(msgIDs)-1])
+		}
+	}
+	return ids, msgIDs
+}
+
+// requireStored checks that every request id is stored exactly once, at
+// the place its PubAck named, and that no Nats-Msg-Id is stored twice; it
+// returns the number of messages stored.
+func requireStored(t *testing.T, js jetstream.JetStream, ids []string, got []placed) int {
+	t.Helper()
+	at, msgIDs := stored(t, js)
 	distinct := map[string]bool{}
 	for _, id := range ids {
 		distinct[id] = true
 	}
-	if info.State.Msgs != uint64(len(distinct)) {
-		t.Fatalf("%d messages stored for %d distinct ids", info.State.Msgs, len(distinct))
+	if len(at) != len(distinct) {
+		t.Fatalf("%d requests stored for %d distinct ids", len(at), len(distinct))
 	}
 	for i, id := range ids {
-		m, err := st.GetMsg(ctx, seqs[i])
-		if err != nil {
-			t.Fatalf("request %d: seq %d: %v", i, seqs[i], err)
-		}
-		if got := m.Header.Get(jetstream.MsgIDHeader); got != id {
-			t.Fatalf("request %d: seq %d holds %s, want %s", i, seqs[i], got, id)
+		if at[got[i].place] != id {
+			t.Fatalf("request %d: place %s holds %q, want %s", i, wire.FormatPlace(got[i].place), at[got[i].place], id)
 		}
 	}
+	if slices.Sort(msgIDs); len(slices.Compact(slices.Clone(msgIDs))) != len(msgIDs) {
+		t.Fatal("a Nats-Msg-Id is stored twice")
+	}
+	return len(msgIDs)
 }
 
 func newIDs(n int) []string {
@@ -108,23 +184,93 @@ func newIDs(n int) []string {
 	return ids
 }
 
-// TestGroupCommit: concurrent publishes are committed in atomic batches,
-// each request stored once at the sequence its PubAck names.
-func TestGroupCommit(t *testing.T) {
+// TestGroupCommitBatchesAnActivity: a group's requests for one activity
+// are one message, in arrival order, each request stored once at the
+// place its PubAck names; many activities' messages go out as one atomic
+// batch.
+func TestGroupCommitBatchesAnActivity(t *testing.T) {
 	t.Parallel()
-	c, js, sizes := commitRig(t, true)
-	ids := newIDs(600)
-	seqs := publishAll(t, c, ids)
-	requireStored(t, js, ids, seqs)
-	total := func() int {
-		n := 0
-		for _, s := range sizes() {
-			n += s
+	t.Run("one activity", func(t *testing.T) {
+		t.Parallel()
+		r := newCommitRig(t, true, wire.MaxBatch)
+		ids := newIDs(600)
+		got := publishAll(t, r, ids, 1, inOrder)
+		if n := requireStored(t, r.js, ids, got); n != 1 {
+			t.Fatalf("600 queued requests for one activity stored as %d messages, want 1", n)
 		}
-		return n
+		for i := range got {
+			if !got[i].batched || got[i].place != wire.Place(wire.SeqOf(got[0].place), i) {
+				t.Fatalf("request %d at %s (batched %v), want index %d of the batch", i, wire.FormatPlace(got[i].place), got[i].batched, i)
+			}
+		}
+	})
+	t.Run("bounded", func(t *testing.T) {
+		t.Parallel()
+		r := newCommitRig(t, true, 100)
+		ids := newIDs(250)
+		got := publishAll(t, r, ids, 1, inOrder)
+		if n := requireStored(t, r.js, ids, got); n != 3 {
+			t.Fatalf("250 queued requests, at most 100 a message, stored as %d messages, want 3", n)
+		}
+		for i := 1; i < len(got); i++ {
+			if got[i].place <= got[i-1].place {
+				t.Fatalf("request %d at %s, before the earlier request %d at %s", i, wire.FormatPlace(got[i].place), i-1, wire.FormatPlace(got[i-1].place))
+			}
+		}
+	})
+	t.Run("many activities", func(t *testing.T) {
+		t.Parallel()
+		r := newCommitRig(t, true, wire.MaxBatch)
+		ids := newIDs(600)
+		got := publishAll(t, r, ids, 40, queued)
+		if n := requireStored(t, r.js, ids, got); n != 40 {
+			t.Fatalf("600 queued requests for 40 activities stored as %d messages, want 40", n)
+		}
+		if b := r.batches(); len(b) != 1 || b[0] != 40 {
+			t.Fatalf("atomic batches %v, want one of the 40 messages", b)
+		}
+	})
+	t.Run("concurrent", func(t *testing.T) {
+		t.Parallel()
+		r := newCommitRig(t, true, wire.MaxBatch)
+		ids := newIDs(600)
+		got := publishAll(t, r, ids, 3, concurrent)
+		n := requireStored(t, r.js, ids, got)
+		t.Logf("600 concurrent requests for 3 activities stored as %d messages", n)
+	})
+}
+
+// TestGroupCommitRepublishesABatch: a batch whose PubAck is lost is
+// published again with the same Nats-Msg-Id: stored once, its requests at
+// the places of the first copy.
+func TestGroupCommitRepublishesABatch(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, true, wire.MaxBatch)
+	var (
+		mu      sync.Mutex
+		dropped = map[string]int{}
+	)
+	r.c.dropAck = func(id string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		dropped[id]++
+		return dropped[id] == 1 // the first PubAck of every batch is lost
 	}
-	testenv.WaitFor(t, 5*time.Second, "600 concurrent publishes, some in an atomic batch", func() bool { return total() > 0 })
-	t.Logf("%d of 600 requests in %d atomic batches", total(), len(sizes()))
+	ids := newIDs(50)
+	got := publishAll(t, r, ids, 1, queued)
+	if n := requireStored(t, r.js, ids, got); n != 1 {
+		t.Fatalf("a batch published twice is stored as %d messages, want 1", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dropped) != 1 {
+		t.Fatalf("PubAcks of %d batches seen, want 1", len(dropped))
+	}
+	for id, n := range dropped {
+		if n != 2 {
+			t.Fatalf("batch %s: %d PubAcks, want 2 (the lost one, then the duplicate's)", id, n)
+		}
+	}
 }
 
 // TestGroupCommitFallsBack: a batch holding the same id twice (a retried
@@ -135,22 +281,63 @@ func TestGroupCommitFallsBack(t *testing.T) {
 	t.Parallel()
 	t.Run("duplicate", func(t *testing.T) {
 		t.Parallel()
-		c, js, _ := commitRig(t, true)
+		r := newCommitRig(t, true, 1)
 		ids := newIDs(200)
 		for i := 1; i < len(ids); i += 10 {
 			ids[i] = ids[i-1]
 		}
-		seqs := publishAll(t, c, ids)
-		requireStored(t, js, ids, seqs)
+		got := publishAll(t, r, ids, 5, queued)
+		requireStored(t, r.js, ids, got)
 	})
 	t.Run("no atomic publish", func(t *testing.T) {
 		t.Parallel()
-		c, js, sizes := commitRig(t, false)
+		r := newCommitRig(t, false, wire.MaxBatch)
 		ids := newIDs(200)
-		seqs := publishAll(t, c, ids)
-		requireStored(t, js, ids, seqs)
-		if len(sizes()) != 0 || !c.noAtomic.Load() {
-			t.Fatalf("batches %v on a stream that refuses them; noAtomic %v", sizes(), c.noAtomic.Load())
+		got := publishAll(t, r, ids, 5, queued)
+		if n := requireStored(t, r.js, ids, got); n != 5 {
+			t.Fatalf("200 queued requests for 5 activities stored as %d messages, want 5", n)
+		}
+		if len(r.batches()) != 0 || !r.c.noAtomic.Load() {
+			t.Fatalf("batches %v on a stream that refuses them; noAtomic %v", r.batches(), r.c.noAtomic.Load())
 		}
 	})
+}
+
+// TestGroupCommitKeepsAloneRequestsInOrder: a request that must go alone
+// (a keyed one) is its own message with its request id as Nats-Msg-Id, and
+// its activity's later requests go after it, never into an earlier batch.
+func TestGroupCommitKeepsAloneRequestsInOrder(t *testing.T) {
+	t.Parallel()
+	r := newCommitRig(t, true, wire.MaxBatch)
+	ids := newIDs(9)
+	alone := func(i int) bool { return i == 3 || i == 4 || i == 8 }
+	got := make([]placed, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpJoin, ActivityID: 1, UserID: int64(i + 1)})
+			msg := &nats.Msg{Subject: wire.RequestSubject(1), Data: data, Header: nats.Header{}}
+			res := r.c.publish(msg, wire.OpJoin, id, alone(i), time.Now().Add(10*time.Second))
+			if res.err != nil {
+				t.Errorf("publish %d: %v", i, res.err)
+				return
+			}
+			got[i] = placed{wire.Place(res.ack.Sequence, res.index), res.batched}
+		})
+		testenv.WaitFor(t, 10*time.Second, "the request queued", func() bool { return len(r.c.in) > i })
+	}
+	r.start(t)
+	wg.Wait()
+	// 0-2 | 3 | 4 | 5-7 | 8
+	if n := requireStored(t, r.js, ids, got); n != 5 {
+		t.Fatalf("stored as %d messages, want 5", n)
+	}
+	for i := range got {
+		if got[i].batched == alone(i) {
+			t.Fatalf("request %d: batched %v, alone %v", i, got[i].batched, alone(i))
+		}
+		if i > 0 && got[i].place <= got[i-1].place {
+			t.Fatalf("request %d at %s, not after request %d at %s", i, wire.FormatPlace(got[i].place), i-1, wire.FormatPlace(got[i-1].place))
+		}
+	}
 }

@@ -1,6 +1,7 @@
 // Package publish stores request messages in the request stream: the
-// group commit (commit.go) that publishes a queue of requests as one atomic
-// batch, the PubAck wait and its retries with the same Nats-Msg-Id
+// group commit (commit.go) that publishes a queue of requests as few
+// messages (one batch per activity) and those as one atomic batch, the
+// PubAck wait and its retries with the same Nats-Msg-Id
 // (Publish), and the settling of a request whose PubAck was lost, which is
 // republished in the background or else voided (settle.go), so that every
 // request id a client is given reaches a final state.
@@ -30,19 +31,27 @@ type Config struct {
 	// MaxInFlight bounds the publishes awaiting their PubAck
 	// (ALLOT_INGEST_MAX_IN_FLIGHT); beyond, ErrOverloaded.
 	MaxInFlight int
-	// CommitMinBatch is the smallest queue published as one atomic batch
-	// (ALLOT_INGEST_COMMIT_MIN_BATCH); negative: never batch.
+	// CommitMinBatch is the fewest messages of a group published as one
+	// atomic batch (ALLOT_INGEST_COMMIT_MIN_BATCH); negative: never.
 	CommitMinBatch int
+	// BatchMax is the most requests in one message
+	// (ALLOT_INGEST_BATCH_MAX); 1: no batches.
+	BatchMax int
 	// SettleMax bounds the ids settled at once (DefaultSettleMax in
 	// production).
 	SettleMax int
+	// DropBatchAck, when set (tests only), is asked for every PubAck of a
+	// batch message the group commit receives; true drops it as if it
+	// were lost, so that the batch is published again.
+	DropBatchAck func(id string) bool
 }
 
 // Metrics are the publishing's series; ingest registers them.
 type Metrics struct {
 	PublishDuration prometheus.Histogram
 	PublishFailures prometheus.Counter
-	CommitBatch     prometheus.Histogram
+	CommitBatch     prometheus.Histogram // messages per atomic batch
+	MessageRequests prometheus.Histogram // requests per message
 	Settle          SettleMetrics
 }
 
@@ -62,7 +71,7 @@ type Publisher struct {
 	log     *slog.Logger
 	timeout time.Duration
 	flight  chan struct{} // one token per publish in flight
-	commit  *committer    // nil when CommitMinBatch < 0
+	commit  *committer    // nil when CommitMinBatch < 0 and BatchMax is 1
 	settle  *settler
 	m       Metrics
 	stop    context.CancelFunc
@@ -74,10 +83,13 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger, m 
 	p := &Publisher{nc: nc, js: js, log: log, timeout: cfg.PublishTimeout,
 		flight: make(chan struct{}, cfg.MaxInFlight), m: m}
 	p.settle = newSettler(p, cfg.SettleMax)
-	if cfg.CommitMinBatch > 0 {
+	batchMax := min(max(cfg.BatchMax, 1), wire.MaxBatch)
+	if cfg.CommitMinBatch > 0 || batchMax > 1 {
 		p.commit = &committer{nc: nc, js: js, log: log, in: make(chan *pubRequest, cfg.MaxInFlight),
-			minBatch: cfg.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, timeout: cfg.PublishTimeout / 2,
-			batches: func(n int) { m.CommitBatch.Observe(float64(n)) }}
+			minBatch: cfg.CommitMinBatch, maxBatch: DefaultCommitMaxBatch, batchMax: batchMax,
+			batches: func(n int) { m.CommitBatch.Observe(float64(n)) },
+			perMsg:  func(n int) { m.MessageRequests.Observe(float64(n)) },
+			dropAck: cfg.DropBatchAck}
 	}
 	return p
 }
@@ -117,48 +129,73 @@ func (p *Publisher) Configure(window time.Duration, partitions int) {
 // Settings are the request stream's duplicate window and partitions.
 func (p *Publisher) Settings() (time.Duration, int) { return p.settle.settings() }
 
-// Settle follows a request whose Publish returned ErrMaybeStored until it
-// is settled: republished, else voided. user is its user_id and part its
-// partition.
-func (p *Publisher) Settle(activity int64, id string, data []byte, user int64, part int) {
+// Settle follows a request with op whose Publish returned ErrMaybeStored
+// until it is settled: republished, else voided. user is its user_id and
+// part its partition.
+func (p *Publisher) Settle(activity int64, op wire.Op, id string, data []byte, user int64, part int) {
 	if u, err := uuid.Parse(id); err == nil {
-		p.settle.adopt(&nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}, id, u, user, part)
+		p.settle.adopt(requestMsg(activity, op, data), id, u, user, part)
 	}
+}
+
+// requestMsg is the message of a single request with op on activity.
+func requestMsg(activity int64, op wire.Op, data []byte) *nats.Msg {
+	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 3)}
+	msg.Header.Set(wire.OpsHeader, wire.OpsOf(op))
+	return msg
+}
+
+// Stored is where Publish stored a request.
+type Stored struct {
+	// Place is the request's place, wire.Place(seq, index).
+	Place uint64
+	// Sole reports that Place holds the only copy this ingest may have
+	// stored. It is false when the request went out in a batch whose
+	// PubAck was lost and then alone: the request may be stored twice, and
+	// which copy the allocator applies (the first) is not known here, so
+	// its answer must not be given from Place (shedding).
+	Sole bool
 }
 
 // PollVoid voids id, which a poll found pending past VoidAfter, unless a
 // void of it is already under way or confirmed here.
 func (p *Publisher) PollVoid(id string, user int64, part int) { p.settle.pollVoid(id, user, part) }
 
-// Publish stores one request message in ALLOT_REQUESTS and waits for the
-// PubAck. Nats-Msg-Id is the request id, so JetStream drops a re-publish
-// within its duplicate window. The publish is not cut short when the client
-// leaves: its outcome is logged either way.
-func (p *Publisher) Publish(ctx context.Context, activity int64, id string, data []byte) (uint64, error) {
+// Publish stores one request with op (encoded as data) in ALLOT_REQUESTS,
+// alone or in a batch of its activity's requests (group commit), and waits
+// for the PubAck. A keyed request (one with an Idempotency-Key) goes
+// alone: every use of the key publishes the same request, and only copies
+// with the request id as Nats-Msg-Id are stored once however many uses
+// publish it. Each copy of a message keeps its Nats-Msg-Id (the request
+// id for a single request, the batch's own for a batch), so JetStream
+// drops a re-publish within its duplicate window. The publish is not cut
+// short when the client leaves: its outcome is logged either way.
+func (p *Publisher) Publish(ctx context.Context, activity int64, op wire.Op, id string, data []byte, keyed bool) (Stored, error) {
 	select {
 	case p.flight <- struct{}{}:
 		defer func() { <-p.flight }()
 	default:
 		p.m.PublishFailures.Inc()
-		return 0, fmt.Errorf("%w: %d publishes already in flight", ErrOverloaded, cap(p.flight))
+		return Stored{}, fmt.Errorf("%w: %d publishes already in flight", ErrOverloaded, cap(p.flight))
 	}
-	msg := &nats.Msg{Subject: wire.RequestSubject(activity), Data: data, Header: make(nats.Header, 2)}
+	msg := requestMsg(activity, op, data)
 	ctx, span := tracePublish(ctx, msg, id, activity)
 	start := time.Now()
-	ack, err := p.publishAsync(msg, id)
-	endPublish(span, ack, err)
+	st, ack, err := p.publishAsync(msg, op, id, keyed)
+	endPublish(span, ack, st, err)
 	p.m.PublishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		p.m.PublishFailures.Inc()
 		p.log.WarnContext(ctx, "publish request", slog.String("request_id", id),
 			slog.Int64("activity_id", activity), slog.Any("err", err))
-		return 0, fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
+		return Stored{}, fmt.Errorf("%w: publish %s: %w", bus.ErrUnavailable, id, err)
 	}
 	if p.log.Enabled(ctx, slog.LevelDebug) {
 		p.log.DebugContext(ctx, "request published", slog.String("request_id", id),
-			slog.Int64("activity_id", activity), slog.Uint64("seq", ack.Sequence), slog.Bool("duplicate", ack.Duplicate))
+			slog.Int64("activity_id", activity), slog.String("place", wire.FormatPlace(st.Place)),
+			slog.Bool("sole", st.Sole), slog.Bool("duplicate", ack.Duplicate))
 	}
-	return ack.Sequence, nil
+	return st, nil
 }
 
 // ErrOverloaded means the in-flight bound is reached: 503 at once.
@@ -188,14 +225,17 @@ func refused(err error) bool {
 // messages share the connection's pipeline and their PubAcks come back
 // asynchronously; this handler waits for its own, at most PublishTimeout.
 //
-// A publish that left the process but got no PubAck (the broker went away,
-// a timeout) may or may not be stored. It is published again with the same
-// Nats-Msg-Id until the deadline: once the broker answers, a stored copy
-// comes back as a duplicate and the client gets its 202. If the deadline
-// passes first, the error wraps ErrMaybeStored. A copy the broker refused
-// for a definite reason (refused) is answered at once; "nothing stored"
-// holds then only if no earlier copy may be stored.
-func (p *Publisher) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, error) {
+// The first copy goes out through the group commit (commit.go), alone or
+// in a batch. A publish that left the process but got no PubAck (the
+// broker went away, a timeout) may or may not be stored. It is published
+// again, alone, with Nats-Msg-Id = the request id, until the deadline:
+// once the broker answers, a stored copy of the request alone comes back
+// as a duplicate and the client gets its 202; a request whose batch was
+// not confirmed may be stored twice then (Stored.Sole is false). If the
+// deadline passes first, the error wraps ErrMaybeStored. A copy the broker
+// refused for a definite reason (refused) is answered at once; "nothing
+// stored" holds then only if no earlier copy may be stored.
+func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string, alone bool) (Stored, *jetstream.PubAck, error) {
 	// The group commit gets half the budget, so that a copy whose answer
 	// was lost there leaves time to publish it again below.
 	until := time.Now().Add(p.timeout / 2)
@@ -204,61 +244,65 @@ func (p *Publisher) publishAsync(msg *nats.Msg, id string) (*jetstream.PubAck, e
 	var (
 		last  error
 		maybe bool // a copy left the process and got no answer
+		sole  = true
 	)
-	unconfirmed := func() error {
+	unconfirmed := func() (Stored, *jetstream.PubAck, error) {
 		if maybe {
-			return fmt.Errorf("%w: no PubAck within %s: %w", ErrMaybeStored, p.timeout, last)
+			return Stored{}, nil, fmt.Errorf("%w: no PubAck within %s: %w", ErrMaybeStored, p.timeout, last)
 		}
-		return fmt.Errorf("no PubAck within %s: %w", p.timeout, last)
+		return Stored{}, nil, fmt.Errorf("no PubAck within %s: %w", p.timeout, last)
 	}
 	first := 0
 	if p.commit != nil {
-		// The first copy goes out through the group commit (commit.go).
-		res := p.commit.publish(msg, id, until)
+		res := p.commit.publish(msg, op, id, alone, until)
 		switch {
 		case res.err == nil:
-			return res.ack, nil
+			return Stored{Place: wire.Place(res.ack.Sequence, res.index), Sole: true}, res.ack, nil
+		case !res.sent && !res.batched:
+			return Stored{}, nil, res.err // it never left the process, or was refused: nothing stored
 		case !res.sent:
-			return nil, res.err // it never left the process: nothing stored
-		case refused(res.err):
-			return nil, fmt.Errorf("refused: %w", res.err) // nothing stored
+			// Its batch is not stored (refused, or it never left): the
+			// request is published alone, as if for the first time.
+			last = res.err
+		default:
+			last, maybe, first = res.err, true, 1
+			sole = !res.batched
 		}
-		last, maybe, first = res.err, true, 1
 	}
 	for attempt := first; ; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-deadline.C:
-				return nil, unconfirmed()
+				return unconfirmed()
 			case <-time.After(min(time.Duration(attempt)*50*time.Millisecond, 500*time.Millisecond)):
 			}
 		}
 		f, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(id), jetstream.WithExpectStream(wire.RequestStream))
 		if err != nil {
 			if !maybe {
-				return nil, err // no copy ever left the process: nothing stored
+				return Stored{}, nil, err // no copy ever left the process: nothing stored
 			}
 			last = err // an earlier copy may be stored: keep asking
 			continue
 		}
 		select {
 		case ack := <-f.Ok():
-			return ack, nil
+			return Stored{Place: wire.Place(ack.Sequence, 0), Sole: sole}, ack, nil
 		case err := <-f.Err():
 			last = err
 			if refused(err) && !maybe {
-				return nil, fmt.Errorf("refused: %w", err) // nothing stored
+				return Stored{}, nil, fmt.Errorf("refused: %w", err) // nothing stored
 			}
 			if refused(err) {
 				// This copy is not stored; an earlier one may be, and
 				// asking again would get the same refusal.
-				return nil, unconfirmed()
+				return unconfirmed()
 			}
 			maybe = true
 		case <-deadline.C:
 			maybe = true
 			last = jetstream.ErrAsyncPublishTimeout
-			return nil, unconfirmed()
+			return unconfirmed()
 		}
 	}
 }

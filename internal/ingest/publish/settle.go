@@ -282,7 +282,9 @@ func (t *settler) voidMsg(id string, user int64, p int) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &nats.Msg{Subject: wire.RequestSubject(bus.VoidCarrier(p, parts)), Data: data, Header: make(nats.Header, 2)}, nil
+	msg := &nats.Msg{Subject: wire.RequestSubject(bus.VoidCarrier(p, parts)), Data: data, Header: make(nats.Header, 3)}
+	msg.Header.Set(wire.OpsHeader, wire.OpsOf(wire.OpVoid))
+	return msg, nil
 }
 
 // publish publishes msg with Nats-Msg-Id id and waits for its PubAck, at

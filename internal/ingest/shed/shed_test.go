@@ -1,6 +1,7 @@
 package shed
 
 import (
+	"context"
 	"log/slog"
 	"testing"
 	"time"
@@ -44,43 +45,92 @@ func TestLateViewNeverOverridesANewerClear(t *testing.T) {
 func TestTailSettles(t *testing.T) {
 	tl := newTail(4)
 	tl.from, tl.pos = 10, 9
-	claim := []byte(`{"op":"claim"}`)
-	join := []byte(`{"op":"join"}`)
-	tl.see(10, "alloc.req.7", claim)
-	tl.see(11, "alloc.req.8", join) // another activity
-	tl.see(12, "alloc.req.7", claim)
-	if !tl.settled(7, 10, 12) {
+	claim, join := wire.OpsOf(wire.OpClaim), wire.OpsOf(wire.OpJoin)
+	p := func(seq uint64) uint64 { return wire.Place(seq, 0) }
+	tl.see(10, "alloc.req.7", claim, "")
+	tl.see(11, "alloc.req.8", join, "") // another activity
+	tl.see(12, "alloc.req.7", claim, "")
+	if !tl.settled(7, p(10), p(12)) {
 		t.Fatal("only claims after the view, yet not settled")
 	}
-	if tl.settled(7, 10, 13) {
+	if tl.settled(7, p(10), p(13)) {
 		t.Fatal("settled for a claim the tail has not passed")
 	}
-	if tl.settled(7, 8, 12) {
+	if tl.settled(7, p(8), p(12)) {
 		t.Fatal("settled from a view older than what the tail has seen")
 	}
-	tl.see(13, "alloc.req.7", join)
-	tl.see(14, "alloc.req.0.7", claim) // a partitioned subject
-	if tl.settled(7, 12, 14) {
+	tl.see(13, "alloc.req.7", join, "")
+	tl.see(14, "alloc.req.0.7", claim, "") // a partitioned subject
+	if tl.settled(7, p(12), p(14)) {
 		t.Fatal("a join stored between the view and the claim went unnoticed")
 	}
-	if !tl.settled(7, 13, 14) {
+	if !tl.settled(7, p(13), p(14)) {
 		t.Fatal("a view newer than the join does not settle")
 	}
-	tl.see(15, "alloc.req.9", []byte("not json")) // unreadable: counts as a change
-	if tl.settled(9, 14, 15) {
-		t.Fatal("an unreadable message counted as a claim")
+	tl.see(15, "alloc.req.9", "", "") // no Allot-Ops: counts as a change
+	if tl.settled(9, p(14), p(15)) {
+		t.Fatal("a message without Allot-Ops counted as a claim")
 	}
 	// Evicting an activity's entry raises the floor: never a false proof.
 	small := newTail(2)
-	small.from, small.pos = 1, 0
-	small.see(1, "alloc.req.1", join)
-	small.see(2, "alloc.req.2", join)
-	small.see(3, "alloc.req.3", join) // evicts activity 1
-	if small.settled(1, 0, 3) {
+	small.from, small.pos = 5, 4
+	small.see(5, "alloc.req.1", join, "3") // a batch: changed at 5#2
+	small.see(6, "alloc.req.2", join, "")
+	small.see(7, "alloc.req.3", join, "") // evicts activity 1
+	if small.settled(1, wire.Place(5, 1), p(7)) {
 		t.Fatal("an evicted activity's change was forgotten")
 	}
-	if !small.settled(1, 2, 3) {
+	if !small.settled(1, p(6), p(7)) {
 		t.Fatal("a view newer than every evicted change does not settle")
+	}
+}
+
+// TestTailReadsBatches: from headers alone, a batch of claims (and a void)
+// moves no activity's change; a batch with a join moves it to the batch's
+// last place, so that no claim of that batch, before the join or after it,
+// is settled by a view before the batch; a message without Allot-Ops
+// moves it the same way; waitPast waits for a message's sequence.
+func TestTailReadsBatches(t *testing.T) {
+	tl := newTail(8)
+	tl.from, tl.pos = 10, 9
+	view := wire.Place(10, 3)
+	tl.see(10, "alloc.req.7", wire.OpsOf(wire.OpJoin), "4") // the view covers all of it
+	tl.see(11, "alloc.req.7", wire.OpsOf(wire.OpClaim, wire.OpClaim), "50")
+	tl.see(12, "alloc.req.7", wire.OpsOf(wire.OpVoid), "")
+	if last, _ := tl.changed.Peek(7); last != wire.Place(10, 3) {
+		t.Fatalf("last change %s, want 10#3 (the join's batch)", wire.FormatPlace(last))
+	}
+	for _, i := range []int{0, 17, 49} {
+		if !tl.settled(7, view, wire.Place(11, i)) {
+			t.Fatalf("claim at 11#%d after a claims-only batch is not settled", i)
+		}
+	}
+	tl.see(13, "alloc.req.7", wire.OpsOf(wire.OpClaim, wire.OpJoin), "20")
+	if last, _ := tl.changed.Peek(7); last != wire.Place(13, 19) {
+		t.Fatalf("a batch with a join: last change %s, want 13#19", wire.FormatPlace(last))
+	}
+	for _, i := range []int{0, 19} {
+		if tl.settled(7, view, wire.Place(13, i)) {
+			t.Fatalf("claim at 13#%d in a batch with a join settled by a view before it", i)
+		}
+	}
+	tl.see(14, "alloc.req.7", wire.OpsOf(wire.OpClaim), "")
+	if !tl.settled(7, wire.Place(13, 19), wire.Place(14, 0)) {
+		t.Fatal("a view covering the whole batch does not settle a later claim")
+	}
+	tl.see(15, "alloc.req.7", "", "3") // an older publisher's batch
+	if last, _ := tl.changed.Peek(7); last != wire.Place(15, 2) {
+		t.Fatalf("a batch without Allot-Ops: last change %s, want 15#2", wire.FormatPlace(last))
+	}
+	tl.see(16, "alloc.req.7", "", "") // a hold's expiry
+	if last, _ := tl.changed.Peek(7); last != wire.Place(16, 0) {
+		t.Fatalf("a message without Allot-Ops: last change %s, want 16", wire.FormatPlace(last))
+	}
+	if tl.settled(7, wire.Place(15, 2), wire.Place(16, 0)) {
+		t.Fatal("a claim right behind an expiry settled by a view before it")
+	}
+	if !tl.waitPast(context.Background(), 16, 0) || tl.waitPast(context.Background(), 17, time.Millisecond) {
+		t.Fatal("waitPast does not wait for the message's sequence")
 	}
 }
 

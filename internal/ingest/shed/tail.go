@@ -3,7 +3,6 @@ package shed
 import (
 	"container/heap"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,14 +20,30 @@ import (
 // The tail is ingest's proof that a shed answer is the allocator's
 // answer. It follows the request stream itself (an ordered consumer, so it
 // sees every stored message in stream order, from every ingest and every
-// other publisher) and remembers, per activity, the stream sequence of the
-// last request that could change a claim's answer: anything but a claim.
-// On a full activity a claim changes nothing (SOLD_OUT or ALREADY_OWNED),
-// so if the tail has passed a claim's own sequence S and the activity's
-// last non-claim request is at or below the sequence V of a view, the
-// state at S is the view's state and the claim's answer is decided by it.
-// Views can then be late, stale or lost without ever causing a wrong
-// answer: each of those only sends a claim to the allocator.
+// other publisher) and remembers, per activity, the place of the last
+// request that could change a claim's answer: anything but a claim (or a
+// void, which changes no activity). It reads headers only: a message's
+// wire.OpsHeader says whether it holds only claims and voids
+// (wire.ChangesNoClaim), and wire.BatchHeader how many requests it holds
+// (n; 1 without it). A message that holds anything else, or says nothing
+// (hold expiries sourced from ALLOT_HOLDS, older publishers), counts as a
+// change at its LAST place, wire.Place(seq, n-1), whichever of its
+// requests is the change.
+//
+// On a full activity a claim changes nothing (SOLD_OUT or ALREADY_OWNED).
+// A claim at place C = (s, i), with a view of the activity at place V (the
+// last request applied to it), is decided by the view iff no request in
+// (V, C] can change its answer. The tail has seen every message from its
+// start on; once it has passed message s and seen message SeqOf(V) too, a
+// change in (V, C] is in a message it has seen, and is recorded at that
+// message's last place, which is at or after the change itself and so
+// after V: the activity's last change is then above V. So "last change
+// <= V" proves the interval holds claims alone. Being conservative costs
+// only shed answers: a change anywhere in the claim's own message, even
+// after the claim, counts (its last place is past C, past V), and so does
+// one in the view's message before V. Views can be late, stale or lost
+// without ever causing a wrong answer: each of those only sends a claim to
+// the allocator.
 
 // DefaultTailReplay is how many of the stream's latest messages the tail
 // reads at start, so that views published before this ingest started can
@@ -37,15 +52,16 @@ const DefaultTailReplay = 100_000
 
 // tail follows the request stream; see above. It keeps the last change of
 // at most ALLOT_INGEST_ACTIVITY_CACHE activities: a forgotten activity counts as
-// changed at the highest sequence forgotten, which only sends its claims to
+// changed at the highest place forgotten, which only sends its claims to
 // the allocator.
 type tail struct {
 	mu sync.Mutex
 	// from is the first stream sequence from which the tail has seen every
-	// message, pos the last sequence it has seen.
+	// message, pos the last message sequence it has seen.
 	from, pos uint64
-	// changed maps an activity to the sequence of its last request that is
-	// not a claim; floor stands in for the activities evicted from it.
+	// changed maps an activity to the last place of its last message that
+	// may change a claim's answer; floor stands in for the activities
+	// evicted from it.
 	changed *lru.Cache[int64, uint64]
 	floor   uint64
 	waits   seqWaits
@@ -55,7 +71,7 @@ type tail struct {
 func newTail(size int) *tail {
 	t := &tail{}
 	// The callback runs under the cache's lock, inside t.mu (see see).
-	t.changed, _ = lru.NewWithEvict(size, func(_ int64, seq uint64) { t.floor = max(t.floor, seq) })
+	t.changed, _ = lru.NewWithEvict(size, func(_ int64, place uint64) { t.floor = max(t.floor, place) })
 	return t
 }
 
@@ -81,6 +97,7 @@ func (t *tail) start(ctx context.Context, js jetstream.JetStream, replay uint64,
 	t.mu.Unlock()
 	c, err := js.OrderedConsumer(ctx, wire.RequestStream, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from,
+		HeadersOnly: true, // the headers decide (see above): no body is sent
 	})
 	if err != nil {
 		return fmt.Errorf("%w: follow %s: %w", bus.ErrUnavailable, wire.RequestStream, err)
@@ -90,7 +107,8 @@ func (t *tail) start(ctx context.Context, js jetstream.JetStream, replay uint64,
 		if err != nil {
 			return
 		}
-		t.see(md.Sequence.Stream, m.Subject(), m.Data())
+		h := m.Headers()
+		t.see(md.Sequence.Stream, m.Subject(), h.Get(wire.OpsHeader), h.Get(wire.BatchHeader))
 	}, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 		if !errors.Is(err, jetstream.ErrNoHeartbeat) {
 			log.Warn("follow the request stream", slog.Any("err", err))
@@ -115,19 +133,21 @@ func (t *tail) stop() {
 	}
 }
 
-// opOnly is the part of a request message the tail reads.
-type opOnly struct {
-	Op wire.Op `json:"op"`
-}
-
-// see takes the message at seq: an activity's non-claim request moves its
-// last change; every message moves pos and wakes the waits it passes. A
-// message that cannot be read counts as a change (it might be one).
-func (t *tail) see(seq uint64, subject string, data []byte) {
-	var r opOnly
-	// A void changes no activity (it only settles a request id), so it is
-	// as harmless to a shed answer as a claim on a full activity.
-	claim := json.Unmarshal(data, &r) == nil && (r.Op == wire.OpClaim || r.Op == wire.OpVoid)
+// see takes the message at seq with the OpsHeader ops and the
+// BatchHeader batch: one that may change a claim's answer moves its
+// activity's last change to its last place; every message moves pos and
+// wakes the waits it passes. A message whose batch header cannot be read
+// counts as a change at the last place a batch may have.
+func (t *tail) see(seq uint64, subject, ops, batch string) {
+	n, err := wire.BatchSize(batch)
+	switch {
+	case err != nil:
+		n = wire.MaxBatch
+	case n == 0:
+		n = 1
+	}
+	last := wire.Place(seq, n-1)
+	change := err != nil || !wire.ChangesNoClaim(ops)
 	activity, err := strconv.ParseInt(wire.ActivityOfSubject(subject), 10, 64)
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -138,9 +158,9 @@ func (t *tail) see(seq uint64, subject string, data []byte) {
 	case err != nil:
 		// Not an activity's subject: it cannot be attributed, so it is
 		// everybody's change.
-		t.floor = max(t.floor, seq)
-	case !claim:
-		t.changed.Add(activity, seq)
+		t.floor = max(t.floor, last)
+	case change:
+		t.changed.Add(activity, last)
 	}
 	t.pos = seq
 	for len(t.waits) > 0 && t.waits[0].seq <= seq {
@@ -148,21 +168,21 @@ func (t *tail) see(seq uint64, subject string, data []byte) {
 	}
 }
 
-// settled reports whether the tail, having passed seq, proves that no
-// request that could change a claim's answer on activity was stored after
-// view and before seq.
-func (t *tail) settled(activity int64, view, seq uint64) bool {
+// settled reports whether the tail proves that no request that could
+// change a claim's answer on activity was stored after the place view and
+// at or before the claim's place (see above).
+func (t *tail) settled(activity int64, view, claim uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.pos < seq || view+1 < t.from || view >= seq {
+	if t.pos < wire.SeqOf(claim) || wire.SeqOf(view) < t.from || view >= claim {
 		return false
 	}
 	last, _ := t.changed.Peek(activity)
 	return max(last, t.floor) <= view
 }
 
-// waitPast waits until the tail has seen seq, at most d; it reports
-// whether it has.
+// waitPast waits until the tail has seen the message at seq, at most d;
+// it reports whether it has.
 func (t *tail) waitPast(ctx context.Context, seq uint64, d time.Duration) bool {
 	t.mu.Lock()
 	if t.pos >= seq {

@@ -30,13 +30,16 @@ import (
 // the stream, without waiting for the allocator to apply it:
 //
 //  1. the allocator keeps, in the ALLOT_VIEW bucket, a view of every full
-//     activity without waiters: its counters, every holder, and the stream
-//     sequence V its state covers;
-//  2. the claim is published and gets its stream sequence S from the PubAck;
-//  3. the tail (tail.go) follows the stream past S and finds no request on
-//     the activity other than claims stored after V and before S.
+//     activity without waiters: its counters, every holder, and the place
+//     V (wire.Place(View.Seq, View.Index)) of the last request its state
+//     covers;
+//  2. the claim is published, alone or in a batch, and gets its place C
+//     from the PubAck (its message's sequence, its index in it), known for
+//     sure (publish.Stored.Sole: no other copy of it may be stored);
+//  3. the tail (tail.go) follows the stream past C's message and finds no
+//     request on the activity other than claims in (V, C].
 //
-// Then the state at S is the view's state (claims change nothing on a full
+// Then the state at C is the view's state (claims change nothing on a full
 // activity), and the answer is the allocator's: a holder gets ALREADY_OWNED
 // with the status of the seat (CONFIRMED, or HELD with the end of the hold
 // in an activity with holds), anyone else SOLD_OUT. Otherwise the claim
@@ -57,13 +60,16 @@ type View struct {
 	holders map[int64]allocation.Signup
 }
 
-// viewEntry is ingest's copy of one activity's key: the highest sequence a
+// viewEntry is ingest's copy of one activity's key: the highest place a
 // view of it covered (cleared views included), and the sheddable view at
-// that sequence, if it is one.
+// that place, if it is one.
 type viewEntry struct {
-	seq uint64
-	sv  *View
+	place uint64
+	sv    *View
 }
+
+// place is the place of the last request v covers.
+func (v *View) place() uint64 { return wire.Place(v.v.Seq, v.v.Index) }
 
 // views is ingest's copy of the ALLOT_VIEW bucket, bounded (LRU): a view
 // forgotten only sends its activity's claims to the allocator.
@@ -83,10 +89,10 @@ func (vs *views) apply(e jetstream.KeyValueEntry) error {
 		return errors.New("bad view key " + e.Key())
 	}
 	if e.Operation() != jetstream.KeyValuePut {
-		// A delete carries no sequence: drop the view, keep the sequence.
+		// A delete carries no place: drop the view, keep the place.
 		vs.mu.Lock()
 		if old, ok := vs.m.Peek(id); ok {
-			vs.m.Add(id, viewEntry{seq: old.seq})
+			vs.m.Add(id, viewEntry{place: old.place})
 		}
 		vs.mu.Unlock()
 		return nil
@@ -112,10 +118,11 @@ func (vs *views) put(v wire.View) {
 	}
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
-	if old, ok := vs.m.Peek(v.ActivityID); ok && old.seq > v.Seq {
+	place := wire.Place(v.Seq, v.Index)
+	if old, ok := vs.m.Peek(v.ActivityID); ok && old.place > place {
 		return
 	}
-	vs.m.Add(v.ActivityID, viewEntry{seq: v.Seq, sv: sv})
+	vs.m.Add(v.ActivityID, viewEntry{place: place, sv: sv})
 }
 
 // watchViews keeps e.views current until stop is called; stop returns
@@ -155,20 +162,21 @@ func (a *Answerer) watchViews(kv jetstream.KeyValue) (stop func(), err error) {
 // before it is left to the allocator.
 const DefaultWait = time.Second
 
-// Answer decides the claim published as id at stream sequence seq
-// from a view, when the tail proves the view still holds at seq (see the
-// top of this file). candidate is the view seen before publishing; the
-// newest view is tried first. It reports whether it decided.
-func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, seq uint64, candidate *View) (wire.Result, bool) {
+// Answer decides the claim published as id at place (wire.Place; the only
+// copy of it this ingest may have stored) from a view, when the tail
+// proves the view still holds at place (see the top of this file).
+// candidate is the view seen before publishing; the newest view is tried
+// first. It reports whether it decided.
+func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, place uint64, candidate *View) (wire.Result, bool) {
 	start := time.Now()
-	if !a.tail.waitPast(ctx, seq, a.wait) {
+	if !a.tail.waitPast(ctx, wire.SeqOf(place), a.wait) {
 		a.m.Missed.WithLabelValues("tail_behind").Inc()
 		return wire.Result{}, false
 	}
 	a.m.TailWait.Observe(time.Since(start).Seconds())
 	var sv *View
 	for _, c := range []*View{a.views.get(activity), candidate} {
-		if c != nil && a.tail.settled(activity, c.v.Seq, seq) {
+		if c != nil && a.tail.settled(activity, c.place(), place) {
 			sv = c
 			break
 		}
@@ -184,7 +192,7 @@ func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, 
 		return wire.Result{}, false
 	}
 	req := wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: activity, UserID: user}
-	res := allocation.ResultOf(req, seq, d, nil, time.Now())
+	res := allocation.ResultOf(req, place, d, nil, time.Now())
 	res.Shed = true
 	a.answered.Add(id, res)
 	a.m.Claims.WithLabelValues(string(res.Outcome)).Inc()

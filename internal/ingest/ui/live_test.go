@@ -102,7 +102,7 @@ func (f *fixture) exec(query string, args ...any) {
 	}
 }
 
-func (f *fixture) openActivity(id, capacity, confirmed int64, nextSeq uint64) {
+func (f *fixture) openActivity(id, capacity, confirmed int64, nextSeq uint64) { // nextSeq: a place (wire.Place)
 	f.t.Helper()
 	f.exec("INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES (?, ?, ?, ?)", id, capacity, confirmed, nextSeq)
 }
@@ -312,7 +312,7 @@ func TestLiveSendsStateThenTheActivitysEventsInOrder(t *testing.T) {
 	s1 := f.publishRequest(act)
 	s2 := f.publishRequest(act)
 	f.publishRequest(other)
-	f.openActivity(act, 10, 10, s1+1) // s1 applied, s2 still in the stream
+	f.openActivity(act, 10, 10, wire.Place(s1, 0)+1) // s1 applied, s2 still in the stream
 	f.addWaiter(act, 101)
 	f.addWaiter(act, 102)
 
@@ -372,7 +372,7 @@ func TestLiveSendsStateThenTheActivitysEventsInOrder(t *testing.T) {
 	c.state(2 * time.Second)
 	f.exec("DELETE FROM activity_signup WHERE activity_id = ? AND user_id = 101", act)
 	f.exec("UPDATE activity SET waiting_count = waiting_count - 1 WHERE id = ?", act)
-	f.exec("UPDATE activity SET next_seq = ? WHERE id = ?", s2+1, act)
+	f.exec("UPDATE activity SET next_seq = ? WHERE id = ?", wire.Place(s2, 0)+1, act)
 	c.stateWhere(5*time.Second, "waiting 1 and lag 0", func(st State) bool {
 		return st.Waiting == 1 && st.Lag != nil && *st.Lag == 0 && st.AppliedSeq == s2
 	})
@@ -436,7 +436,7 @@ func TestLiveWatchesAnActivityBeforeItOpens(t *testing.T) {
 		t.Fatalf("state of a never-opened activity: %+v, want opened false, lag null, stored_seq 0", st)
 	}
 	seq := f.publishRequest(7)
-	f.openActivity(7, 5, 0, seq+1)
+	f.openActivity(7, 5, 0, wire.Place(seq, 0)+1)
 	opened := f.publishEvent(7, wire.EventOpened, 0, seq)
 	for {
 		m := c.next(5 * time.Second)

@@ -31,8 +31,9 @@ type State struct {
 	Hold      string `json:"hold,omitempty"`
 	Waiting   int64  `json:"waiting"`
 	Remaining int64  `json:"remaining"`
-	// AppliedSeq is the request-stream sequence of the last request the
-	// allocator applied to the activity (activity.next_seq − 1); 0 if none.
+	// AppliedSeq is the request-stream sequence of the message of the last
+	// request the allocator applied to the activity (activity.next_seq − 1
+	// is its place); 0 if none.
 	AppliedSeq uint64 `json:"applied_seq"`
 	// StoredSeq is the request-stream sequence of the newest request stored
 	// for the activity (0 if none); null when the stream could not be read.
@@ -164,7 +165,8 @@ func (s *Server) readState(ctx context.Context, activity int64, start time.Time)
 	st.Capacity, st.Confirmed, st.Waiting, st.Remaining = as.Capacity, as.Confirmed, as.Waiting, as.Remaining
 	st.Held, st.Hold = as.Held, as.Hold
 	if found && row.NextSeq > 0 {
-		st.AppliedSeq = row.NextSeq - 1
+		// next_seq is the place after the last request applied.
+		st.AppliedSeq = wire.SeqOf(row.NextSeq - 1)
 	}
 	if st.StoredSeq != nil {
 		lag := uint64(0)

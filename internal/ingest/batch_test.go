@@ -1,0 +1,249 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// burst sends n claims for activity at once (users from 1000 on) and
+// returns every answer: status and body.
+func (h *harness) burst(activity int64, n int) (codes []int, bodies [][]byte) {
+	h.t.Helper()
+	codes, bodies = make([]int, n), make([][]byte, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			r, err := http.NewRequest("POST", fmt.Sprintf("%s/v1/activities/%d/claims/%d", h.srv.URL, activity, 1000+i), nil)
+			if err != nil {
+				h.t.Error(err)
+				return
+			}
+			resp, err := h.cl.Do(r)
+			if err != nil {
+				h.t.Errorf("claim %d: %v", i, err)
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil {
+				h.t.Errorf("claim %d: %v", i, err)
+				return
+			}
+			codes[i], bodies[i] = resp.StatusCode, b
+		})
+	}
+	close(start)
+	wg.Wait()
+	return codes, bodies
+}
+
+// requestAt is the request id stored at place, read from the stream.
+func (h *harness) requestAt(place uint64) string {
+	h.t.Helper()
+	ctx := context.Background()
+	st, err := h.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	m, err := st.GetMsg(ctx, wire.SeqOf(place))
+	if err != nil {
+		h.t.Fatalf("seq %d: %v", wire.SeqOf(place), err)
+	}
+	ds, err := wire.DecodeMessage(m.Subject, m.Header.Get(wire.BatchHeader), m.Data)
+	if err != nil || wire.IndexOf(place) >= len(ds) {
+		h.t.Fatalf("place %s: %d requests, %v", wire.FormatPlace(place), len(ds), err)
+	}
+	return ds[wire.IndexOf(place)].Request.RequestID
+}
+
+// fullView makes activity full in h's shedding views, at the place of the
+// activity's last message: user 1 holds its one seat.
+func (h *harness) fullView(activity int64) {
+	h.t.Helper()
+	m := h.lastMsg(wire.RequestSubject(activity))
+	h.svc.shed.PutView(wire.View{ActivityID: activity, Capacity: 1, Confirmed: 1, Seq: m.Sequence,
+		Complete: true, Holders: []int64{1}})
+}
+
+// TestBurstIsBatchedAndShed: 600 concurrent claims for one full activity
+// through the HTTP handler are stored as far fewer messages than requests,
+// in batches, and shed: every shed answer names a distinct place, and the
+// stream holds the claim's own request at that place.
+func TestBurstIsBatchedAndShed(t *testing.T) {
+	t.Parallel()
+	const n = 600
+	h := newHarness(t, nil)
+	const act = 5
+	resp, body := h.do(req{method: "PUT", path: "/v1/activities/5", body: `{"capacity": 1}`})
+	accepted(t, "open", resp, body)
+	h.fullView(act)
+	codes, bodies := h.burst(act, n)
+	places := map[uint64]string{}
+	shed := 0
+	for i := range n {
+		switch codes[i] {
+		case http.StatusOK:
+			r := decode[wire.Result](t, "shed claim", bodies[i])
+			if !r.Shed || r.Outcome != wire.OutcomeSoldOut || r.UserID != int64(1000+i) {
+				t.Fatalf("claim %d: %+v, want a shed SOLD_OUT", i, r)
+			}
+			if other, dup := places[r.PlaceOf()]; dup {
+				t.Fatalf("claims %s and %s both shed at %s", other, r.RequestID, wire.FormatPlace(r.PlaceOf()))
+			}
+			places[r.PlaceOf()] = r.RequestID
+			if got := h.requestAt(r.PlaceOf()); got != r.RequestID {
+				t.Fatalf("claim %s shed at %s, which holds %s", r.RequestID, wire.FormatPlace(r.PlaceOf()), got)
+			}
+			shed++
+		case http.StatusAccepted:
+		default:
+			t.Fatalf("claim %d: %d %s", i, codes[i], bodies[i])
+		}
+	}
+	msgs := h.subjectMsgs(wire.RequestSubject(act)) - 1 // the open
+	if msgs == 0 || msgs >= n/4 {
+		t.Fatalf("%d claims stored as %d messages, want far fewer", n, msgs)
+	}
+	if shed == 0 {
+		t.Fatal("no claim of the burst was shed")
+	}
+	t.Logf("%d claims in %d messages, %d shed", n, msgs, shed)
+}
+
+// TestUnsureClaimsAreNotShed: when no PubAck of a batch comes back, the
+// batch is published again with its own Nats-Msg-Id, then each of its
+// requests alone: a request may then be stored twice, its place is not
+// known for sure, and it is never shed (a claim that went out alone from
+// the start may be). Each is stored alone once, and each batch once.
+func TestUnsureClaimsAreNotShed(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	h := newHarness(t, func(c *Config, d *Deps) {
+		c.PublishTimeout = 2 * time.Second
+		d.Test.DropBatchAck = func(string) bool { return true }
+	})
+	const act = 6
+	resp, body := h.do(req{method: "PUT", path: "/v1/activities/6", body: `{"capacity": 1}`})
+	accepted(t, "open", resp, body)
+	h.fullView(act)
+	codes, bodies := h.burst(act, n)
+	ids := map[string]bool{}
+	shedAlone := map[string]bool{}
+	for i := range n {
+		switch codes[i] {
+		case http.StatusOK: // shed: only a claim that went out alone
+			r := decode[wire.Result](t, "shed claim", bodies[i])
+			ids[r.RequestID], shedAlone[r.RequestID] = true, true
+		case http.StatusAccepted:
+			ack := decode[wire.Ack](t, "claim", bodies[i])
+			ids[ack.RequestID] = true
+		default:
+			t.Fatalf("claim %d: %d %s", i, codes[i], bodies[i])
+		}
+	}
+	// Every claim is stored alone (Nats-Msg-Id = its id) besides its
+	// batches, none of them twice.
+	ctx := context.Background()
+	st, err := h.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone, batches, inBatch := map[string]int{}, map[string]int{}, map[string]bool{}
+	for seq := info.State.FirstSeq + 1; seq <= info.State.LastSeq; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := m.Header.Get(jetstream.MsgIDHeader)
+		if m.Header.Get(wire.BatchHeader) != "" {
+			batches[id]++
+			ds, err := wire.DecodeMessage(m.Subject, m.Header.Get(wire.BatchHeader), m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range ds {
+				inBatch[d.Request.RequestID] = true
+			}
+		} else {
+			alone[id]++
+		}
+	}
+	for id := range ids {
+		if alone[id] != 1 {
+			t.Fatalf("claim %s stored alone %d times, want once", id, alone[id])
+		}
+		if inBatch[id] && shedAlone[id] {
+			t.Fatalf("claim %s, stored in a batch and alone, was shed", id)
+		}
+	}
+	for id, k := range batches {
+		if k != 1 {
+			t.Fatalf("batch %s stored %d times, want once", id, k)
+		}
+	}
+	if len(batches) == 0 {
+		t.Fatal("no batch was published: the test proves nothing")
+	}
+}
+
+// TestBurstResultsHaveDistinctPlaces: 500 concurrent claims for one
+// activity, stored in batches, are applied by the allocator: each
+// accepted request has a result, and no two results share a place.
+func TestBurstResultsHaveDistinctPlaces(t *testing.T) {
+	t.Parallel()
+	const n = 500
+	h := newHarness(t, nil)
+	startAllocator(t, h)
+	const act = 7
+	resp, body := h.do(req{method: "PUT", path: "/v1/activities/7?wait=10s", body: `{"capacity": 10}`})
+	wantStatus(t, "open", resp, body, http.StatusOK)
+	codes, bodies := h.burst(act, n)
+	var ids []string
+	for i := range n {
+		switch codes[i] {
+		case http.StatusAccepted:
+			ids = append(ids, decode[wire.Ack](t, "claim", bodies[i]).RequestID)
+		case http.StatusOK:
+			ids = append(ids, decode[wire.Result](t, "claim", bodies[i]).RequestID)
+		default:
+			t.Fatalf("claim %d: %d %s", i, codes[i], bodies[i])
+		}
+	}
+	if msgs := h.subjectMsgs(wire.RequestSubject(act)) - 1; msgs >= n/4 {
+		t.Fatalf("%d claims stored as %d messages, want far fewer", n, msgs)
+	}
+	places := map[uint64]string{}
+	granted := 0
+	for _, id := range ids {
+		r := pollDone(t, h, id, 30*time.Second)
+		if other, dup := places[r.PlaceOf()]; dup {
+			t.Fatalf("%s and %s both at %s", other, id, wire.FormatPlace(r.PlaceOf()))
+		}
+		places[r.PlaceOf()] = id
+		if got := h.requestAt(r.PlaceOf()); got != id {
+			t.Fatalf("%s recorded at %s, which holds %s", id, wire.FormatPlace(r.PlaceOf()), got)
+		}
+		if r.Outcome == wire.OutcomeGranted {
+			granted++
+		}
+	}
+	if granted != 10 {
+		t.Fatalf("%d claims granted on an activity of 10 seats", granted)
+	}
+	h.db.CheckInvariants(t)
+}
