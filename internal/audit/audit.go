@@ -71,6 +71,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/audit/snapshot"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // ErrIncompleteStream is returned by Run when the request stream no longer
@@ -85,15 +86,21 @@ type Report struct {
 	// ActivitiesChecked is the number of activities whose rows were compared:
 	// the Activities option, or else every activity the replay or MySQL knows.
 	ActivitiesChecked int `json:"activities_checked"`
-	// Replayed is the number of messages up to the fence that were read.
+	// Replayed is the number of requests up to the fence that were read:
+	// every request of every message, a message malformed as a whole
+	// counting as one.
 	Replayed int `json:"requests_replayed"`
+	// Messages is the number of messages up to the fence that were read
+	// (a batch is one message carrying many requests).
+	Messages int `json:"messages_replayed"`
 	// Compared is the number of applied requests in the window whose result
 	// was compared with processed_request.
 	Compared int `json:"compared"`
 	// Skipped is the number of repeats of an already applied request_id.
 	Skipped int `json:"skipped_duplicates"`
-	// Malformed is the number of messages refused by wire.DecodeRequest or
-	// allocation.Apply: the allocator must have recorded them as rejected.
+	// Malformed is the number of requests refused by wire.DecodeMessage or
+	// allocation.Apply (a message malformed as a whole counting as one):
+	// the allocator must have recorded them as rejected.
 	Malformed int `json:"malformed"`
 	// Pending is the number of messages stored after the allocator's fence.
 	Pending int `json:"pending"`
@@ -125,13 +132,13 @@ const (
 	KindResult Kind = "result"
 	// KindResultMissing: an applied request has no processed_request row.
 	KindResultMissing Kind = "result_missing"
-	// KindResultUnexpected: a processed_request row at a sequence that must
-	// have none (malformed, repeat, pending, or no message at all).
+	// KindResultUnexpected: a processed_request row at a place that must
+	// have none (malformed, repeat, pending, or no request at all).
 	KindResultUnexpected Kind = "result_unexpected"
 	// KindNotRejected: a malformed message has no rejected_message row.
 	KindNotRejected Kind = "malformed_not_rejected"
-	// KindRejectedUnexpected: a rejected_message row for a message the
-	// replay applies or skips, or for no message at all.
+	// KindRejectedUnexpected: a rejected_message row for a request the
+	// replay applies or skips, or for no request at all.
 	KindRejectedUnexpected Kind = "rejected_unexpected"
 	// KindActivity: an activity column differs from the replay.
 	KindActivity Kind = "activity"
@@ -149,9 +156,13 @@ const (
 
 // Divergence is one mismatch between the replay and MySQL.
 type Divergence struct {
-	// Seq is the stream sequence of the request concerned: the request
-	// itself, or the one that last changed the row. 0 when no request is.
-	Seq uint64 `json:"seq"`
+	// Seq and Index are the place of the request concerned (the stream
+	// sequence of its message and its index in that message's batch, 0
+	// for a single request): the request itself, or the one that last
+	// changed the row. Seq 0 when no request is. String writes them as
+	// wire.FormatPlace does: "seq" or "seq#index".
+	Seq   uint64 `json:"seq"`
+	Index int    `json:"index"`
 	// RequestID is that request's id; empty when there is none or the
 	// message could not be decoded.
 	RequestID  string `json:"request_id"`
@@ -165,6 +176,9 @@ type Divergence struct {
 	// Detail explains what the comparison could not, e.g. a decode error.
 	Detail string `json:"detail,omitempty"`
 }
+
+// Place is the divergence's place packed as wire.Place.
+func (d Divergence) Place() uint64 { return wire.Place(d.Seq, d.Index) }
 
 // Run audits MySQL (db) against the request stream (js) and returns what it
 // found. An error means the audit could not be carried out (bad options,
@@ -199,9 +213,11 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		return Report{}, err
 	}
 	a.ids.refusedAt = make(map[string]uint64)
-	for seq, r := range a.rejected {
-		if at, ok := a.ids.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || seq < at) {
-			a.ids.refusedAt[r.RequestID] = seq
+	a.rejectedSeqs = make(map[uint64]bool, len(a.rejected))
+	for place, r := range a.rejected {
+		a.rejectedSeqs[wire.SeqOf(place)] = true
+		if at, ok := a.ids.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || place < at) {
+			a.ids.refusedAt[r.RequestID] = place
 		}
 	}
 	if a.cp != nil {

@@ -105,6 +105,7 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 	want := audit.Report{
 		ActivitiesChecked: tr.opened,
 		Replayed:          tr.total,
+		Messages:          tr.total,
 		Compared:          len(tr.reqs),
 		Skipped:           1,
 		Malformed:         tr.poison,
