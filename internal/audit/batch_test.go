@@ -205,3 +205,115 @@ func wrongPlace(t *testing.T, e *env, tc tamperCase) {
 		t.Fatalf("want %+v and a row at another place of seq %d, got:%s", tc.want, tc.want.Seq, divergences(rep.Divergences))
 	}
 }
+
+// TestAllocatedBatchesAuditClean: a stream of single messages and batches
+// for one activity (every op but void, repeats of request ids inside a
+// batch and across messages, a batch malformed as a whole and a batch with
+// one malformed request), applied by the real allocator, audits clean; a
+// tampered result of a batched request is reported at its place
+// "seq#2"; the malformed batch is refused at (seq, 0), the malformed
+// request alone at its place.
+func TestAllocatedBatchesAuditClean(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	reqs := burst(800, 1, 6, 25, 0x9e3779b97f4a7c15)
+	subject := wire.RequestSubject(1)
+	x := uint64(12345)
+	next := func(n uint64) int { x ^= x << 13; x ^= x >> 7; x ^= x << 17; return int(x % n) }
+	var (
+		last    uint64
+		batched []uint64 // the batches of three requests or more
+		total   int      // requests stored
+		msgs    int
+	)
+	for i := 0; i < len(reqs); {
+		n := min(1+next(8), len(reqs)-i)
+		if n == 1 {
+			last = e.publish(reqs[i], "")
+			i, total, msgs = i+1, total+1, msgs+1
+			continue
+		}
+		bodies := make([][]byte, 0, n+1)
+		for _, r := range reqs[i : i+n] {
+			bodies = append(bodies, body(t, r))
+		}
+		if next(4) == 0 {
+			// A repeat: of this batch's first request, or of one applied
+			// in an earlier message.
+			bodies = append(bodies, body(t, reqs[next(uint64(i+1))]))
+		}
+		last = e.publishBatch(subject, "", bodies...)
+		if n >= 3 {
+			batched = append(batched, last)
+		}
+		i, total, msgs = i+n, total+len(bodies), msgs+1
+	}
+	badBatch := e.publishBatch(subject, "3", body(t, newReq(wire.OpJoin, 1, 900)), body(t, newReq(wire.OpJoin, 1, 901)))
+	okA, okB := newReq(wire.OpJoin, 1, 902), newReq(wire.OpClaim, 1, 903)
+	badOne := e.publishBatch(subject, "", body(t, okA), []byte(`{"request_id":"nope","op":"join","activity_id":1,"user_id":904}`), body(t, okB))
+	total, msgs = total+1+3, msgs+2
+	e.startAllocator()
+	e.waitFence(badOne)
+
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM rejected_message WHERE seq = ? AND batch_index = 0", badBatch); n != 1 {
+		t.Errorf("the malformed batch at %d: %d rejected_message rows at (seq, 0), want 1", badBatch, n)
+	}
+	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE seq = ?", badBatch); n != 0 {
+		t.Errorf("the malformed batch at %d: %d results, want none", badBatch, n)
+	}
+	if got := e.queryStrings("SELECT CONCAT(batch_index) FROM rejected_message WHERE seq = ?", badOne); len(got) != 1 || got[0] != "1" {
+		t.Errorf("the batch at %d with a malformed request: rejected at indexes %v, want [1]", badOne, got)
+	}
+	if got := e.queryStrings("SELECT request_id FROM processed_request WHERE seq = ? ORDER BY batch_index", badOne); len(got) != 2 || got[0] != okA.RequestID || got[1] != okB.RequestID {
+		t.Errorf("the batch at %d with a malformed request: results %v, want its two good requests", badOne, got)
+	}
+
+	rep := e.audit(audit.Config{})
+	if !rep.OK {
+		t.Fatalf("mixed stream: want no divergence, got %d:%s", len(rep.Divergences), divergences(rep.Divergences))
+	}
+	if rep.Messages != msgs || rep.Replayed != total || rep.Malformed != 2 || rep.Fence != badOne {
+		t.Fatalf("report = %+v, want %d messages, %d requests, 2 malformed, fence %d", rep, msgs, total, badOne)
+	}
+	if len(batched) == 0 {
+		t.Fatal("no batch of three requests or more")
+	}
+
+	seq := batched[len(batched)/2]
+	var (
+		id, outcome string
+		user        int64
+	)
+	if err := e.db.QueryRow("SELECT request_id, user_id, outcome FROM processed_request WHERE seq = ? AND batch_index = 2", seq).
+		Scan(&id, &user, &outcome); err != nil {
+		t.Fatalf("the result at %d#2: %v", seq, err)
+	}
+	rep, got := e.auditTampered(t, tamperCase{
+		tamper:  []string{"UPDATE processed_request SET outcome = 'TAMPERED' WHERE seq = " + strconv.FormatUint(seq, 10) + " AND batch_index = 2"},
+		restore: []string{"UPDATE processed_request SET outcome = '" + outcome + "' WHERE seq = " + strconv.FormatUint(seq, 10) + " AND batch_index = 2"},
+		want: audit.Divergence{Seq: seq, Index: 2, RequestID: id, Kind: audit.KindResult, ActivityID: 1, UserID: user,
+			Field: "outcome", Expected: outcome, Actual: "TAMPERED"},
+	})
+	var text bytes.Buffer
+	rep.WriteText(&text) //nolint:errcheck
+	if line := "DIVERGENCE seq " + strconv.FormatUint(seq, 10) + "#2 request_id " + id; !strings.Contains(text.String(), line) {
+		t.Fatalf("%s: the text report lacks %q:\n%s", got, line, text.String())
+	}
+
+	// The refusals are what the audit expects: without them it reports
+	// each at its place.
+	e.exec("CREATE TABLE saved AS SELECT * FROM rejected_message")
+	e.exec("DELETE FROM rejected_message")
+	rep = e.audit(audit.Config{})
+	e.exec("INSERT INTO rejected_message SELECT * FROM saved")
+	e.exec("DROP TABLE saved")
+	var places []string
+	for _, d := range rep.Divergences {
+		if d.Kind == audit.KindNotRejected {
+			places = append(places, wire.FormatPlace(d.Place()))
+		}
+	}
+	if want := []string{strconv.FormatUint(badBatch, 10), strconv.FormatUint(badOne, 10) + "#1"}; !reflect.DeepEqual(places, want) || len(rep.Divergences) != 2 {
+		t.Fatalf("without the refusals: not rejected at %v, want %v; all:%s", places, want, divergences(rep.Divergences))
+	}
+}

@@ -80,7 +80,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 			},
 			restore: []string{"INSERT INTO activity (id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count) SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count FROM saved", "DROP TABLE saved"},
 			want: audit.Divergence{Seq: j3Seq, RequestID: tr.j3.RequestID, Kind: audit.KindActivityMissing, ActivityID: 51,
-				Expected: fmt.Sprintf("capacity 5, confirmed_count 1, next_seq %d", j3Seq+1), Actual: "no activity row"},
+				Expected: fmt.Sprintf("capacity 5, confirmed_count 1, next_seq %d", wire.Place(j3Seq, 0)+1), Actual: "no activity row"},
 		},
 		{
 			name:    "an activity nobody opened",
@@ -97,7 +97,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 			},
 			restore: []string{"INSERT INTO activity_signup SELECT * FROM saved", "DROP TABLE saved"},
 			want: audit.Divergence{Seq: j2Seq, RequestID: tr.j2.RequestID, Kind: audit.KindSignupMissing, ActivityID: 50, UserID: 2,
-				Expected: fmt.Sprintf("status WAITING, queue_seq %d", j2Seq), Actual: "no signup row"},
+				Expected: fmt.Sprintf("status WAITING, queue_seq %d", wire.Place(j2Seq, 0)), Actual: "no signup row"},
 		},
 	}
 	for _, tt := range tests {
