@@ -17,22 +17,31 @@
 //
 // The state is rebuilt from the first message: the stream must still start at
 // sequence 1 with no deleted messages, otherwise Run fails with
-// ErrIncompleteStream. Each message up to the fence is handled the way the
-// allocator handles it, in stream order:
+// ErrIncompleteStream. A message carries one request or a batch (header
+// wire.BatchHeader, read with the message); wire.DecodeMessage expands it
+// into its requests, each at its place (seq, index): wire.Place packs the
+// pair, and results, rejections and divergences name it ("seq" or
+// "seq#index", wire.FormatPlace). Each request up to the fence is handled the
+// way the allocator handles it, in place order:
 //
-//  1. wire.DecodeRequest refuses it: malformed. rejected_message must hold its
-//     sequence, processed_request must not.
+//  1. its message is malformed as a whole (wire.DecodeMessage fails): one
+//     malformed request at (seq, 0); nothing in the message applies.
+//     rejected_message must hold (seq, 0), processed_request nothing of seq.
+//     A request of a batch that is malformed by itself (or on the wrong
+//     subject) is refused alone: rejected_message must hold (seq, index),
+//     and the batch's other requests apply.
 //  2. its request_id already has a result in the replay (an Idempotency-Key
-//     repeat stored twice): skipped. Its sequence must have neither a result
-//     nor a rejected_message row.
+//     repeat, or the same request in a later batch or message): skipped, as
+//     a request id applies once however many messages carry it. Its place
+//     must have neither a result nor a rejected_message row.
 //  3. allocation.Apply returns an error: counted as malformed, like 1.
 //  4. otherwise the decision, turned into a wire.Result exactly as the
 //     allocator records it, must equal the processed_request row at the same
-//     sequence: request_id, op, activity_id, user_id, outcome, status,
+//     place: request_id, op, activity_id, user_id, outcome, status,
 //     position, promoted_user_ids and capacity (applied_at is not compared),
-//     and rejected_message must not hold the sequence.
+//     and rejected_message must not hold the place.
 //
-// A message the domain accepts but rejected_message holds without a result
+// A request the domain accepts but rejected_message holds without a result
 // (the allocator refused it, e.g. on a store error) is one divergence, and
 // the replay then leaves it unapplied as the allocator did. Otherwise the
 // replay never adopts what MySQL says: a wrong decision by the allocator
@@ -53,11 +62,11 @@
 // activities (activities are independent, so nothing is lost) and checks only
 // their rows: results by activity_id, rejected messages by subject.
 //
-// Config.FromSeq and Config.FromTime open a window: requests before it are
+// Config.FromSeq and Config.FromTime open a window: messages before it are
 // replayed to build the state but not compared. Everything that carries a
-// stream sequence (results, rejected messages, activity and signup rows,
-// through the request that last changed them) is compared only from the
-// window's first sequence; rows the replay never produced are reported
+// place (results, rejected messages, activity and signup rows, through the
+// request that last changed them) is compared only from the window's first
+// message; rows the replay never produced are reported
 // whatever the window, since no request explains them. With FromTime the
 // window starts at the first message stored at or after that time.
 package audit
