@@ -123,9 +123,12 @@ type Result struct {
 	// or for the user it promoted) or, for a HELD user's repeat, of the
 	// hold the user has.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
-	// Seq is the request's sequence in the request stream: the order in
-	// which it was applied.
+	// Seq and Index are the request's place in the request stream: the
+	// sequence of the message that carried it and its index in that
+	// message's batch (0 for a message of one request). Requests were
+	// applied in (Seq, Index) order.
 	Seq       uint64    `json:"seq"`
+	Index     int       `json:"index"`
 	AppliedAt time.Time `json:"applied_at"`
 	// Shed marks a claim ingest answered at once from the allocator's view
 	// of a full activity, exactly as the allocator would have.
@@ -146,6 +149,7 @@ type Event struct {
 	UserID     int64     `json:"user_id"`    // 0 for opened, resized and sold_out
 	RequestID  string    `json:"request_id"` // the request that caused it
 	Seq        uint64    `json:"seq"`        // that request's stream sequence
+	Index      int       `json:"index"`      // and its index in its message's batch
 	At         time.Time `json:"at"`
 	// HeldUntil is set on held and promoted events of a hold.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
