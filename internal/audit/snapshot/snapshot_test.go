@@ -4,10 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/allot-dev/allot/internal/audit/snapshot"
 	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -101,7 +103,39 @@ func TestResults(t *testing.T) {
 	}
 	exec("INSERT INTO rejected_message (seq, batch_index, subject, reason, rejected_at) VALUES (?, 3, 'alloc.req.4', 'bad request', NOW(6))", rows+3)
 
-	tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	// Long values of two requests of one batch: each is read whole from
+	// its own pieces.
+	long := rows + 4
+	for i, ev := range []string{"promoted:1", "promoted:2"} {
+		exec("INSERT INTO processed_request (partition_id, seq, batch_index, request_id, op, activity_id, user_id, outcome, events, event_parts, applied_at) "+
+			"VALUES (1, ?, ?, UUID(), 'join', 4, ?, 'confirmed', ?, 1, NOW(6))", long, i, long+i, ev)
+		exec("INSERT INTO processed_request_part (partition_id, seq, batch_index, col, piece, data) VALUES (1, ?, ?, ?, 1, ?)",
+			long, i, store.ColEvents, "waitlisted:"+strconv.Itoa(10+i))
+	}
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := snapshot.StartResults(ctx, tx, uint64(long-1), nil)
+	var events []string
+	for {
+		r, err := c.Peek()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r == nil {
+			break
+		}
+		events = append(events, r.Events.String)
+		c.Next()
+	}
+	c.Wait()
+	tx.Rollback() //nolint:errcheck
+	if want := []string{"promoted:1;waitlisted:10", "promoted:2;waitlisted:11"}; !slices.Equal(events, want) {
+		t.Errorf("long events of a batch's requests: %q, want %q", events, want)
+	}
+
+	tx, err = db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
