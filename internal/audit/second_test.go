@@ -26,9 +26,9 @@ func TestSecondOpinionCatchesAWrongApply(t *testing.T) {
 		t.Fatalf("before the fault: %s", divergences(rep.Divergences))
 	}
 	j3Seq := tr.seqs[tr.j3.RequestID]
-	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, seq uint64) (*allocation.Activity, allocation.Decision, error) {
-		after, d, err := allocation.Apply(a, req, seq)
-		if seq == j3Seq {
+	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, place uint64) (*allocation.Activity, allocation.Decision, error) {
+		after, d, err := allocation.Apply(a, req, place)
+		if place == wire.Place(j3Seq, 0) {
 			d.Outcome = wire.OutcomeAlreadyConfirmed // a wrong answer; the state change is right
 		}
 		return after, d, err
