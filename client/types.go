@@ -123,10 +123,11 @@ type Result struct {
 	// or for the user it promoted) or, for a HELD user's repeat, of the
 	// hold the user has.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
-	// Seq and Index are the request's place in the request stream: the
-	// sequence of the message that carried it and its index in that
-	// message's batch (0 for a message of one request). Requests were
-	// applied in (Seq, Index) order.
+	// Seq is the stream sequence of the message that carries the request
+	// in the request stream, and Index the request's 0-based index in that
+	// message's batch (0 for a single request): the request's place,
+	// (Seq, Index), orders as a pair and is the order in which it was
+	// applied.
 	Seq       uint64    `json:"seq"`
 	Index     int       `json:"index"`
 	AppliedAt time.Time `json:"applied_at"`
@@ -148,8 +149,8 @@ type Event struct {
 	ActivityID int64     `json:"activity_id"`
 	UserID     int64     `json:"user_id"`    // 0 for opened, resized and sold_out
 	RequestID  string    `json:"request_id"` // the request that caused it
-	Seq        uint64    `json:"seq"`        // that request's stream sequence
-	Index      int       `json:"index"`      // and its index in its message's batch
+	Seq        uint64    `json:"seq"`        // the stream sequence of that request's message
+	Index      int       `json:"index"`      // that request's index in its message's batch (0 alone)
 	At         time.Time `json:"at"`
 	// HeldUntil is set on held and promoted events of a hold.
 	HeldUntil *time.Time `json:"held_until,omitempty"`
