@@ -23,8 +23,9 @@ import (
 type brokerSample struct {
 	streams map[string]jetstream.StreamState
 	// batches and batched are the atomic batches ingest published and the
-	// requests they carried (allot_ingest_commit_batch_size's count and
-	// sum); -1 when the metrics could not be read.
+	// messages they carried (allot_ingest_commit_batch_size's count and
+	// sum: a message is one request or a request batch); -1 when the
+	// metrics could not be read.
 	batches, batched float64
 }
 
@@ -197,9 +198,9 @@ func printBroker(w io.Writer, before, after brokerSample, stored *storedRequests
 		}
 	}
 	if before.batches >= 0 && after.batches >= 0 {
-		n, reqs := after.batches-before.batches, after.batched-before.batched
-		fmt.Fprintf(w, "  ingest's group commit (allot_ingest_commit_batch_size): %.0f atomic batches carrying %.0f requests (%.1f a batch); %.0f requests published outside them\n",
-			n, reqs, perBatch(reqs, n), max(requests-reqs, 0))
+		n, carried := after.batches-before.batches, after.batched-before.batched
+		fmt.Fprintf(w, "  ingest's group commit (allot_ingest_commit_batch_size): %.0f atomic batches carrying %.0f messages (%.1f a batch); %.0f messages published alone\n",
+			n, carried, perBatch(carried, n), max(float64(msgs)-carried, 0))
 	}
 	if msgs > 0 {
 		fmt.Fprintf(w, "  the figure that shows why a burst gets faster: requests per message (%.2f here). The broker's cost is per "+

@@ -91,4 +91,14 @@ func TestCountStored(t *testing.T) {
 	if strings.Contains(out, "group commit") {
 		t.Errorf("group commits printed without ingest's metrics:\n%s", out)
 	}
+	// With ingest's metrics: its atomic batches count messages, each one
+	// request or a request batch.
+	b.Reset()
+	from, to := at(before), at(last)
+	from.batches, from.batched = 10, 400
+	to.batches, to.batched = 12, 404
+	printBroker(&b, from, to, &got, 11)
+	if line := "ingest's group commit (allot_ingest_commit_batch_size): 2 atomic batches carrying 4 messages (2.0 a batch); 1 messages published alone"; !strings.Contains(b.String(), line) {
+		t.Errorf("the printout lacks %q:\n%s", line, b.String())
+	}
 }
