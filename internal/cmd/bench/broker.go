@@ -24,9 +24,10 @@ type brokerSample struct {
 	streams map[string]jetstream.StreamState
 	// batches and batched are the atomic batches ingest published and the
 	// messages they carried (allot_ingest_commit_batch_size's count and
-	// sum: a message is one request or a request batch); -1 when the
+	// sum), msgs and reqs the messages its group commit published and the
+	// requests in them (allot_ingest_message_requests'); -1 when the
 	// metrics could not be read.
-	batches, batched float64
+	batches, batched, msgs, reqs float64
 }
 
 // sampleBroker reads every stream of the JetStream server at natsURL and
@@ -34,7 +35,7 @@ type brokerSample struct {
 func sampleBroker(ctx context.Context, natsURL, baseURL string) (brokerSample, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	b := brokerSample{streams: map[string]jetstream.StreamState{}, batches: -1, batched: -1}
+	b := brokerSample{streams: map[string]jetstream.StreamState{}, batches: -1, batched: -1, msgs: -1, reqs: -1}
 	nc, err := bus.Connect(natsURL, "bench-broker", slog.New(slog.DiscardHandler))
 	if err != nil {
 		return b, err
@@ -51,7 +52,7 @@ func sampleBroker(ctx context.Context, natsURL, baseURL string) (brokerSample, e
 	if err := l.Err(); err != nil {
 		return b, err
 	}
-	b.batches, b.batched = commitBatches(ctx, baseURL)
+	b.batches, b.batched, b.msgs, b.reqs = commitBatches(ctx, baseURL)
 	return b, nil
 }
 
@@ -126,10 +127,11 @@ func countStored(ctx context.Context, natsURL string, after, last uint64) (store
 	}
 }
 
-// commitBatches reads allot_ingest_commit_batch_size's count and sum from
-// baseURL's /metrics; -1, -1 when it cannot.
-func commitBatches(ctx context.Context, baseURL string) (count, sum float64) {
-	count, sum = -1, -1
+// commitBatches reads the count and sum of allot_ingest_commit_batch_size
+// and of allot_ingest_message_requests from baseURL's /metrics; -1 each
+// when it cannot.
+func commitBatches(ctx context.Context, baseURL string) (count, sum, msgs, reqs float64) {
+	count, sum, msgs, reqs = -1, -1, -1, -1
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, baseURL+"/metrics", nil)
 	if err != nil {
 		return
@@ -159,6 +161,10 @@ func commitBatches(ctx context.Context, baseURL string) (count, sum float64) {
 			count = f
 		case "allot_ingest_commit_batch_size_sum":
 			sum = f
+		case "allot_ingest_message_requests_count":
+			msgs = f
+		case "allot_ingest_message_requests_sum":
+			reqs = f
 		}
 	}
 	return
@@ -197,10 +203,18 @@ func printBroker(w io.Writer, before, after brokerSample, stored *storedRequests
 				stored.batches, stored.batched, perBatch(float64(stored.batched), float64(stored.batches)), stored.messages-stored.batches)
 		}
 	}
-	if before.batches >= 0 && after.batches >= 0 {
-		n, carried := after.batches-before.batches, after.batched-before.batched
+	switch {
+	case before.batches >= 0 && after.batches >= 0 && before.msgs >= 0 && after.msgs >= 0:
+		// Ingest counts the messages its group commit published and the
+		// requests in them (allot_ingest_message_requests).
+		n, in := after.batches-before.batches, after.batched-before.batched
+		pubMsgs, pubReqs := after.msgs-before.msgs, after.reqs-before.reqs
+		fmt.Fprintf(w, "  ingest's group commit: %.0f requests in %.0f messages (%.1f a message); %.0f atomic batches carrying %.0f of the messages (%.1f a batch)\n",
+			pubReqs, pubMsgs, perBatch(pubReqs, pubMsgs), n, in, perBatch(in, n))
+	case before.batches >= 0 && after.batches >= 0:
+		n, in := after.batches-before.batches, after.batched-before.batched
 		fmt.Fprintf(w, "  ingest's group commit (allot_ingest_commit_batch_size): %.0f atomic batches carrying %.0f messages (%.1f a batch); %.0f messages published alone\n",
-			n, carried, perBatch(carried, n), max(float64(msgs)-carried, 0))
+			n, in, perBatch(in, n), max(float64(msgs)-in, 0))
 	}
 	if msgs > 0 {
 		fmt.Fprintf(w, "  the figure that shows why a burst gets faster: requests per message (%.2f here). The broker's cost is per "+

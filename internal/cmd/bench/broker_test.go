@@ -75,7 +75,7 @@ func TestCountStored(t *testing.T) {
 
 	var b strings.Builder
 	at := func(seq uint64) brokerSample {
-		return brokerSample{streams: map[string]jetstream.StreamState{wire.RequestStream: {LastSeq: seq, Msgs: seq}}, batches: -1, batched: -1}
+		return brokerSample{streams: map[string]jetstream.StreamState{wire.RequestStream: {LastSeq: seq, Msgs: seq}}, batches: -1, batched: -1, msgs: -1, reqs: -1}
 	}
 	printBroker(&b, at(before), at(last), &got, 11)
 	out := b.String()
@@ -99,6 +99,14 @@ func TestCountStored(t *testing.T) {
 	to.batches, to.batched = 12, 404
 	printBroker(&b, from, to, &got, 11)
 	if line := "ingest's group commit (allot_ingest_commit_batch_size): 2 atomic batches carrying 4 messages (2.0 a batch); 1 messages published alone"; !strings.Contains(b.String(), line) {
+		t.Errorf("the printout lacks %q:\n%s", line, b.String())
+	}
+	// And when ingest counts the requests in the messages it published.
+	b.Reset()
+	from.msgs, from.reqs = 100, 900
+	to.msgs, to.reqs = 105, 911
+	printBroker(&b, from, to, &got, 11)
+	if line := "ingest's group commit: 11 requests in 5 messages (2.2 a message); 2 atomic batches carrying 4 of the messages (2.0 a batch)"; !strings.Contains(b.String(), line) {
 		t.Errorf("the printout lacks %q:\n%s", line, b.String())
 	}
 }
