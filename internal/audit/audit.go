@@ -17,22 +17,31 @@
 //
 // The state is rebuilt from the first message: the stream must still start at
 // sequence 1 with no deleted messages, otherwise Run fails with
-// ErrIncompleteStream. Each message up to the fence is handled the way the
-// allocator handles it, in stream order:
+// ErrIncompleteStream. A message carries one request or a batch (header
+// wire.BatchHeader, read with the message); wire.DecodeMessage expands it
+// into its requests, each at its place (seq, index): wire.Place packs the
+// pair, and results, rejections and divergences name it ("seq" or
+// "seq#index", wire.FormatPlace). Each request up to the fence is handled the
+// way the allocator handles it, in place order:
 //
-//  1. wire.DecodeRequest refuses it: malformed. rejected_message must hold its
-//     sequence, processed_request must not.
+//  1. its message is malformed as a whole (wire.DecodeMessage fails): one
+//     malformed request at (seq, 0); nothing in the message applies.
+//     rejected_message must hold (seq, 0), processed_request nothing of seq.
+//     A request of a batch that is malformed by itself (or on the wrong
+//     subject) is refused alone: rejected_message must hold (seq, index),
+//     and the batch's other requests apply.
 //  2. its request_id already has a result in the replay (an Idempotency-Key
-//     repeat stored twice): skipped. Its sequence must have neither a result
-//     nor a rejected_message row.
+//     repeat, or the same request in a later batch or message): skipped, as
+//     a request id applies once however many messages carry it. Its place
+//     must have neither a result nor a rejected_message row.
 //  3. allocation.Apply returns an error: counted as malformed, like 1.
 //  4. otherwise the decision, turned into a wire.Result exactly as the
 //     allocator records it, must equal the processed_request row at the same
-//     sequence: request_id, op, activity_id, user_id, outcome, status,
+//     place: request_id, op, activity_id, user_id, outcome, status,
 //     position, promoted_user_ids and capacity (applied_at is not compared),
-//     and rejected_message must not hold the sequence.
+//     and rejected_message must not hold the place.
 //
-// A message the domain accepts but rejected_message holds without a result
+// A request the domain accepts but rejected_message holds without a result
 // (the allocator refused it, e.g. on a store error) is one divergence, and
 // the replay then leaves it unapplied as the allocator did. Otherwise the
 // replay never adopts what MySQL says: a wrong decision by the allocator
@@ -53,11 +62,11 @@
 // activities (activities are independent, so nothing is lost) and checks only
 // their rows: results by activity_id, rejected messages by subject.
 //
-// Config.FromSeq and Config.FromTime open a window: requests before it are
+// Config.FromSeq and Config.FromTime open a window: messages before it are
 // replayed to build the state but not compared. Everything that carries a
-// stream sequence (results, rejected messages, activity and signup rows,
-// through the request that last changed them) is compared only from the
-// window's first sequence; rows the replay never produced are reported
+// place (results, rejected messages, activity and signup rows, through the
+// request that last changed them) is compared only from the window's first
+// message; rows the replay never produced are reported
 // whatever the window, since no request explains them. With FromTime the
 // window starts at the first message stored at or after that time.
 package audit
@@ -71,6 +80,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/audit/snapshot"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // ErrIncompleteStream is returned by Run when the request stream no longer
@@ -85,15 +95,21 @@ type Report struct {
 	// ActivitiesChecked is the number of activities whose rows were compared:
 	// the Activities option, or else every activity the replay or MySQL knows.
 	ActivitiesChecked int `json:"activities_checked"`
-	// Replayed is the number of messages up to the fence that were read.
+	// Replayed is the number of requests up to the fence that were read:
+	// every request of every message, a message malformed as a whole
+	// counting as one.
 	Replayed int `json:"requests_replayed"`
+	// Messages is the number of messages up to the fence that were read
+	// (a batch is one message carrying many requests).
+	Messages int `json:"messages_replayed"`
 	// Compared is the number of applied requests in the window whose result
 	// was compared with processed_request.
 	Compared int `json:"compared"`
 	// Skipped is the number of repeats of an already applied request_id.
 	Skipped int `json:"skipped_duplicates"`
-	// Malformed is the number of messages refused by wire.DecodeRequest or
-	// allocation.Apply: the allocator must have recorded them as rejected.
+	// Malformed is the number of requests refused by wire.DecodeMessage or
+	// allocation.Apply (a message malformed as a whole counting as one):
+	// the allocator must have recorded them as rejected.
 	Malformed int `json:"malformed"`
 	// Pending is the number of messages stored after the allocator's fence.
 	Pending int `json:"pending"`
@@ -125,13 +141,13 @@ const (
 	KindResult Kind = "result"
 	// KindResultMissing: an applied request has no processed_request row.
 	KindResultMissing Kind = "result_missing"
-	// KindResultUnexpected: a processed_request row at a sequence that must
-	// have none (malformed, repeat, pending, or no message at all).
+	// KindResultUnexpected: a processed_request row at a place that must
+	// have none (malformed, repeat, pending, or no request at all).
 	KindResultUnexpected Kind = "result_unexpected"
 	// KindNotRejected: a malformed message has no rejected_message row.
 	KindNotRejected Kind = "malformed_not_rejected"
-	// KindRejectedUnexpected: a rejected_message row for a message the
-	// replay applies or skips, or for no message at all.
+	// KindRejectedUnexpected: a rejected_message row for a request the
+	// replay applies or skips, or for no request at all.
 	KindRejectedUnexpected Kind = "rejected_unexpected"
 	// KindActivity: an activity column differs from the replay.
 	KindActivity Kind = "activity"
@@ -149,9 +165,13 @@ const (
 
 // Divergence is one mismatch between the replay and MySQL.
 type Divergence struct {
-	// Seq is the stream sequence of the request concerned: the request
-	// itself, or the one that last changed the row. 0 when no request is.
-	Seq uint64 `json:"seq"`
+	// Seq and Index are the place of the request concerned (the stream
+	// sequence of its message and its index in that message's batch, 0
+	// for a single request): the request itself, or the one that last
+	// changed the row. Seq 0 when no request is. String writes them as
+	// wire.FormatPlace does: "seq" or "seq#index".
+	Seq   uint64 `json:"seq"`
+	Index int    `json:"index"`
 	// RequestID is that request's id; empty when there is none or the
 	// message could not be decoded.
 	RequestID  string `json:"request_id"`
@@ -165,6 +185,9 @@ type Divergence struct {
 	// Detail explains what the comparison could not, e.g. a decode error.
 	Detail string `json:"detail,omitempty"`
 }
+
+// Place is the divergence's place packed as wire.Place.
+func (d Divergence) Place() uint64 { return wire.Place(d.Seq, d.Index) }
 
 // Run audits MySQL (db) against the request stream (js) and returns what it
 // found. An error means the audit could not be carried out (bad options,
@@ -199,9 +222,11 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		return Report{}, err
 	}
 	a.ids.refusedAt = make(map[string]uint64)
-	for seq, r := range a.rejected {
-		if at, ok := a.ids.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || seq < at) {
-			a.ids.refusedAt[r.RequestID] = seq
+	a.rejectedSeqs = make(map[uint64]bool, len(a.rejected))
+	for place, r := range a.rejected {
+		a.rejectedSeqs[wire.SeqOf(place)] = true
+		if at, ok := a.ids.refusedAt[r.RequestID]; r.RequestID != "" && (!ok || place < at) {
+			a.ids.refusedAt[r.RequestID] = place
 		}
 	}
 	if a.cp != nil {

@@ -105,6 +105,7 @@ func TestCleanBurstAuditsClean(t *testing.T) {
 	want := audit.Report{
 		ActivitiesChecked: tr.opened,
 		Replayed:          tr.total,
+		Messages:          tr.total,
 		Compared:          len(tr.reqs),
 		Skipped:           1,
 		Malformed:         tr.poison,
@@ -188,8 +189,8 @@ func TestTamperingIsReported(t *testing.T) {
 			tamper:  []string{"UPDATE waitlist_bucket SET waiting = waiting + 1 WHERE activity_id = 50"},
 			restore: []string{"UPDATE waitlist_bucket SET waiting = waiting - 1 WHERE activity_id = 50"},
 			want: audit.Divergence{Seq: tr.seqs[tr.j2.RequestID], RequestID: tr.j2.RequestID, Kind: audit.KindActivity,
-				ActivityID: 50, Field: "waitlist_bucket", Expected: strconv.FormatUint(tr.seqs[tr.j2.RequestID], 10) + ":1",
-				Actual: strconv.FormatUint(tr.seqs[tr.j2.RequestID], 10) + ":2"},
+				ActivityID: 50, Field: "waitlist_bucket", Expected: strconv.FormatUint(wire.Place(tr.seqs[tr.j2.RequestID], 0), 10) + ":1",
+				Actual: strconv.FormatUint(wire.Place(tr.seqs[tr.j2.RequestID], 0), 10) + ":2"},
 		},
 		{
 			name:    "result outcome edited",

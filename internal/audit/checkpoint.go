@@ -70,37 +70,62 @@ func (f *fromCheckpoint) covers(seq uint64, subject string) bool {
 	return seq <= f.start[p]
 }
 
-// appliedBefore returns the sequence requestID was applied at, when that is
-// before seq: a repeat of a request the checkpoint covers, which the
+// appliedBefore returns the place requestID was applied at, when that is
+// before place: a repeat of a request the checkpoint covers, which the
 // replay never saw.
-func (f *fromCheckpoint) appliedBefore(requestID string, seq uint64) (uint64, bool, error) {
-	var at uint64
-	err := f.db.QueryRowContext(f.ctx, "SELECT seq FROM processed_request WHERE request_id = ? AND seq < ?", requestID, seq).Scan(&at)
+func (f *fromCheckpoint) appliedBefore(requestID string, place uint64) (uint64, bool, error) {
+	var (
+		seq   uint64
+		index int
+	)
+	err := f.db.QueryRowContext(f.ctx, "SELECT seq, batch_index FROM processed_request WHERE request_id = ? AND (seq < ? OR seq = ? AND batch_index < ?) "+
+		"ORDER BY seq, batch_index LIMIT 1", requestID, wire.SeqOf(place), wire.SeqOf(place), wire.IndexOf(place)).Scan(&seq, &index)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, false, nil
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("audit: look up request %s: %w", requestID, err)
 	}
-	return at, true, nil
+	return wire.Place(seq, index), true, nil
 }
 
 // dropCoveredRejections forgets the rejected_message rows at or before
 // the lowest checkpoint: no message before it is read.
 func (a *auditor) dropCoveredRejections() {
-	for seq := range a.rejected {
-		if seq <= a.cp.min {
-			delete(a.rejected, seq)
+	for place := range a.rejected {
+		if wire.SeqOf(place) <= a.cp.min {
+			delete(a.rejected, place)
 		}
 	}
 }
 
-// skipCovered passes over a message its checkpoint covers: its result and
-// rejection, if any, are part of what the checkpoint vouches for.
+// skipCovered passes over a message its checkpoint covers: the results and
+// rejections of its requests, if any, are part of what the checkpoint
+// vouches for.
 func (a *auditor) skipCovered(seq uint64) error {
-	_, err := a.resultAt(seq)
-	delete(a.rejected, seq)
-	return err
+	// Rows before the message are reported as resultAt does; the
+	// message's own are consumed.
+	if _, err := a.resultAt(wire.Place(seq, 0)); err != nil {
+		return err
+	}
+	for {
+		r, err := a.check.results.Peek()
+		if err != nil {
+			return err
+		}
+		if r == nil || r.Seq != seq {
+			break
+		}
+		a.check.results.Next()
+	}
+	if a.rejectedSeqs[seq] {
+		for place := range a.rejected {
+			if wire.SeqOf(place) == seq {
+				delete(a.rejected, place)
+			}
+		}
+	}
+	return nil
 }
 
 // openFromCheckpoint reads the request stream's bounds, picks each
@@ -210,7 +235,7 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 // for the state at sequence at: its own, or a later one up to which the
 // partition was quiet.
 func (a *auditor) loadCheckpoint(ctx context.Context, tx *sql.Tx, cp checkpoint.Checkpoint, at uint64) (bool, error) {
-	by := change{seq: at}
+	by := change{place: wire.Place(at, 0)}
 	d := checkpoint.NewDigester()
 	type actRow struct {
 		capacity, confirmed int64

@@ -204,8 +204,8 @@ func TestHoldsAuditClean(t *testing.T) {
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE op = 'expire'"); n != 4 {
 		t.Errorf("%d expires recorded, want 4", n)
 	}
-	if outcomes[wire.ExpireRequestID(60, 1, 2)] != wire.OutcomeExpired {
-		t.Errorf("the expire of A's hold (seq 2): outcome %q, want EXPIRED", outcomes[wire.ExpireRequestID(60, 1, 2)])
+	if outcomes[wire.ExpireRequestID(60, 1, wire.Place(2, 0))] != wire.OutcomeExpired {
+		t.Errorf("the expire of A's hold (seq 2): outcome %q, want EXPIRED", outcomes[wire.ExpireRequestID(60, 1, wire.Place(2, 0))])
 	}
 	if n := e.db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE held_until IS NOT NULL AND events LIKE '%:%:%'"); n == 0 {
 		t.Error("no result with held_until and a held event")
@@ -241,7 +241,9 @@ func TestHoldTamperingIsReported(t *testing.T) {
 		joinID  string
 		events  sql.NullString
 	)
-	if err := e.db.QueryRow("SELECT s.held_until, s.hold_seq, p.request_id, p.events FROM activity_signup s JOIN processed_request p ON p.seq = s.hold_seq "+
+	if err := e.db.QueryRow("SELECT s.held_until, s.hold_seq, p.request_id, p.events FROM activity_signup s "+
+		// hold_seq is the place of the join: seq * 65536 + index (wire.Place).
+		"JOIN processed_request p ON p.seq = s.hold_seq DIV 65536 AND p.batch_index = s.hold_seq MOD 65536 "+
 		"WHERE s.activity_id = 61 AND s.user_id = 6").Scan(&until, &holdSeq, &joinID, &events); err != nil {
 		t.Fatal(err)
 	}
@@ -401,18 +403,19 @@ func TestSecondOpinionOnHolds(t *testing.T) {
 	if rep := e.audit(audit.Config{}); !rep.OK {
 		t.Fatalf("before the fault: %s", divergences(rep.Divergences))
 	}
-	id := wire.ExpireRequestID(60, 1, 2)
+	id := wire.ExpireRequestID(60, 1, wire.Place(2, 0))
 	var (
 		seq   uint64
+		index int
 		until time.Time
 	)
-	if err := e.db.QueryRow("SELECT seq, held_until FROM processed_request WHERE request_id = ?", id).Scan(&seq, &until); err != nil {
+	if err := e.db.QueryRow("SELECT seq, batch_index, held_until FROM processed_request WHERE request_id = ?", id).Scan(&seq, &index, &until); err != nil {
 		t.Fatal(err)
 	}
 	wrong := until.Add(time.Second)
 	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, s uint64) (*allocation.Activity, allocation.Decision, error) {
 		after, d, err := allocation.Apply(a, req, s)
-		if s == seq {
+		if s == wire.Place(seq, index) {
 			d.HeldUntil = wrong // a wrong answer; the state change is right
 		}
 		return after, d, err

@@ -31,11 +31,14 @@ type auditor struct {
 	// subjects are the audited activities, by their subject token; nil
 	// means all.
 	subjects map[string]bool
-	// winStart is the first sequence compared; MaxUint64 until a FromTime
-	// window has found its first message.
+	// winStart is the first message sequence compared; MaxUint64 until a
+	// FromTime window has found its first message.
 	winStart uint64
 
-	rejected map[uint64]snapshot.Rejected
+	// rejected holds the rejected_message rows not yet met, by place;
+	// rejectedSeqs the stream sequences of the messages they name.
+	rejected     map[uint64]snapshot.Rejected
+	rejectedSeqs map[uint64]bool
 	// ids are the request ids met so far.
 	ids requestIDs
 
@@ -74,23 +77,23 @@ type auditRun struct {
 
 // requestIDs are the request ids the replay has met.
 type requestIDs struct {
-	// seen maps each applied request_id to the sequence it was applied at.
+	// seen maps each applied request_id to the place it was applied at.
 	seen map[string]uint64
 	// refusedAt maps the request ids of rejected_message rows to the first
-	// sequence they were refused at: a void behind it is a repeat.
+	// place they were refused at: a void behind it is a repeat.
 	refusedAt map[string]uint64
 }
 
-// comparison is MySQL's result rows, read in sequence order as the replay
+// comparison is MySQL's result rows, read in place order as the replay
 // meets them, and the report of what the comparison found.
 type comparison struct {
 	results *snapshot.Results
 	rep     Report
 }
 
-// change names the request that changed a row.
+// change names the request that changed a row, by its place.
 type change struct {
-	seq       uint64
+	place     uint64
 	requestID string
 }
 
@@ -121,49 +124,97 @@ func subjectOf(activity int64) string { return wire.RequestSubject(activity) }
 // activityKey is how a.subjects names an activity: its subject token.
 func activityKey(activity int64) string { return strconv.FormatInt(activity, 10) }
 
-func (a *auditor) inWindow(seq uint64) bool { return seq >= a.winStart }
+// inWindow says whether the request at place is compared: its message is
+// in the window.
+func (a *auditor) inWindow(place uint64) bool { return wire.SeqOf(place) >= a.winStart }
 
 func (a *auditor) diverge(d Divergence) { a.check.rep.Divergences = append(a.check.rep.Divergences, d) }
 
-// message replays one stored message: the allocator's steps, in its order.
-func (a *auditor) message(seq uint64, subject string, data []byte, stored time.Time) error {
+// at is d at place: the request concerned, or the one that last changed
+// the row.
+func at(place uint64, d Divergence) Divergence {
+	d.Seq, d.Index = wire.SeqOf(place), wire.IndexOf(place)
+	return d
+}
+
+// message replays one stored message: the allocator's steps, in its order,
+// for each request it carries at its place (wire.Place(seq, index)). A
+// message malformed as a whole is one refused request at (seq, 0).
+func (a *auditor) message(seq uint64, subject, batch string, data []byte, stored time.Time) error {
 	if a.cp != nil && a.cp.covers(seq, subject) {
 		return a.skipCovered(seq)
 	}
 	if a.winStart == math.MaxUint64 && !a.run.cfg.FromTime.IsZero() && !stored.Before(a.run.cfg.FromTime) {
 		a.winStart = seq
 	}
-	got, err := a.resultAt(seq)
+	reqs, err := wire.DecodeMessage(subject, batch, data)
 	if err != nil {
-		return err
+		reqs = []wire.Decoded{{Err: err}}
 	}
-	rej, rejected := a.rejected[seq]
-	delete(a.rejected, seq)
-	check := a.inWindow(seq)
-
 	if seq > a.fence {
 		a.check.rep.Pending++
-		if check && got != nil {
-			a.unexpectedResult(got, "a result recorded beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
-		}
-		if check && rejected {
-			a.unexpectedRejected(seq, "", rej, "a rejected_message row beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
+		for _, r := range reqs {
+			if err := a.pending(wire.Place(seq, r.Index)); err != nil {
+				return err
+			}
 		}
 		return nil
 	}
+	a.check.rep.Messages++
+	for _, r := range reqs {
+		if err := a.request(wire.Place(seq, r.Index), subject, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pending checks the place of a request stored after the allocator's
+// fence: nothing may be recorded there yet.
+func (a *auditor) pending(place uint64) error {
+	got, err := a.resultAt(place)
+	if err != nil {
+		return err
+	}
+	rej, rejected := a.rejected[place]
+	delete(a.rejected, place)
+	if !a.inWindow(place) {
+		return nil
+	}
+	if got != nil {
+		a.unexpectedResult(got, "a result recorded beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
+	}
+	if rejected {
+		a.unexpectedRejected(place, "", rej, "a rejected_message row beyond the allocator's fence "+strconv.FormatUint(a.fence, 10))
+	}
+	return nil
+}
+
+// request replays the request at place, read from its message on subject
+// as dec (dec.Err: the request, or the whole message at index 0, is
+// malformed).
+func (a *auditor) request(place uint64, subject string, dec wire.Decoded) error {
+	got, err := a.resultAt(place)
+	if err != nil {
+		return err
+	}
+	rej, rejected := a.rejected[place]
+	delete(a.rejected, place)
+	check := a.inWindow(place)
 	a.check.rep.Replayed++
 
-	req, err := wire.DecodeRequest(subject, data)
-	if err == nil {
-		err = bus.CheckRequestSubject(subject, req, a.run.partitions)
-	}
+	req, err := dec.Request, dec.Err
 	if err != nil {
-		a.malformed(seq, "", subject, err, got, rejected, check)
+		a.malformed(place, "", subject, err, got, rejected, check)
+		return nil
+	}
+	if err := bus.CheckRequestSubject(subject, req, a.run.partitions); err != nil {
+		a.malformed(place, "", subject, err, got, rejected, check)
 		return nil
 	}
 	if _, dup := a.ids.seen[req.RequestID]; !dup && a.cp != nil && got == nil {
 		// A repeat of a request applied before the checkpoint.
-		at, before, err := a.cp.appliedBefore(req.RequestID, seq)
+		at, before, err := a.cp.appliedBefore(req.RequestID, place)
 		if err != nil {
 			return err
 		}
@@ -172,17 +223,19 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		}
 	}
 	if first, dup := a.ids.seen[req.RequestID]; dup {
+		// A request id is applied once, whichever messages carry it: a
+		// later copy, in this batch or another message, is a repeat.
 		a.check.rep.Skipped++
 		if check && got != nil {
-			a.unexpectedResult(got, "a result recorded for a repeat of request "+req.RequestID+" first applied at seq "+strconv.FormatUint(first, 10))
+			a.unexpectedResult(got, "a result recorded for a repeat of request "+req.RequestID+" first applied at "+wire.FormatPlace(first))
 		}
 		if check && rejected {
-			a.unexpectedRejected(seq, req.RequestID, rej, "a repeat of an applied request must be skipped, not rejected")
+			a.unexpectedRejected(place, req.RequestID, rej, "a repeat of an applied request must be skipped, not rejected")
 		}
 		return nil
 	}
 	if req.Op == wire.OpVoid {
-		a.void(seq, req, got, rej, rejected, check)
+		a.void(place, req, got, rej, rejected, check)
 		return nil
 	}
 	dreq := allocation.RequestOf(req)
@@ -192,29 +245,29 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 		// error, say) and applied nothing. Report it once and follow the
 		// allocator, so one fault reads as one divergence instead of a
 		// cascade; the decision is taken on a copy only to name it.
-		_, d, err := allocation.Apply(act.Clone(), dreq, seq)
+		_, d, err := allocation.Apply(act.Clone(), dreq, place)
 		if err != nil {
-			a.malformed(seq, req.RequestID, subject, err, nil, true, check)
+			a.malformed(place, req.RequestID, subject, err, nil, true, check)
 			return nil
 		}
 		if check {
 			a.check.rep.Compared++
-			a.diverge(Divergence{
-				Seq: seq, RequestID: req.RequestID, Kind: KindRejectedUnexpected,
+			a.diverge(at(place, Divergence{
+				RequestID: req.RequestID, Kind: KindRejectedUnexpected,
 				ActivityID: req.ActivityID, UserID: req.UserID,
 				Expected: "applied with outcome " + string(d.Outcome), Actual: "rejected: " + rej.Reason,
 				Detail: "the replay follows the allocator and leaves the request unapplied",
-			})
+			}))
 		}
 		return nil
 	}
-	after, d, err := a.decide(act, dreq, seq, req.RequestID)
+	after, d, err := a.decide(act, dreq, place, req.RequestID)
 	if err != nil {
-		a.malformed(seq, req.RequestID, subject, err, got, rejected, check)
+		a.malformed(place, req.RequestID, subject, err, got, rejected, check)
 		return nil
 	}
-	a.ids.seen[req.RequestID] = seq
-	by := change{seq: seq, requestID: req.RequestID}
+	a.ids.seen[req.RequestID] = place
+	by := change{place: place, requestID: req.RequestID}
 	if after != nil {
 		a.acts[req.ActivityID] = after
 		a.actLast[req.ActivityID] = by
@@ -234,102 +287,108 @@ func (a *auditor) message(seq uint64, subject string, data []byte, stored time.T
 	}
 	if rejected {
 		// Both a result and a rejection: the result is compared below.
-		a.unexpectedRejected(seq, req.RequestID, rej, "the request has a result as well")
+		a.unexpectedRejected(place, req.RequestID, rej, "the request has a result as well")
 	}
 	a.check.rep.Compared++
-	want := allocation.ResultOf(req, seq, d, after, time.Time{}) // applied_at is not compared
+	want := allocation.ResultOf(req, place, d, after, time.Time{}) // applied_at is not compared
 	if got == nil {
-		a.diverge(Divergence{
-			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing,
+		a.diverge(at(place, Divergence{
+			RequestID: req.RequestID, Kind: KindResultMissing,
 			ActivityID: req.ActivityID, UserID: req.UserID,
 			Expected: "a processed_request row with outcome " + string(want.Outcome), Actual: "none",
-		})
+		}))
 		return nil
 	}
 	a.compareResult(want, got)
 	if exp, act := store.EncodeEvents(d.Events), got.Events.String; exp != act {
-		a.diverge(Divergence{
-			Seq: seq, RequestID: req.RequestID, Kind: KindResult, ActivityID: req.ActivityID, UserID: req.UserID,
+		a.diverge(at(place, Divergence{
+			RequestID: req.RequestID, Kind: KindResult, ActivityID: req.ActivityID, UserID: req.UserID,
 			Field: "events", Expected: exp, Actual: act,
-		})
+		}))
 	}
 	return nil
 }
 
 // void checks the void of an id that has no result before it: the
 // allocator records REJECTED "never stored" and changes nothing.
-func (a *auditor) void(seq uint64, req wire.Request, got *snapshot.Result, rej snapshot.Rejected, rejected, check bool) {
-	if at, ok := a.ids.refusedAt[req.RequestID]; ok && at < seq {
+func (a *auditor) void(place uint64, req wire.Request, got *snapshot.Result, rej snapshot.Rejected, rejected, check bool) {
+	if refused, ok := a.ids.refusedAt[req.RequestID]; ok && refused < place {
 		// The request was stored and refused before: it has its answer,
 		// and the void is a repeat, as of an applied request.
 		a.check.rep.Skipped++
 		if check && got != nil {
-			a.unexpectedResult(got, "a result recorded for the void of request "+req.RequestID+" refused at seq "+strconv.FormatUint(at, 10))
+			a.unexpectedResult(got, "a result recorded for the void of request "+req.RequestID+" refused at "+wire.FormatPlace(refused))
 		}
 		if check && rejected {
-			a.unexpectedRejected(seq, req.RequestID, rej, "a void of a refused request must be skipped, not rejected")
+			a.unexpectedRejected(place, req.RequestID, rej, "a void of a refused request must be skipped, not rejected")
 		}
 		return
 	}
-	a.ids.seen[req.RequestID] = seq
+	a.ids.seen[req.RequestID] = place
 	if !check || a.subjects != nil {
 		// An audit of some activities reads their results only, and a
 		// void's (activity_id 0) is none of them.
 		return
 	}
 	if rejected {
-		a.unexpectedRejected(seq, req.RequestID, rej, "a void is recorded as a result, not rejected")
+		a.unexpectedRejected(place, req.RequestID, rej, "a void is recorded as a result, not rejected")
 	}
 	a.check.rep.Compared++
-	want := allocation.VoidResult(req, seq, time.Time{})
+	// A void is never part of a batch: its place is its message's.
+	want := allocation.VoidResult(req, wire.SeqOf(place), time.Time{})
 	if got == nil {
-		a.diverge(Divergence{
-			Seq: seq, RequestID: req.RequestID, Kind: KindResultMissing, UserID: req.UserID,
+		a.diverge(at(place, Divergence{
+			RequestID: req.RequestID, Kind: KindResultMissing, UserID: req.UserID,
 			Expected: "a processed_request row with outcome " + string(want.Outcome) + " (" + wire.ReasonNeverStored + ")", Actual: "none",
-		})
+		}))
 		return
 	}
 	a.compareResult(want, got)
 	if got.Events.String != "" {
-		a.diverge(Divergence{
-			Seq: seq, RequestID: req.RequestID, Kind: KindResult, UserID: req.UserID,
+		a.diverge(at(place, Divergence{
+			RequestID: req.RequestID, Kind: KindResult, UserID: req.UserID,
 			Field: "events", Expected: "", Actual: got.Events.String,
-		})
+		}))
 	}
 }
 
-// malformed checks a message the allocator must have refused.
-func (a *auditor) malformed(seq uint64, requestID, subject string, cause error, got *snapshot.Result, rejected, check bool) {
+// malformed checks a request (or a whole message, at index 0) the
+// allocator must have refused.
+func (a *auditor) malformed(place uint64, requestID, subject string, cause error, got *snapshot.Result, rejected, check bool) {
 	a.check.rep.Malformed++
 	if !check {
 		return
 	}
+	what := "malformed message"
+	if wire.IndexOf(place) > 0 {
+		what = "malformed request of a batch"
+	}
 	if !rejected {
-		a.diverge(Divergence{
-			Seq: seq, RequestID: requestID, Kind: KindNotRejected,
+		a.diverge(at(place, Divergence{
+			RequestID: requestID, Kind: KindNotRejected,
 			Expected: "a rejected_message row", Actual: "none",
-			Detail: "malformed message on " + subject + " not recorded as rejected: " + cause.Error(),
-		})
+			Detail: what + " on " + subject + " not recorded as rejected: " + cause.Error(),
+		}))
 	}
 	if got != nil {
-		a.unexpectedResult(got, "a result recorded for a malformed message: "+cause.Error())
+		a.unexpectedResult(got, "a result recorded for a "+what+": "+cause.Error())
 	}
 }
 
-// resultAt returns the processed_request row at seq, or nil, after
-// reporting every row before seq: no message the replay read sits there.
-func (a *auditor) resultAt(seq uint64) (*snapshot.Result, error) {
+// resultAt returns the processed_request row at place, or nil, after
+// reporting every row before place: no request the replay read sits there.
+func (a *auditor) resultAt(place uint64) (*snapshot.Result, error) {
 	for {
 		r, err := a.check.results.Peek()
-		if err != nil || r == nil || r.Seq > seq {
+		if err != nil || r == nil || r.Place() > place {
 			return nil, err
 		}
 		a.check.results.Next()
-		if r.Seq == seq {
+		if r.Place() == place {
 			return r, nil
 		}
-		if a.inWindow(r.Seq) {
-			a.unexpectedResult(r, "no request message at this seq"+a.scope())
+		if a.inWindow(r.Place()) {
+			a.unexpectedResult(r, "no request at this place"+a.scope())
 		}
 	}
 }
@@ -342,8 +401,8 @@ func (a *auditor) drainResults() error {
 			return err
 		}
 		a.check.results.Next()
-		if a.inWindow(r.Seq) {
-			a.unexpectedResult(r, "no request message at this seq"+a.scope())
+		if a.inWindow(r.Place()) {
+			a.unexpectedResult(r, "no request at this place"+a.scope())
 		}
 	}
 }
@@ -358,36 +417,36 @@ func (a *auditor) scope() string {
 
 // leftoverRejected reports rejected_message rows no message accounted for.
 func (a *auditor) leftoverRejected() {
-	seqs := make([]uint64, 0, len(a.rejected))
-	for seq, r := range a.rejected {
+	places := make([]uint64, 0, len(a.rejected))
+	for place, r := range a.rejected {
 		if a.subjects != nil && !a.subjects[wire.ActivityOfSubject(r.Subject)] {
 			continue
 		}
-		if a.inWindow(seq) {
-			seqs = append(seqs, seq)
+		if a.inWindow(place) {
+			places = append(places, place)
 		}
 	}
-	slices.Sort(seqs)
-	for _, seq := range seqs {
-		a.unexpectedRejected(seq, "", a.rejected[seq], "no message at this seq"+a.scope())
+	slices.Sort(places)
+	for _, place := range places {
+		a.unexpectedRejected(place, "", a.rejected[place], "no request at this place"+a.scope())
 	}
 }
 
 func (a *auditor) unexpectedResult(r *snapshot.Result, why string) {
 	a.diverge(Divergence{
-		Seq: r.Seq, RequestID: r.RequestID, Kind: KindResultUnexpected,
+		Seq: r.Seq, Index: r.Index, RequestID: r.RequestID, Kind: KindResultUnexpected,
 		ActivityID: r.ActivityID, UserID: r.UserID,
 		Expected: "no processed_request row", Actual: "a row with outcome " + r.Outcome,
 		Detail: why,
 	})
 }
 
-func (a *auditor) unexpectedRejected(seq uint64, requestID string, r snapshot.Rejected, why string) {
-	a.diverge(Divergence{
-		Seq: seq, RequestID: requestID, Kind: KindRejectedUnexpected,
+func (a *auditor) unexpectedRejected(place uint64, requestID string, r snapshot.Rejected, why string) {
+	a.diverge(at(place, Divergence{
+		RequestID: requestID, Kind: KindRejectedUnexpected,
 		Expected: "no rejected_message row", Actual: "rejected on " + r.Subject + ": " + r.Reason,
 		Detail: why,
-	})
+	}))
 }
 
 // compareResult compares the recorded result with the replayed one, column
@@ -395,7 +454,7 @@ func (a *auditor) unexpectedRejected(seq uint64, requestID string, r snapshot.Re
 func (a *auditor) compareResult(want wire.Result, got *snapshot.Result) {
 	field := func(name, exp, act string) {
 		a.diverge(Divergence{
-			Seq: want.Seq, RequestID: want.RequestID, Kind: KindResult,
+			Seq: want.Seq, Index: want.Index, RequestID: want.RequestID, Kind: KindResult,
 			ActivityID: want.ActivityID, UserID: want.UserID,
 			Field: name, Expected: exp, Actual: act,
 		})
@@ -480,15 +539,15 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 			continue
 		}
 		by := a.actLast[r.ID]
-		if !a.inWindow(by.seq) {
+		if !a.inWindow(by.place) {
 			continue
 		}
 		col := func(name string, exp, act int64) {
 			if exp != act {
-				a.diverge(Divergence{
-					Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID,
+				a.diverge(at(by.place, Divergence{
+					RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID,
 					Field: name, Expected: itoa(exp), Actual: itoa(act),
-				})
+				}))
 			}
 		}
 		col("capacity", act.Capacity, r.Capacity)
@@ -506,10 +565,10 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 			}
 		}
 		if !waitlist.Of(bs).Fits(waiters) {
-			a.diverge(Divergence{
-				Seq: by.seq, RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID, Field: "waitlist_bucket",
+			a.diverge(at(by.place, Divergence{
+				RequestID: by.requestID, Kind: KindActivity, ActivityID: r.ID, Field: "waitlist_bucket",
 				Expected: describeBuckets(waitlist.Build(waiters, 0).Buckets()), Actual: describeBuckets(bs),
-			})
+			}))
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(buckets)) {
@@ -523,13 +582,13 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		if by := a.actLast[id]; !inRow[id] && a.inWindow(by.seq) {
+		if by := a.actLast[id]; !inRow[id] && a.inWindow(by.place) {
 			act := a.acts[id]
-			a.diverge(Divergence{
-				Seq: by.seq, RequestID: by.requestID, Kind: KindActivityMissing, ActivityID: id,
+			a.diverge(at(by.place, Divergence{
+				RequestID: by.requestID, Kind: KindActivityMissing, ActivityID: id,
 				Expected: fmt.Sprintf("capacity %d, confirmed_count %d, next_seq %d", act.Capacity, act.Confirmed, act.NextSeq),
 				Actual:   "no activity row",
-			})
+			}))
 		}
 	}
 	a.check.rep.ActivitiesChecked = len(checked)
@@ -546,14 +605,14 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 			return
 		}
 		t.matched = true
-		if !a.inWindow(t.by.seq) {
+		if !a.inWindow(t.by.place) {
 			return
 		}
 		field := func(name, exp, act string) {
-			a.diverge(Divergence{
-				Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignup, ActivityID: k.activity, UserID: k.user,
+			a.diverge(at(t.by.place, Divergence{
+				RequestID: t.by.requestID, Kind: KindSignup, ActivityID: k.activity, UserID: k.user,
 				Field: name, Expected: exp, Actual: act,
-			})
+			}))
 		}
 		if r.Status != t.status {
 			field("status", t.status, r.Status)
@@ -577,7 +636,7 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	var missing []signupKey
 	for k, t := range a.signups {
-		if !t.matched && a.inWindow(t.by.seq) {
+		if !t.matched && a.inWindow(t.by.place) {
 			missing = append(missing, k)
 		}
 	}
@@ -589,11 +648,11 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	})
 	for _, k := range missing {
 		t := a.signups[k]
-		a.diverge(Divergence{
-			Seq: t.by.seq, RequestID: t.by.requestID, Kind: KindSignupMissing, ActivityID: k.activity, UserID: k.user,
+		a.diverge(at(t.by.place, Divergence{
+			RequestID: t.by.requestID, Kind: KindSignupMissing, ActivityID: k.activity, UserID: k.user,
 			Expected: t.describe(),
 			Actual:   "no signup row",
-		})
+		}))
 	}
 	return nil
 }

@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // WriteText writes the report for a person: the counts, then OK or one line
@@ -31,6 +33,7 @@ func (r Report) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, "activities checked:   %d\n", r.ActivitiesChecked)
 	fmt.Fprintf(&b, "requests replayed:    %d\n", r.Replayed)
+	fmt.Fprintf(&b, "messages replayed:    %d\n", r.Messages)
 	fmt.Fprintf(&b, "compared:             %d\n", r.Compared)
 	fmt.Fprintf(&b, "skipped (duplicates): %d\n", r.Skipped)
 	fmt.Fprintf(&b, "malformed:            %d\n", r.Malformed)
@@ -48,15 +51,16 @@ func (r Report) WriteText(w io.Writer) error {
 	return err
 }
 
-// String is the divergence on one line: where (seq, request_id, activity,
-// user), what, expected vs actual, and why when there is more to say.
+// String is the divergence on one line: where (its place, "seq" or
+// "seq#index" as wire.FormatPlace writes it, request_id, activity, user),
+// what, expected vs actual, and why when there is more to say.
 func (d Divergence) String() string {
 	var b strings.Builder
 	b.WriteString("DIVERGENCE seq ")
 	if d.Seq == 0 {
 		b.WriteString("-")
 	} else {
-		fmt.Fprintf(&b, "%d", d.Seq)
+		b.WriteString(wire.FormatPlace(d.Place()))
 	}
 	b.WriteString(" request_id ")
 	if d.RequestID == "" {

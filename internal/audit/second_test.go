@@ -26,9 +26,9 @@ func TestSecondOpinionCatchesAWrongApply(t *testing.T) {
 		t.Fatalf("before the fault: %s", divergences(rep.Divergences))
 	}
 	j3Seq := tr.seqs[tr.j3.RequestID]
-	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, seq uint64) (*allocation.Activity, allocation.Decision, error) {
-		after, d, err := allocation.Apply(a, req, seq)
-		if seq == j3Seq {
+	hooks := audit.TestHooks{Apply: func(a *allocation.Activity, req allocation.Request, place uint64) (*allocation.Activity, allocation.Decision, error) {
+		after, d, err := allocation.Apply(a, req, place)
+		if place == wire.Place(j3Seq, 0) {
 			d.Outcome = wire.OutcomeAlreadyConfirmed // a wrong answer; the state change is right
 		}
 		return after, d, err
@@ -80,7 +80,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 			},
 			restore: []string{"INSERT INTO activity (id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count) SELECT id, capacity, confirmed_count, next_seq, hold_ns, held_count, waiting_count FROM saved", "DROP TABLE saved"},
 			want: audit.Divergence{Seq: j3Seq, RequestID: tr.j3.RequestID, Kind: audit.KindActivityMissing, ActivityID: 51,
-				Expected: fmt.Sprintf("capacity 5, confirmed_count 1, next_seq %d", j3Seq+1), Actual: "no activity row"},
+				Expected: fmt.Sprintf("capacity 5, confirmed_count 1, next_seq %d", wire.Place(j3Seq, 0)+1), Actual: "no activity row"},
 		},
 		{
 			name:    "an activity nobody opened",
@@ -97,7 +97,7 @@ func TestEveryDivergenceKindIsReported(t *testing.T) {
 			},
 			restore: []string{"INSERT INTO activity_signup SELECT * FROM saved", "DROP TABLE saved"},
 			want: audit.Divergence{Seq: j2Seq, RequestID: tr.j2.RequestID, Kind: audit.KindSignupMissing, ActivityID: 50, UserID: 2,
-				Expected: fmt.Sprintf("status WAITING, queue_seq %d", j2Seq), Actual: "no signup row"},
+				Expected: fmt.Sprintf("status WAITING, queue_seq %d", wire.Place(j2Seq, 0)), Actual: "no signup row"},
 		},
 	}
 	for _, tt := range tests {

@@ -144,7 +144,9 @@ func (a *auditor) replay(ctx context.Context, st stream) error {
 			// Stored after the audit started: not part of this snapshot.
 			return nil
 		}
-		if err := a.message(seq, msg.Subject(), msg.Data(), md.Timestamp); err != nil {
+		// The ordered consumer delivers each message's headers with it: a
+		// batch is told by its BatchHeader.
+		if err := a.message(seq, msg.Subject(), msg.Headers().Get(wire.BatchHeader), msg.Data(), md.Timestamp); err != nil {
 			return err
 		}
 		if bar != nil && n%512 == 0 {

@@ -350,13 +350,14 @@ const seedConfirmed = 100
 // seedLine writes the hot activity straight into MySQL: seedConfirmed
 // seats taken and waiters waiting, as the allocator would have left them
 // after applying an open and those joins at stream sequences 1, 2, …, with
-// the counters, the waitlist buckets and the fence. It returns the next
+// the counters, the waitlist buckets and the fence. queue_seq and next_seq
+// are places (wire.Place), of single requests here. It returns the next
 // stream sequence.
 func seedLine(ctx context.Context, db *sql.DB, waiters int) (uint64, error) {
 	n := seedConfirmed + waiters
 	next := uint64(n) + 2 // the open is seq 1
 	if _, err := db.ExecContext(ctx, "INSERT INTO activity (id, capacity, confirmed_count, next_seq) VALUES (?, ?, ?, ?)",
-		readsActivity, seedConfirmed, seedConfirmed, next); err != nil {
+		readsActivity, seedConfirmed, seedConfirmed, wire.Place(next-1, 0)+1); err != nil {
 		return 0, err
 	}
 	const chunk = 5000
@@ -371,7 +372,7 @@ func seedLine(ctx context.Context, db *sql.DB, waiters int) (uint64, error) {
 			if i < seedConfirmed {
 				status = "CONFIRMED"
 			}
-			fmt.Fprintf(&b, "(%d,%d,'%s',%d)", readsActivity, i+1, status, i+2)
+			fmt.Fprintf(&b, "(%d,%d,'%s',%d)", readsActivity, i+1, status, wire.Place(uint64(i+2), 0))
 		}
 		if _, err := db.ExecContext(ctx, b.String()); err != nil {
 			return 0, err

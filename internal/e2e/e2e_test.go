@@ -451,11 +451,11 @@ func (s *stack) sameAsRecorded(what string, m map[string]any) {
 	id, _ := m["request_id"].(string)
 	var outcome, op string
 	var status sql.NullString
-	var seq float64
+	var seq, index float64
 	var activity, user int64
 	var until sql.NullTime
-	err := s.db.QueryRow("SELECT outcome, status, seq, op, activity_id, user_id, held_until FROM processed_request WHERE request_id = ?", id).
-		Scan(&outcome, &status, &seq, &op, &activity, &user, &until)
+	err := s.db.QueryRow("SELECT outcome, status, seq, batch_index, op, activity_id, user_id, held_until FROM processed_request WHERE request_id = ?", id).
+		Scan(&outcome, &status, &seq, &index, &op, &activity, &user, &until)
 	if err != nil {
 		s.t.Fatalf("%s: recorded result of %s: %v (answer %v)", what, id, err, m)
 	}
@@ -463,9 +463,9 @@ func (s *stack) sameAsRecorded(what string, m map[string]any) {
 	if status.Valid {
 		wantStatus = status.String
 	}
-	if m["outcome"] != outcome || m["status"] != wantStatus || m["seq"] != seq || m["op"] != op ||
+	if m["outcome"] != outcome || m["status"] != wantStatus || m["seq"] != seq || m["index"] != index || m["op"] != op ||
 		m["activity_id"] != float64(activity) || m["user_id"] != float64(user) {
-		s.t.Fatalf("%s: answer %v, but the allocator recorded %s %v seq %v for %s/%d/%d", what, m, outcome, wantStatus, seq, op, activity, user)
+		s.t.Fatalf("%s: answer %v, but the allocator recorded %s %v at %v#%v for %s/%d/%d", what, m, outcome, wantStatus, seq, index, op, activity, user)
 	}
 	got, has := m["held_until"]
 	switch {

@@ -15,13 +15,14 @@ import (
 	"github.com/allot-dev/allot/internal/wire"
 )
 
-// waitExpire waits until the expire of the hold the request at holdSeq gave
-// user is applied, and returns its result as a poll answers it. It reads
-// MySQL: an expire's id was never issued by ingest, which answers 404 for
-// it until it is applied.
-func (s *stack) waitExpire(a, u int, holdSeq float64, within time.Duration) map[string]any {
+// waitExpire waits until the expire of the hold that the request answered
+// by hold (at its place, seq and index) gave user is applied, and returns
+// its result as a poll answers it. It reads MySQL: an expire's id was never
+// issued by ingest, which answers 404 for it until it is applied.
+func (s *stack) waitExpire(a, u int, hold map[string]any, within time.Duration) map[string]any {
 	s.t.Helper()
-	id := wire.ExpireRequestID(int64(a), int64(u), uint64(holdSeq))
+	holdAt := placeOf(s.t, hold)
+	id := wire.ExpireRequestID(int64(a), int64(u), holdAt)
 	deadline := time.Now().Add(within)
 	for {
 		r, ok, err := store.GetResult(context.Background(), s.db, id)
@@ -30,13 +31,13 @@ func (s *stack) waitExpire(a, u int, holdSeq float64, within time.Duration) map[
 		}
 		if ok {
 			code, m := s.call("GET", "/v1/requests/"+id, "")
-			if code != http.StatusOK || m["state"] != wire.StateDone || m["seq"] != float64(r.Seq) {
+			if code != http.StatusOK || m["state"] != wire.StateDone || m["seq"] != float64(r.Seq) || m["index"] != float64(r.Index) {
 				s.t.Fatalf("poll of the applied expire %s: %d %v, recorded %+v", id, code, m, r)
 			}
 			return m
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("expire of user %d's hold from seq %v not applied within %s", u, holdSeq, within)
+			s.t.Fatalf("expire of user %d's hold from %s not applied within %s", u, wire.FormatPlace(holdAt), within)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -73,7 +74,7 @@ func TestHoldWaitlistStory(t *testing.T) {
 	want(t, "state while A holds", s.activity(act), "confirmed", 1, "held", 1, "waiting", 2, "remaining", 0)
 
 	// A never confirms.
-	expA := s.waitExpire(act, A, a["seq"].(float64), 10*time.Second)
+	expA := s.waitExpire(act, A, a, 10*time.Second)
 	want(t, "A's expire", expA, "op", wire.OpExpire, "outcome", wire.OutcomeExpired, "user_id", A,
 		"status", wire.StatusCancelled, "promoted_user_id", B)
 	if got := heldUntil(t, "A's expire", expA); !got.After(untilA) {
@@ -93,7 +94,7 @@ func TestHoldWaitlistStory(t *testing.T) {
 	want(t, "C confirms", s.confirm(act, C), "outcome", wire.OutcomeNotHeld, "status", wire.StatusWaiting, "position", 1)
 
 	// B's expire falls due too, and finds nothing to do.
-	want(t, "B's expire", s.waitExpire(act, B, expA["seq"].(float64), 10*time.Second), "outcome", wire.OutcomeNotHeld,
+	want(t, "B's expire", s.waitExpire(act, B, expA, 10*time.Second), "outcome", wire.OutcomeNotHeld,
 		"status", wire.StatusConfirmed)
 	want(t, "C at the end", s.signup(act, C), "status", wire.StatusWaiting, "position", 1)
 
@@ -157,7 +158,7 @@ func TestConfirmRacingItsExpiry(t *testing.T) {
 	// it never is, whenever it is applied.
 	late := make([]bool, 2)
 	for i, m := range answers {
-		received := s.receivedAt(m["seq"])
+		received := s.receivedAt(m)
 		late[i] = received.After(until[i])
 		if !late[i] {
 			want(t, fmt.Sprintf("user %d's confirm received at %v, by held_until %v", i+1, received, until[i]), m,
@@ -185,9 +186,9 @@ func TestConfirmRacingItsExpiry(t *testing.T) {
 	}
 	want(t, "user 2 at the end", s.signup(act, 2), "status", wire.StatusCancelled)
 	want(t, "user 3 at the end", s.signup(act, 3), "status", wire.StatusHeld)
-	want(t, "user 1's expire, after the confirm in time", s.waitExpire(act, 1, before["seq"].(float64), 10*time.Second),
+	want(t, "user 1's expire, after the confirm in time", s.waitExpire(act, 1, before, 10*time.Second),
 		"outcome", wire.OutcomeNotHeld, "status", wire.StatusConfirmed)
-	want(t, "user 2's expire", s.waitExpire(act, 2, after["seq"].(float64), 10*time.Second), "outcome", expire2)
+	want(t, "user 2's expire", s.waitExpire(act, 2, after, 10*time.Second), "outcome", expire2)
 	s.db.CheckInvariants(t)
 	requireCleanAudit(t, s)
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"testing"
@@ -46,27 +45,37 @@ func (s *stack) activity(a int) map[string]any {
 	return m
 }
 
-// receivedAt is the received_at of the request stored at seq (a result's
-// seq), as the allocator read it.
-func (s *stack) receivedAt(seq any) time.Time {
+// receivedAt is the received_at of the request answer m answers, read from
+// the stream at its place (seq, index), as the allocator read it.
+func (s *stack) receivedAt(m map[string]any) time.Time {
 	s.t.Helper()
-	n, ok := seq.(float64)
-	if !ok || n < 1 {
-		s.t.Fatalf("seq %v is not a stream sequence", seq)
-	}
+	at := placeOf(s.t, m)
 	st, err := s.js.Stream(context.Background(), wire.RequestStream)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	msg, err := st.GetMsg(context.Background(), uint64(n))
+	msg, err := st.GetMsg(context.Background(), wire.SeqOf(at))
 	if err != nil {
-		s.t.Fatalf("request at seq %v: %v", seq, err)
+		s.t.Fatalf("request at %s: %v", wire.FormatPlace(at), err)
 	}
-	var req wire.Request
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		s.t.Fatal(err)
+	// One request, or a batch: the request at the answer's index.
+	reqs, err := wire.DecodeMessage(msg.Subject, msg.Header.Get(wire.BatchHeader), msg.Data)
+	if err != nil || wire.IndexOf(at) >= len(reqs) || reqs[wire.IndexOf(at)].Err != nil {
+		s.t.Fatalf("request at %s: %v (%d requests)", wire.FormatPlace(at), err, len(reqs))
 	}
-	return req.ReceivedAt
+	return reqs[wire.IndexOf(at)].Request.ReceivedAt
+}
+
+// placeOf is the place (wire.Place) of the request answer m answers: its
+// seq and index.
+func placeOf(t testing.TB, m map[string]any) uint64 {
+	t.Helper()
+	seq, ok := m["seq"].(float64)
+	index, iok := m["index"].(float64)
+	if !ok || seq < 1 || !iok || index < 0 {
+		t.Fatalf("answer %v has no place (seq %v, index %v)", m, m["seq"], m["index"])
+	}
+	return wire.Place(uint64(seq), int(index))
 }
 
 // heldUntil is m's held_until; the zero time when m has none.
@@ -91,11 +100,11 @@ func wantHeldUntil(t *testing.T, what string, m map[string]any, want time.Time) 
 	}
 }
 
-// holdEnd is when a hold of d created by the request stored at seq ends:
+// holdEnd is when a hold of d created by the request answer m answers ends:
 // its received_at plus d, in the whole microseconds MySQL keeps.
-func (s *stack) holdEnd(seq any, d time.Duration) time.Time {
+func (s *stack) holdEnd(m map[string]any, d time.Duration) time.Time {
 	s.t.Helper()
-	return s.receivedAt(seq).Add(d).Truncate(time.Microsecond)
+	return s.receivedAt(m).Add(d).Truncate(time.Microsecond)
 }
 
 // TestHoldJoinAndConfirm: a join under a hold answers HELD with held_until
@@ -112,7 +121,7 @@ func TestHoldJoinAndConfirm(t *testing.T) {
 
 	j := s.join(act, 1)
 	want(t, "join under a hold", j, "outcome", wire.OutcomeHeld, "status", wire.StatusHeld, "position", nil)
-	until := s.holdEnd(j["seq"], time.Hour)
+	until := s.holdEnd(j, time.Hour)
 	wantHeldUntil(t, "join under a hold", j, until)
 	s.sameAsRecorded("join under a hold", j)
 	code, poll := s.call("GET", "/v1/requests/"+j["request_id"].(string), "")
@@ -152,7 +161,7 @@ func TestHoldJoinAndConfirm(t *testing.T) {
 	// A claim under a hold is held too; the last seat is sold out.
 	g := s.claim(act, 2)
 	want(t, "claim under a hold", g, "outcome", wire.OutcomeHeld, "status", wire.StatusHeld)
-	until2 := s.holdEnd(g["seq"], time.Hour)
+	until2 := s.holdEnd(g, time.Hour)
 	wantHeldUntil(t, "claim under a hold", g, until2)
 	want(t, "full", s.activity(act), "confirmed", 2, "held", 1, "remaining", 0)
 
@@ -205,7 +214,7 @@ func TestHoldPromotions(t *testing.T) {
 
 	c := s.cancel(act, A)
 	want(t, "A cancels", c, "outcome", wire.OutcomeCancelled, "promoted_user_id", B)
-	untilB := s.holdEnd(c["seq"], time.Hour)
+	untilB := s.holdEnd(c, time.Hour)
 	wantHeldUntil(t, "A cancels", c, untilB)
 	s.sameAsRecorded("A cancels", c)
 	sg := s.signup(act, B)
@@ -219,7 +228,7 @@ func TestHoldPromotions(t *testing.T) {
 	if ids, _ := r["promoted_user_ids"].([]any); fmt.Sprint(ids) != fmt.Sprint([]any{float64(C)}) {
 		t.Fatalf("resize up promoted %v, want [%d]", r["promoted_user_ids"], C)
 	}
-	untilC := s.holdEnd(r["seq"], 30*time.Minute)
+	untilC := s.holdEnd(r, 30*time.Minute)
 	sg = s.signup(act, C)
 	want(t, "C promoted by the resize", sg, "status", wire.StatusHeld)
 	wantHeldUntil(t, "C promoted by the resize", sg, untilC)
@@ -266,11 +275,11 @@ func TestHoldConfirmTooLate(t *testing.T) {
 	if expired > 0 {
 		want(t, "confirm after the expire", c, "outcome", wire.OutcomeNotHeld)
 	} else {
-		if !s.receivedAt(c["seq"]).After(untilA) {
-			t.Fatalf("precondition: the confirm was received at %v, not after held_until %v", s.receivedAt(c["seq"]), untilA)
+		if !s.receivedAt(c).After(untilA) {
+			t.Fatalf("precondition: the confirm was received at %v, not after held_until %v", s.receivedAt(c), untilA)
 		}
 		want(t, "late confirm", c, "outcome", wire.OutcomeHoldExpired, "status", wire.StatusCancelled)
-		wantHeldUntil(t, "late confirm", c, s.holdEnd(c["seq"], time.Hour))
+		wantHeldUntil(t, "late confirm", c, s.holdEnd(c, time.Hour))
 	}
 	want(t, "A after", s.signup(act, A), "status", wire.StatusCancelled)
 	want(t, "B promoted", s.signup(act, B), "status", wire.StatusHeld)

@@ -23,8 +23,10 @@ const settleTimeout = 60 * time.Second
 
 // settle waits until every message of the request stream has a result or
 // a rejected_message row (the traffic never stores a request twice, so
-// there is no repeat to skip), and every partition's outbox relay cursor
-// covers its results. It holds for any number of partitions.
+// there is no repeat to skip; a message, batch or not, is applied whole,
+// so one row at its seq means all of them), and every partition's outbox
+// relay cursor (last_seq, last_index) covers its results' places. It
+// holds for any number of partitions.
 func (s *stack) settle() {
 	s.t.Helper()
 	ctx := context.Background()
@@ -39,15 +41,15 @@ func (s *stack) settle() {
 		}
 		var handled, behind uint64
 		err = s.db.QueryRowContext(ctx, `SELECT
-			(SELECT COUNT(*) FROM processed_request) + (SELECT COUNT(*) FROM rejected_message),
-			(SELECT COUNT(*) FROM (SELECT partition_id, MAX(seq) AS last FROM processed_request GROUP BY partition_id) p
+			(SELECT COUNT(*) FROM (SELECT seq FROM processed_request UNION SELECT seq FROM rejected_message) m),
+			(SELECT COUNT(*) FROM (SELECT partition_id, MAX(seq * 65536 + batch_index) AS last FROM processed_request GROUP BY partition_id) p
 				LEFT JOIN event_relay r ON r.partition_id = p.partition_id
-				WHERE r.last_seq IS NULL OR r.last_seq < p.last)`).Scan(&handled, &behind)
+				WHERE r.last_seq IS NULL OR r.last_seq * 65536 + r.last_index < p.last)`).Scan(&handled, &behind)
 		if err != nil {
 			return false, err
 		}
 		if handled < info.State.Msgs || behind > 0 {
-			return false, fmt.Errorf("%d of %d stored requests have a result or a rejection; %d relay cursors behind",
+			return false, fmt.Errorf("%d of %d stored messages have a result or a rejection; %d relay cursors behind",
 				handled, info.State.Msgs, behind)
 		}
 		return true, nil
@@ -93,6 +95,7 @@ func (m summary) line() string {
 type resultRow struct {
 	requestID  string
 	seq        uint64
+	index      int // batch_index: the place is (seq, index)
 	activityID int64
 	outcome    string
 	events     string
@@ -220,7 +223,7 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 // results reads every processed_request row.
 func (s *stack) results(ctx context.Context) []resultRow {
 	s.t.Helper()
-	q, err := s.db.QueryContext(ctx, "SELECT request_id, seq, activity_id, outcome, COALESCE(events, '') FROM processed_request ORDER BY seq")
+	q, err := s.db.QueryContext(ctx, "SELECT request_id, seq, batch_index, activity_id, outcome, COALESCE(events, '') FROM processed_request ORDER BY seq, batch_index")
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -228,7 +231,7 @@ func (s *stack) results(ctx context.Context) []resultRow {
 	var rows []resultRow
 	for q.Next() {
 		var r resultRow
-		if err := q.Scan(&r.requestID, &r.seq, &r.activityID, &r.outcome, &r.events); err != nil {
+		if err := q.Scan(&r.requestID, &r.seq, &r.index, &r.activityID, &r.outcome, &r.events); err != nil {
 			s.t.Fatal(err)
 		}
 		rows = append(rows, r)
@@ -292,7 +295,7 @@ func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, ra
 		}
 		for i, e := range evs {
 			id := wire.EventID(r.requestID, i)
-			want[id] = wire.Event{EventID: id, Kind: e.Kind, ActivityID: r.activityID, UserID: e.UserID, RequestID: r.requestID, Seq: r.seq}
+			want[id] = wire.Event{EventID: id, Kind: e.Kind, ActivityID: r.activityID, UserID: e.UserID, RequestID: r.requestID, Seq: r.seq, Index: r.index}
 			wantKinds[string(e.Kind)]++
 		}
 	}
@@ -324,7 +327,7 @@ func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, ra
 			}
 			continue
 		}
-		if w.Kind != e.Kind || w.ActivityID != e.ActivityID || w.UserID != e.UserID || w.RequestID != e.RequestID || w.Seq != e.Seq {
+		if w.Kind != e.Kind || w.ActivityID != e.ActivityID || w.UserID != e.UserID || w.RequestID != e.RequestID || w.Seq != e.Seq || w.Index != e.Index {
 			differ++
 			if differ <= 5 {
 				t.Errorf("event %s is %+v, the result says %+v", e.EventID, e, w)
@@ -348,7 +351,7 @@ func (s *stack) checkEvents(ctx context.Context, rows []resultRow) (distinct, ra
 
 func sameEvent(a, b wire.Event) bool {
 	return a.EventID == b.EventID && a.Kind == b.Kind && a.ActivityID == b.ActivityID && a.UserID == b.UserID &&
-		a.RequestID == b.RequestID && a.Seq == b.Seq && a.At.Equal(b.At)
+		a.RequestID == b.RequestID && a.Seq == b.Seq && a.Index == b.Index && a.At.Equal(b.At)
 }
 
 func kinds(m map[string]int) string {

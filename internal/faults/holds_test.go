@@ -137,14 +137,14 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 		t.Errorf("%d expires did not find their hold", n)
 	}
 	// Stored once: the stream holds the open, the joins and one expire
-	// per hold.
-	if n := natstest.StreamMsgs(t, s.js, wire.RequestStream); n != uint64(1+seats+waiters+holds) {
-		t.Errorf("request stream holds %d messages, want %d", n, 1+seats+waiters+holds)
+	// per hold, in messages of one request or batches.
+	if n := storedRequests(t, s.js); n != uint64(1+seats+waiters+holds) {
+		t.Errorf("request stream holds %d requests, want %d", n, 1+seats+waiters+holds)
 	}
-	// In stream order: an expire's seq follows the seq of the signup it
-	// expires.
+	// In stream order: an expire's place follows the place (queue_seq,
+	// seq * 65536 + index) of the signup it expires.
 	if n := s.db.Count(t, "SELECT COUNT(*) FROM processed_request e JOIN activity_signup s ON s.activity_id = e.activity_id AND s.user_id = e.user_id "+
-		"WHERE e.activity_id = ? AND e.op = 'expire' AND e.seq <= s.queue_seq", act); n != 0 {
+		"WHERE e.activity_id = ? AND e.op = 'expire' AND e.seq * 65536 + e.batch_index <= s.queue_seq", act); n != 0 {
 		t.Errorf("%d expires ordered before the signup they expire", n)
 	}
 	// After the hold's end: every expire was received (fell due) at or
@@ -205,5 +205,51 @@ func TestScenario12HoldsSurviveKill(t *testing.T) {
 	}
 	if rep.Pending != 0 || rep.Malformed != 0 {
 		t.Errorf("audit: %d pending, %d malformed", rep.Pending, rep.Malformed)
+	}
+}
+
+// storedRequests is the number of requests the request stream holds, read
+// from its messages' headers: a batch counts its wire.BatchHeader, any
+// other message one.
+func storedRequests(t testing.TB, js jetstream.JetStream) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs == 0 {
+		return 0
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{HeadersOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for {
+		msgs, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := 0
+		for m := range msgs.Messages() {
+			got++
+			size, err := wire.BatchSize(m.Headers().Get(wire.BatchHeader))
+			if err != nil || size == 0 {
+				size = 1
+			}
+			n += uint64(size)
+			if md, err := m.Metadata(); err == nil && md.Sequence.Stream >= info.State.LastSeq {
+				return n
+			}
+		}
+		if msgs.Error() != nil || got == 0 {
+			t.Fatalf("read the request stream's headers: %v after %d requests", msgs.Error(), n)
+		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/client"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // HoldReport is what a burst against an activity with a hold measured
@@ -55,14 +56,17 @@ type HoldReport struct {
 
 // userHold is what loadgen knows of one user of a hold burst.
 type userHold struct {
-	held    bool   // seen HELD at least once
-	waited  bool   // seen WAITING at least once
-	queued  bool   // a follow-up confirm is queued or in flight
-	waitSeq uint64 // the stream seq that put the user in line; 0 when not known to wait
-	lastSeq uint64 // the stream seq of the latest result whose status was taken in
-	lapsed  bool   // a confirm answered HOLD_EXPIRED or NOT_HELD
-	seats   int    // CONFIRMED and GRANTED answers: seats confirmed to the user
-	cancels int    // CANCELLED answers to the user's own cancels
+	held   bool // seen HELD at least once
+	waited bool // seen WAITING at least once
+	queued bool // a follow-up confirm is queued or in flight
+	// waitAt is the place (wire.Place of seq and index) of the request
+	// that put the user in line; 0 when not known to wait. lastAt is the
+	// place of the latest result whose status was taken in.
+	waitAt  uint64
+	lastAt  uint64
+	lapsed  bool // a confirm answered HOLD_EXPIRED or NOT_HELD
+	seats   int  // CONFIRMED and GRANTED answers: seats confirmed to the user
+	cancels int  // CANCELLED answers to the user's own cancels
 	final   client.Status
 	found   bool // the final read found a signup
 }
@@ -78,7 +82,7 @@ type holds struct {
 
 	mu      sync.Mutex
 	users   map[int64]*userHold
-	waiters map[int64]struct{} // users with waitSeq > 0
+	waiters map[int64]struct{} // users with waitAt > 0
 	q       confirmQueue
 	tally   holdTally
 
@@ -165,17 +169,28 @@ func (h *holds) observe(user int64, res *client.Result) {
 	}
 	// One user's taps may be in flight on several workers at once, and
 	// their results come back in any order: a status older than one taken
-	// in already is stale.
-	if res.Status != nil && (res.Seq == 0 || res.Seq >= s.lastSeq) {
-		s.lastSeq = max(s.lastSeq, res.Seq)
-		h.status(user, s, *res.Status, res.Seq)
+	// in already is stale. Requests are applied in place order, (seq,
+	// index): several of them may share a message.
+	at := placeOf(res)
+	if res.Status != nil && (at == 0 || at >= s.lastAt) {
+		s.lastAt = max(s.lastAt, at)
+		h.status(user, s, *res.Status, at)
 	}
 	for _, p := range promotedBy(res) {
-		if ps := h.user(p); res.Seq == 0 || res.Seq >= ps.lastSeq {
-			ps.lastSeq = max(ps.lastSeq, res.Seq)
+		if ps := h.user(p); at == 0 || at >= ps.lastAt {
+			ps.lastAt = max(ps.lastAt, at)
 			h.status(p, ps, client.StatusHeld, 0)
 		}
 	}
+}
+
+// placeOf is the place res was applied at, as one number that orders as
+// (seq, index) do (wire.Place); 0 when res names none.
+func placeOf(res *client.Result) uint64 {
+	if res.Seq == 0 {
+		return 0
+	}
+	return wire.Place(res.Seq, res.Index)
 }
 
 func promotedBy(res *client.Result) []int64 {
@@ -185,22 +200,22 @@ func promotedBy(res *client.Result) []int64 {
 	return res.PromotedUserIDs
 }
 
-// status records that user was seen with st, seq the stream seq of the
-// request that showed it (0 from a read); h.mu is held.
-func (h *holds) status(user int64, s *userHold, st client.Status, seq uint64) {
+// status records that user was seen with st, at the place of the request
+// that showed it (0 from a read); h.mu is held.
+func (h *holds) status(user int64, s *userHold, st client.Status, at uint64) {
 	switch st {
 	case client.StatusHeld:
 		s.held = true
 		h.unwait(user, s)
 		h.enqueue(user, s)
 	case client.StatusWaiting:
-		// The earliest seq seen while waiting: an ALREADY_WAITING may be
+		// The earliest place seen while waiting: an ALREADY_WAITING may be
 		// recorded before the WAITING that put the user in line.
-		if seq > 0 && (s.waitSeq == 0 || seq < s.waitSeq) {
-			s.waitSeq = seq
+		if at > 0 && (s.waitAt == 0 || at < s.waitAt) {
+			s.waitAt = at
 		}
-		if s.waitSeq == 0 {
-			s.waitSeq = ^uint64(0) // in line, place unknown: watched last
+		if s.waitAt == 0 {
+			s.waitAt = ^uint64(0) // in line, place unknown: watched last
 		}
 		s.waited = true
 		h.waiters[user] = struct{}{}
@@ -210,7 +225,7 @@ func (h *holds) status(user int64, s *userHold, st client.Status, seq uint64) {
 }
 
 func (h *holds) unwait(user int64, s *userHold) {
-	s.waitSeq = 0
+	s.waitAt = 0
 	delete(h.waiters, user)
 }
 
@@ -266,8 +281,8 @@ func (h *holds) confirm(ctx context.Context, w *worker, user int64) {
 	case client.HoldExpired, client.NotHeld:
 		s.lapsed = true
 	}
-	if res.Status != nil && (res.Seq == 0 || res.Seq >= s.lastSeq) {
-		s.lastSeq = max(s.lastSeq, res.Seq)
+	if at := placeOf(res); res.Status != nil && (at == 0 || at >= s.lastAt) {
+		s.lastAt = max(s.lastAt, at)
 		h.status(user, s, *res.Status, 0)
 	}
 }
@@ -293,7 +308,7 @@ func (h *holds) watch(ctx context.Context, w *worker) {
 			line = append(line, u)
 		}
 		slices.SortFunc(line, func(a, b int64) int {
-			return cmp.Or(cmp.Compare(h.users[a].waitSeq, h.users[b].waitSeq), cmp.Compare(a, b))
+			return cmp.Or(cmp.Compare(h.users[a].waitAt, h.users[b].waitAt), cmp.Compare(a, b))
 		})
 		h.mu.Unlock()
 		run := 0
@@ -308,7 +323,7 @@ func (h *holds) watch(ctx context.Context, w *worker) {
 			h.mu.Lock()
 			s := h.user(u)
 			switch {
-			case s.waitSeq == 0:
+			case s.waitAt == 0:
 				// A result moved the user meanwhile; it knows better.
 			case !found:
 				h.unwait(u, s)

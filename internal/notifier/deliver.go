@@ -103,7 +103,7 @@ func (n *Notifier) handle(ctx context.Context, msg jetstream.Msg) {
 
 	if n.cfg.URL == "" {
 		log.InfoContext(ctx, "event", slog.Int64("user_id", ev.UserID), slog.String("request_id", ev.RequestID),
-			slog.Uint64("seq", ev.Seq), slog.Time("at", ev.At))
+			slog.Uint64("seq", ev.Seq), slog.Int("index", ev.Index), slog.Time("at", ev.At))
 		if n.ack(ctx, log, msg) {
 			n.m.deliveries.WithLabelValues(resultLogged).Inc()
 		}

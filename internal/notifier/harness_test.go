@@ -100,8 +100,10 @@ func (e *env) publish(kind wire.EventKind, count int) []string {
 			ActivityID: int64(i%3 + 1),
 			UserID:     int64(1000 + i),
 			RequestID:  uuid.Must(uuid.NewV7()).String(),
-			Seq:        uint64(i + 1),
-			At:         time.Now().UTC(),
+			// Requests of batches: four at each stream sequence.
+			Seq:   uint64(i/4 + 1),
+			Index: i % 4,
+			At:    time.Now().UTC(),
 		}
 		b, err := json.Marshal(ev)
 		if err != nil {

@@ -312,6 +312,8 @@ func TestWithoutURLEventsAreLoggedAndAcked(t *testing.T) {
 			EventID    string `json:"event_id"`
 			ActivityID int64  `json:"activity_id"`
 			Kind       string `json:"kind"`
+			Seq        uint64 `json:"seq"`
+			Index      int    `json:"index"`
 		}
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("log line is not JSON: %s", line)
@@ -321,6 +323,14 @@ func TestWithoutURLEventsAreLoggedAndAcked(t *testing.T) {
 		}
 		if rec.Kind != string(wire.EventPromoted) || rec.ActivityID == 0 {
 			t.Errorf("logged event without its attributes: %s", line)
+		}
+		// The place of the request that caused it, index included.
+		var ev wire.Event
+		e.mu.Lock()
+		err := json.Unmarshal(e.events[rec.EventID], &ev)
+		e.mu.Unlock()
+		if err != nil || rec.Seq != ev.Seq || rec.Index != ev.Index {
+			t.Errorf("logged event at %d#%d, published at %d#%d (%v): %s", rec.Seq, rec.Index, ev.Seq, ev.Index, err, line)
 		}
 		logged = append(logged, rec.EventID)
 	}

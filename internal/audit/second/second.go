@@ -46,17 +46,19 @@ func (o *Opinion) Seed(act *allocation.Activity) {
 	o.ref[act.ID] = refOf(act)
 }
 
-// Check asks the reference model for its decision on req at seq, which
-// allocation.Apply, from act, answered with after, d and err. It returns
+// Check asks the reference model for its decision on req at place (its
+// stream sequence and index in its batch, wire.Place: the same number
+// allocation.Apply was given), which allocation.Apply, from act, answered
+// with after, d and err. It returns
 // nil when they agree, and the reference then moves on to its own state
 // after the request. When they disagree the reference takes Apply's state
 // for that activity, so one fault reads as one disagreement.
-func (o *Opinion) Check(act *allocation.Activity, req allocation.Request, seq uint64, after *allocation.Activity, d allocation.Decision, err error) *Disagreement {
+func (o *Opinion) Check(act *allocation.Activity, req allocation.Request, place uint64, after *allocation.Activity, d allocation.Decision, err error) *Disagreement {
 	if o.ref == nil {
 		o.ref = make(map[int64]*refmodel.Activity)
 	}
 	id := req.ActivityID
-	rafter, rd, rerr := refmodel.Apply(o.ref[id], req, seq)
+	rafter, rd, rerr := refmodel.Apply(o.ref[id], req, place)
 	var why string
 	switch {
 	case (err != nil) != (rerr != nil):

@@ -66,3 +66,46 @@ func TestCheck(t *testing.T) {
 		t.Fatal("an activity the reference never saw opened passed")
 	}
 }
+
+// TestCheckAtPlaces: the reference model judges requests at places, as
+// allocation.Apply takes them: several requests of one batch share a
+// stream sequence and differ by index, and an expire names its hold by
+// the place of the join that created it.
+func TestCheckAtPlaces(t *testing.T) {
+	var o second.Opinion
+	var act *allocation.Activity
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	apply := func(req allocation.Request, place uint64) allocation.Decision {
+		t.Helper()
+		req.ActivityID, req.ReceivedAt = 9, at
+		after, d, err := allocation.Apply(act, req, place)
+		if err != nil {
+			t.Fatalf("%s at %s: %v", req.Op, wire.FormatPlace(place), err)
+		}
+		if dis := o.Check(act, req, place, after, d, err); dis != nil {
+			t.Fatalf("%s at %s: %+v", req.Op, wire.FormatPlace(place), dis)
+		}
+		act = after
+		return d
+	}
+	apply(allocation.Request{Op: wire.OpOpen, Capacity: 1, Hold: time.Minute}, wire.Place(3, 0))
+	// One batch: user 1 holds the seat, user 2 waits behind.
+	apply(allocation.Request{Op: wire.OpJoin, UserID: 1}, wire.Place(4, 0))
+	apply(allocation.Request{Op: wire.OpJoin, UserID: 2}, wire.Place(4, 1))
+	// User 1's hold lapses: the expire names it at 4#0, and user 2 is
+	// promoted.
+	at = at.Add(2 * time.Minute)
+	d := apply(allocation.Request{Op: wire.OpExpire, UserID: 1, HoldSeq: wire.Place(4, 0)}, wire.Place(5, 0))
+	if d.Outcome != wire.OutcomeExpired || len(d.PromotedUserIDs) != 1 || d.PromotedUserIDs[0] != 2 {
+		t.Fatalf("the expire of 4#0: %+v", d)
+	}
+	// An expire naming the place of user 2's join, not its hold's (which
+	// the promotion at 5 created), lapses nothing, by both models.
+	at = at.Add(2 * time.Minute)
+	if d := apply(allocation.Request{Op: wire.OpExpire, UserID: 2, HoldSeq: wire.Place(4, 1)}, wire.Place(6, 0)); d.Outcome == wire.OutcomeExpired {
+		t.Fatalf("an expire naming another place lapsed the hold: %+v", d)
+	}
+	if act.NextSeq != wire.Place(6, 0)+1 {
+		t.Fatalf("next_seq %d, want the place after 6", act.NextSeq)
+	}
+}

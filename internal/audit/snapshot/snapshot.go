@@ -13,6 +13,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/store/waitlist"
+	"github.com/allot-dev/allot/internal/wire"
 )
 
 // resultsPage is how many processed_request rows one query reads. Keyset
@@ -36,10 +37,11 @@ type Rejected struct {
 	RequestID string // "" when the message named no valid request id
 }
 
-// ReadRejected reads every rejected_message row: they are few, since ingest
-// never publishes anything malformed.
+// ReadRejected reads every rejected_message row, by the place (wire.Place
+// of seq and batch_index) of the message or request refused: they are
+// few, since ingest never publishes anything malformed.
 func ReadRejected(ctx context.Context, tx *sql.Tx) (map[uint64]Rejected, error) {
-	rows, err := tx.QueryContext(ctx, "SELECT seq, subject, reason, COALESCE(request_id, '') FROM rejected_message")
+	rows, err := tx.QueryContext(ctx, "SELECT seq, batch_index, subject, reason, COALESCE(request_id, '') FROM rejected_message")
 	if err != nil {
 		return nil, fmt.Errorf("audit: read rejected_message: %w", err)
 	}
@@ -47,13 +49,14 @@ func ReadRejected(ctx context.Context, tx *sql.Tx) (map[uint64]Rejected, error) 
 	out := make(map[uint64]Rejected)
 	for rows.Next() {
 		var (
-			seq uint64
-			r   Rejected
+			seq   uint64
+			index int
+			r     Rejected
 		)
-		if err := rows.Scan(&seq, &r.Subject, &r.Reason, &r.RequestID); err != nil {
+		if err := rows.Scan(&seq, &index, &r.Subject, &r.Reason, &r.RequestID); err != nil {
 			return nil, fmt.Errorf("audit: read rejected_message: %w", err)
 		}
-		out[seq] = r
+		out[wire.Place(seq, index)] = r
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("audit: read rejected_message: %w", err)
@@ -63,8 +66,11 @@ func ReadRejected(ctx context.Context, tx *sql.Tx) (map[uint64]Rejected, error) 
 
 // Result holds the compared columns of a processed_request row.
 type Result struct {
-	RequestID  string
+	RequestID string
+	// Seq and Index are the request's place: its message's stream
+	// sequence and its index in that message's batch (batch_index).
 	Seq        uint64
+	Index      int
 	Op         string
 	ActivityID int64
 	UserID     int64
@@ -80,8 +86,12 @@ type Result struct {
 	promotedParts, eventParts int
 }
 
-// Results walks processed_request in seq order, one page ahead of the
-// replay: a goroutine reads the next page while the replay works.
+// Place is the row's place packed as the replay orders it (wire.Place).
+func (r *Result) Place() uint64 { return wire.Place(r.Seq, r.Index) }
+
+// Results walks processed_request in place order (seq, batch_index), one
+// page ahead of the replay: a goroutine reads the next page while the
+// replay works.
 type Results struct {
 	pages <-chan []Result
 	done  chan struct{}
@@ -90,17 +100,19 @@ type Results struct {
 	i     int
 }
 
-// StartResults reads the results with seq > after (of activities, when
-// given) in pages on tx. Nothing else may use tx until the cursor is drained
-// or Wait returned.
+// StartResults reads the results of the messages after stream sequence
+// after (of activities, when given) in pages on tx. Nothing else may use tx
+// until the cursor is drained or Wait returned.
 func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *Results {
 	pages := make(chan []Result, 2)
 	c := &Results{pages: pages, done: make(chan struct{})}
-	query := "SELECT request_id, seq, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events, held_until, " +
+	// Keyset pages on the place: after the last row's (seq, batch_index).
+	query := "SELECT request_id, seq, batch_index, op, activity_id, user_id, outcome, status, `position`, promoted_user_ids, capacity, events, held_until, " +
 		"partition_id, promoted_parts, event_parts " +
-		"FROM processed_request WHERE seq > ?"
-	// The table is clustered by (partition_id, seq): with one partition, as
-	// usual, naming it makes the pages a range scan of the primary key.
+		"FROM processed_request WHERE (seq > ? OR seq = ? AND batch_index > ?)"
+	// The table is clustered by (partition_id, seq, batch_index): with one
+	// partition, as usual, naming it makes the pages a range scan of the
+	// primary key.
 	var parts int
 	var only int64
 	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(partition_id), 0) FROM allocator_partition").Scan(&parts, &only); err == nil && parts == 1 {
@@ -109,12 +121,15 @@ func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []in
 	if len(activities) > 0 {
 		query += " AND activity_id IN (" + store.IntList(activities) + ")"
 	}
-	query += " ORDER BY seq LIMIT " + strconv.Itoa(resultsPage)
+	query += " ORDER BY seq, batch_index LIMIT " + strconv.Itoa(resultsPage)
+	// The last place of message after: every row of a later message is
+	// past it.
+	last := wire.Place(after+1, 0) - 1
 	go func() {
 		defer close(c.done)
 		defer close(pages)
 		for {
-			page, err := readResults(ctx, tx, query, after)
+			page, err := readResults(ctx, tx, query, last)
 			if err != nil {
 				c.err = err
 				return
@@ -131,22 +146,23 @@ func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []in
 			if len(page) < resultsPage {
 				return
 			}
-			after = page[len(page)-1].Seq
+			last = page[len(page)-1].Place()
 		}
 	}()
 	return c
 }
 
 func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([]Result, error) {
-	rows, err := tx.QueryContext(ctx, query, after)
+	seq, index := wire.SeqOf(after), wire.IndexOf(after)
+	rows, err := tx.QueryContext(ctx, query, seq, seq, index)
 	if err != nil {
-		return nil, fmt.Errorf("audit: read processed_request after seq %d: %w", after, err)
+		return nil, fmt.Errorf("audit: read processed_request after %s: %w", wire.FormatPlace(after), err)
 	}
 	defer rows.Close()
 	page := make([]Result, 0, resultsPage)
 	for rows.Next() {
 		var r Result
-		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
+		if err := rows.Scan(&r.RequestID, &r.Seq, &r.Index, &r.Op, &r.ActivityID, &r.UserID, &r.Outcome,
 			&r.Status, &r.Position, &r.Promoted, &r.Capacity, &r.Events, &r.HeldUntil, &r.partition, &r.promotedParts, &r.eventParts); err != nil {
 			return nil, fmt.Errorf("audit: read processed_request: %w", err)
 		}
@@ -159,12 +175,12 @@ func readResults(ctx context.Context, tx *sql.Tx, query string, after uint64) ([
 	for i := range page {
 		r := &page[i]
 		if r.promotedParts > 0 {
-			if r.Promoted.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, 0, store.ColPromoted, r.Promoted.String); err != nil {
+			if r.Promoted.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, r.Index, store.ColPromoted, r.Promoted.String); err != nil {
 				return nil, fmt.Errorf("audit: %w", err)
 			}
 		}
 		if r.eventParts > 0 {
-			if r.Events.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, 0, store.ColEvents, r.Events.String); err != nil {
+			if r.Events.String, err = store.WholeValue(ctx, tx, r.partition, r.Seq, r.Index, store.ColEvents, r.Events.String); err != nil {
 				return nil, fmt.Errorf("audit: %w", err)
 			}
 		}

@@ -578,6 +578,9 @@ func e2e(ctx context.Context, o opts) error {
 		// burst (a stack only).
 		broker    [2]brokerSample
 		hasBroker bool
+		// stored is what the request stream's messages of the burst
+		// carry (nil when they could not be read).
+		stored *storedRequests
 	}
 	var bursts []burst
 	measure := func(name string, s *server, url string) error {
@@ -594,6 +597,14 @@ func e2e(ctx context.Context, o opts) error {
 		if err == nil && s.natsURL != "" {
 			b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
 			b.hasBroker = err == nil
+			if err == nil {
+				n, cerr := countStored(ctx, s.natsURL, b.broker[0].streams[wire.RequestStream].LastSeq, b.broker[1].streams[wire.RequestStream].LastSeq)
+				if cerr != nil {
+					fmt.Fprintf(os.Stderr, "bench: %s: the requests stored not counted: %v\n", name, cerr)
+				} else {
+					b.stored = &n
+				}
+			}
 		}
 		s.stop()
 		if err != nil {
@@ -652,7 +663,7 @@ func e2e(ctx context.Context, o opts) error {
 	for _, b := range bursts {
 		if b.hasBroker {
 			fmt.Printf("%s: ", b.name)
-			printBroker(os.Stdout, b.broker[0], b.broker[1], b.rep.Requests+1)
+			printBroker(os.Stdout, b.broker[0], b.broker[1], b.stored, b.rep.Requests+1)
 		}
 	}
 	fmt.Println("the gated seed stores nothing in a broker: Redis decides, MariaDB records the grants")
