@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,6 +30,10 @@ type DrainConfig struct {
 	Op         wire.Op          // wire.OpJoin or wire.OpClaim
 	Users      int              // distinct users (0 = one per request)
 	Allocator  allocator.Config // the zero Config: the defaults
+	// Batch is how many requests for one activity one message carries,
+	// as ingest's group commit stores a burst (at most wire.MaxBatch; 0
+	// or 1: one request per message).
+	Batch int
 	// AfterStart, when set, runs once the allocator has started, before
 	// the drain is waited for (a benchmark freezes a bucket there).
 	AfterStart func()
@@ -55,7 +60,7 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return DrainResult{}, err
 	}
 	now := time.Now().UTC()
-	bl := &backlog{js: js}
+	bl := &backlog{js: js, batch: max(cfg.Batch, 1), open: map[int64][][]byte{}}
 	publish := bl.add
 	id := func() string { return uuid.Must(uuid.NewV7()).String() }
 	for a := 1; a <= cfg.Activities; a++ {
@@ -74,6 +79,9 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		if err := publish(r); err != nil {
 			return DrainResult{}, err
 		}
+	}
+	if err := bl.flush(); err != nil {
+		return DrainResult{}, err
 	}
 	if err := bl.wait(); err != nil {
 		return DrainResult{}, err
@@ -103,10 +111,14 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 }
 
 // backlog publishes requests ahead of an allocator, asynchronously,
-// staying below the async publish bound.
+// staying below the async publish bound: batch requests of one activity
+// to a message (a request batch, as ingest's group commit stores them)
+// or, with batch 1, each on its own.
 type backlog struct {
-	js   jetstream.JetStream
-	sent int
+	js    jetstream.JetStream
+	batch int
+	open  map[int64][][]byte // per activity, the requests of its next batch
+	sent  int
 }
 
 func (b *backlog) add(r wire.Request) error {
@@ -114,6 +126,38 @@ func (b *backlog) add(r wire.Request) error {
 	if err != nil {
 		return err
 	}
+	if b.batch <= 1 || r.Op == wire.OpOpen {
+		// An open goes alone, ahead of its activity's requests.
+		return b.publish(wire.RequestSubject(r.ActivityID), data, r.RequestID, 1)
+	}
+	b.open[r.ActivityID] = append(b.open[r.ActivityID], data)
+	if len(b.open[r.ActivityID]) < b.batch {
+		return nil
+	}
+	return b.flushActivity(r.ActivityID)
+}
+
+// flush publishes every batch still open.
+func (b *backlog) flush() error {
+	for a := range b.open {
+		if err := b.flushActivity(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *backlog) flushActivity(a int64) error {
+	reqs := b.open[a]
+	delete(b.open, a)
+	if len(reqs) == 0 {
+		return nil
+	}
+	return b.publish(wire.RequestSubject(a), wire.EncodeBatch(reqs), uuid.Must(uuid.NewV7()).String(), len(reqs))
+}
+
+// publish stores one message of n requests (n > 1: a batch).
+func (b *backlog) publish(subject string, data []byte, msgID string, n int) error {
 	if b.sent++; b.sent%2000 == 0 {
 		select {
 		case <-b.js.PublishAsyncComplete():
@@ -121,7 +165,12 @@ func (b *backlog) add(r wire.Request) error {
 			return fmt.Errorf("pre-publish stalled")
 		}
 	}
-	_, err = b.js.PublishAsync(wire.RequestSubject(r.ActivityID), data, jetstream.WithMsgID(r.RequestID))
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	if n > 1 {
+		msg.Header.Set(wire.BatchHeader, strconv.Itoa(n))
+	}
+	_, err := b.js.PublishMsgAsync(msg, jetstream.WithMsgID(msgID))
 	return err
 }
 

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -34,36 +35,58 @@ func benchDrain(b *testing.B, cfg DrainConfig) {
 }
 
 func BenchmarkDrainHotJoin(b *testing.B) {
+	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1, Capacity: 100, Op: wire.OpJoin, Batch: 100})
+}
+
+// BenchmarkDrainHotJoinSingles is DrainHotJoin with one request per
+// message: what batches save the allocator.
+func BenchmarkDrainHotJoinSingles(b *testing.B) {
 	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1, Capacity: 100, Op: wire.OpJoin})
 }
 
 func BenchmarkDrainHotClaim(b *testing.B) {
-	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1, Capacity: 100, Op: wire.OpClaim, Users: 18000})
+	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1, Capacity: 100, Op: wire.OpClaim, Users: 18000, Batch: 100})
 }
 
 func BenchmarkDrainSpreadJoin(b *testing.B) {
-	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1000, Capacity: 10, Op: wire.OpJoin})
+	benchDrain(b, DrainConfig{Requests: 20000, Activities: 1000, Capacity: 10, Op: wire.OpJoin, Batch: 100})
 }
 
-// TestDrainSmall keeps the harness honest in the ordinary test run.
+// TestDrainSmall keeps the harness honest in the ordinary test run, with
+// one request per message and with batches (of 7, so that each activity
+// ends with a shorter one).
 func TestDrainSmall(t *testing.T) {
 	t.Parallel()
-	db := dbtest.New(t)
-	ns := natstest.New(t)
-	nc, _ := ns.Connect(t)
-	res, err := Drain(context.Background(), db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)),
-		DrainConfig{Requests: 300, Activities: 3, Capacity: 10, Op: wire.OpJoin})
-	if err != nil {
-		t.Fatal(err)
+	for _, batch := range []int{1, 7} {
+		t.Run(fmt.Sprintf("batch-%d", batch), func(t *testing.T) {
+			db := dbtest.New(t)
+			ns := natstest.New(t)
+			nc, _ := ns.Connect(t)
+			res, err := Drain(context.Background(), db.DB, nc, slog.New(slog.NewTextHandler(io.Discard, nil)),
+				DrainConfig{Requests: 300, Activities: 3, Capacity: 10, Op: wire.OpJoin, Batch: batch})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Decisions != 303 {
+				t.Fatalf("decisions %d, want 303", res.Decisions)
+			}
+			if n := db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 303 {
+				t.Fatalf("results %d, want 303", n)
+			}
+			// 3 opens, then each activity's 100 joins in messages of batch.
+			wantMsgs := 3 + 3*((100+batch-1)/batch)
+			if n := db.Count(t, "SELECT COUNT(DISTINCT seq) FROM processed_request"); n != int64(wantMsgs) {
+				t.Fatalf("requests came in %d messages, want %d", n, wantMsgs)
+			}
+			// The line is in arrival order: user u joined before user u+3.
+			if n := db.Count(t, `SELECT COUNT(*) FROM activity_signup a JOIN activity_signup b
+				ON a.activity_id = b.activity_id AND b.user_id = a.user_id + 3 WHERE a.queue_seq >= b.queue_seq`); n != 0 {
+				t.Fatalf("%d signups out of arrival order", n)
+			}
+			db.CheckInvariants(t)
+			t.Logf("drained %d decisions at %.0f/s", res.Decisions, res.PerSecond())
+		})
 	}
-	if res.Decisions != 303 {
-		t.Fatalf("decisions %d, want 303", res.Decisions)
-	}
-	if n := db.Count(t, "SELECT COUNT(*) FROM processed_request"); n != 303 {
-		t.Fatalf("results %d, want 303", n)
-	}
-	db.CheckInvariants(t)
-	t.Logf("drained %d decisions at %.0f/s", res.Decisions, res.PerSecond())
 }
 
 // TestHoldsSmall keeps the holds benchmark honest in the ordinary test run:

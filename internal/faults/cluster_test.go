@@ -221,6 +221,7 @@ func TestScenario10ClusterKillStreamLeader(t *testing.T) {
 			if r.count.Load() != 1 {
 				t.Fatal("the request stream's leader was not killed, or leadership did not move")
 			}
+			requireBatches(t, s, m, r)
 			if m.maybe > 0 {
 				// 503s that named their request: the leader died between
 				// storing and its PubAck. Checked exactly above: stored

@@ -113,7 +113,16 @@ func TestScenario1KillAllocator(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 			return s.startAllocator(0)
 		},
+		check: requireBatches,
 	})
+}
+
+// requireBatches fails a scenario whose burst ran without request
+// batches: what it proves must hold with them.
+func requireBatches(t *testing.T, _ *stack, m *summary, _ *faultResult) {
+	if m.batched == 0 {
+		t.Error("no request shared its message with another: the burst ran without batches")
+	}
 }
 
 // TestScenario2TwoAllocatorsKillOne: two allocator processes on the same

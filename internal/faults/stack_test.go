@@ -52,6 +52,10 @@ type stack struct {
 	http *http.Client
 	// killedForGood marks processes a fault killed and did not restart.
 	killedForGood map[*proc]bool
+	// ingestKills counts the times a fault killed ingest mid-burst: the
+	// requests it had in flight end in transport errors, their fate
+	// unknown to their clients (verify).
+	ingestKills int
 	// setup holds the answers of the requests that opened the activities.
 	setup []answer
 	// setupEnv is the environment of `allotctl setup` (runSetup).

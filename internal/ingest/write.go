@@ -206,7 +206,7 @@ func (s *Service) answerRepeat(ctx context.Context, w http.ResponseWriter, q wri
 // it may be stored (settled in the background: republished, else voided,
 // so that the id the client is given reaches a final state).
 func (s *Service) publish(ctx context.Context, w http.ResponseWriter, q writeReq) (publish.Stored, bool) {
-	st, err := s.pub.Publish(ctx, q.activity, q.op, q.id, q.data, q.hasKey)
+	st, err := s.pub.Publish(ctx, q.activity, q.op, q.id, q.data)
 	switch {
 	case err == nil:
 		return st, true

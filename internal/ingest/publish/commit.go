@@ -84,9 +84,12 @@ type pubRequest struct {
 	msg   *nats.Msg
 	id    string
 	op    wire.Op
-	alone bool           // never in a batch
 	until time.Time      // the caller waits for an answer until then
 	res   chan pubResult // buffered 1
+	// twins are later uses of the same request id in the same group (one
+	// Idempotency-Key used at once): they are answered with this one's
+	// outcome and not published again.
+	twins []*pubRequest
 }
 
 // pubResult is a publish's outcome. sent reports whether a copy may have
@@ -197,19 +200,23 @@ func (c *committer) commit(group []*pubRequest) {
 // messages; the requests beyond are returned.
 func (c *committer) messages(group []*pubRequest) (msgs []*outMsg, rest []*pubRequest) {
 	open := make(map[string]*outMsg) // the subject's last message, while it has room
+	first := make(map[string]*pubRequest, len(group))
 	for i, r := range group {
+		if f, ok := first[r.id]; ok {
+			// The same request again (one key used twice at once): one
+			// copy, one place, both answered with it.
+			f.twins = append(f.twins, r)
+			continue
+		}
+		first[r.id] = r
 		m := open[r.msg.Subject]
-		if m == nil || r.alone || len(m.reqs) >= c.batchMax || m.bytes+1+len(r.msg.Data) > maxBatchBytes {
+		if m == nil || len(m.reqs) >= c.batchMax || m.bytes+1+len(r.msg.Data) > maxBatchBytes {
 			if len(msgs) == c.maxBatch {
 				return c.build(msgs), group[i:]
 			}
 			m = &outMsg{}
 			msgs = append(msgs, m)
 			open[r.msg.Subject] = m
-			if r.alone {
-				// The activity's later requests go after it.
-				delete(open, r.msg.Subject)
-			}
 		}
 		m.reqs = append(m.reqs, r)
 		m.bytes += 1 + len(r.msg.Data)
@@ -243,14 +250,22 @@ func (c *committer) build(msgs []*outMsg) []*outMsg {
 // answer tells every request of m its place in m, stored at ack.
 func answer(m *outMsg, ack *jetstream.PubAck) {
 	for i, r := range m.reqs {
-		r.res <- pubResult{ack: ack, index: i, sent: true, batched: m.batch()}
+		res := pubResult{ack: ack, index: i, sent: true, batched: m.batch()}
+		r.res <- res
+		for _, t := range r.twins {
+			t.res <- res
+		}
 	}
 }
 
 // fail tells every request of m that m was not confirmed.
 func fail(m *outMsg, sent bool, err error) {
 	for _, r := range m.reqs {
-		r.res <- pubResult{sent: sent, batched: m.batch(), err: err}
+		res := pubResult{sent: sent, batched: m.batch(), err: err}
+		r.res <- res
+		for _, t := range r.twins {
+			t.res <- res
+		}
 	}
 }
 
@@ -381,17 +396,16 @@ func (c *committer) commitBatch(msgs []*outMsg, timeout time.Duration) bool {
 	return true
 }
 
-// publish queues msg, a request with op (alone: never in a batch), and
-// waits for its outcome, at most until deadline (the committer answers by
+// publish queues msg, a request with op, and waits for its outcome, at most until deadline (the committer answers by
 // then; a little more is waited for, in case it is late).
-func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, alone bool, deadline time.Time) pubResult {
+func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, deadline time.Time) pubResult {
 	// The worker gets a copy: publishing sets headers on the message, and
 	// the caller may publish msg again while the worker still holds it.
 	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+3)}
 	for k, v := range msg.Header {
 		own.Header[k] = slices.Clone(v)
 	}
-	r := &pubRequest{msg: own, id: id, op: op, alone: alone, until: deadline, res: make(chan pubResult, 1)}
+	r := &pubRequest{msg: own, id: id, op: op, until: deadline, res: make(chan pubResult, 1)}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {

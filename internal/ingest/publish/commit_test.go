@@ -84,7 +84,7 @@ func publishAll(t *testing.T, r *commitRig, ids []string, activities int, how in
 			}
 			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: int64(1 + i%activities), UserID: int64(i + 1)})
 			msg := &nats.Msg{Subject: wire.RequestSubject(int64(1 + i%activities)), Data: data, Header: nats.Header{}}
-			res := r.c.publish(msg, wire.OpClaim, id, false, time.Now().Add(10*time.Second))
+			res := r.c.publish(msg, wire.OpClaim, id, time.Now().Add(10*time.Second))
 			if res.err != nil {
 				t.Errorf("publish %d: %v", i, res.err)
 				return
@@ -303,21 +303,21 @@ func TestGroupCommitFallsBack(t *testing.T) {
 	})
 }
 
-// TestGroupCommitKeepsAloneRequestsInOrder: a request that must go alone
-// (a keyed one) is its own message with its request id as Nats-Msg-Id, and
-// its activity's later requests go after it, never into an earlier batch.
-func TestGroupCommitKeepsAloneRequestsInOrder(t *testing.T) {
+// TestGroupCommitFoldsUsesOfOneID: uses of one request id in one group
+// (an Idempotency-Key used at once) are one copy in their activity's
+// batch, and every use is answered with its place.
+func TestGroupCommitFoldsUsesOfOneID(t *testing.T) {
 	t.Parallel()
 	r := newCommitRig(t, true, wire.MaxBatch)
 	ids := newIDs(9)
-	alone := func(i int) bool { return i == 3 || i == 4 || i == 8 }
+	ids[3], ids[6] = ids[1], ids[1]
 	got := make([]placed, len(ids))
 	var wg sync.WaitGroup
 	for i, id := range ids {
 		wg.Go(func() {
-			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpJoin, ActivityID: 1, UserID: int64(i + 1)})
+			data, _ := json.Marshal(wire.Request{RequestID: id, Op: wire.OpJoin, ActivityID: 1, UserID: 1})
 			msg := &nats.Msg{Subject: wire.RequestSubject(1), Data: data, Header: nats.Header{}}
-			res := r.c.publish(msg, wire.OpJoin, id, alone(i), time.Now().Add(10*time.Second))
+			res := r.c.publish(msg, wire.OpJoin, id, time.Now().Add(10*time.Second))
 			if res.err != nil {
 				t.Errorf("publish %d: %v", i, res.err)
 				return
@@ -328,16 +328,14 @@ func TestGroupCommitKeepsAloneRequestsInOrder(t *testing.T) {
 	}
 	r.start(t)
 	wg.Wait()
-	// 0-2 | 3 | 4 | 5-7 | 8
-	if n := requireStored(t, r.js, ids, got); n != 5 {
-		t.Fatalf("stored as %d messages, want 5", n)
+	// requireStored: 7 distinct ids stored once each, every use at its place.
+	if n := requireStored(t, r.js, ids, got); n != 1 {
+		t.Fatalf("stored as %d messages, want 1", n)
 	}
-	for i := range got {
-		if got[i].batched == alone(i) {
-			t.Fatalf("request %d: batched %v, alone %v", i, got[i].batched, alone(i))
-		}
-		if i > 0 && got[i].place <= got[i-1].place {
-			t.Fatalf("request %d at %s, not after request %d at %s", i, wire.FormatPlace(got[i].place), i-1, wire.FormatPlace(got[i-1].place))
-		}
+	if got[3].place != got[1].place || got[6].place != got[1].place {
+		t.Fatalf("uses of one id at %s, %s, %s", wire.FormatPlace(got[1].place), wire.FormatPlace(got[3].place), wire.FormatPlace(got[6].place))
+	}
+	if wire.IndexOf(got[8].place) != 6 {
+		t.Fatalf("the last of 7 distinct requests at index %d, want 6", wire.IndexOf(got[8].place))
 	}
 }

@@ -163,14 +163,14 @@ func (p *Publisher) PollVoid(id string, user int64, part int) { p.settle.pollVoi
 
 // Publish stores one request with op (encoded as data) in ALLOT_REQUESTS,
 // alone or in a batch of its activity's requests (group commit), and waits
-// for the PubAck. A keyed request (one with an Idempotency-Key) goes
-// alone: every use of the key publishes the same request, and only copies
-// with the request id as Nats-Msg-Id are stored once however many uses
-// publish it. Each copy of a message keeps its Nats-Msg-Id (the request
+// for the PubAck. Every use of an Idempotency-Key publishes the same
+// request: uses in one group share one copy, and copies in different
+// messages are one request to the allocator, which applies a request id
+// once and answers its repeats with the recorded result. Each copy of a message keeps its Nats-Msg-Id (the request
 // id for a single request, the batch's own for a batch), so JetStream
 // drops a re-publish within its duplicate window. The publish is not cut
 // short when the client leaves: its outcome is logged either way.
-func (p *Publisher) Publish(ctx context.Context, activity int64, op wire.Op, id string, data []byte, keyed bool) (Stored, error) {
+func (p *Publisher) Publish(ctx context.Context, activity int64, op wire.Op, id string, data []byte) (Stored, error) {
 	select {
 	case p.flight <- struct{}{}:
 		defer func() { <-p.flight }()
@@ -181,7 +181,7 @@ func (p *Publisher) Publish(ctx context.Context, activity int64, op wire.Op, id 
 	msg := requestMsg(activity, op, data)
 	ctx, span := tracePublish(ctx, msg, id, activity)
 	start := time.Now()
-	st, ack, err := p.publishAsync(msg, op, id, keyed)
+	st, ack, err := p.publishAsync(msg, op, id)
 	endPublish(span, ack, st, err)
 	p.m.PublishDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -235,7 +235,7 @@ func refused(err error) bool {
 // deadline passes first, the error wraps ErrMaybeStored. A copy the broker
 // refused for a definite reason (refused) is answered at once; "nothing
 // stored" holds then only if no earlier copy may be stored.
-func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string, alone bool) (Stored, *jetstream.PubAck, error) {
+func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string) (Stored, *jetstream.PubAck, error) {
 	// The group commit gets half the budget, so that a copy whose answer
 	// was lost there leaves time to publish it again below.
 	until := time.Now().Add(p.timeout / 2)
@@ -254,7 +254,7 @@ func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string, alone boo
 	}
 	first := 0
 	if p.commit != nil {
-		res := p.commit.publish(msg, op, id, alone, until)
+		res := p.commit.publish(msg, op, id, until)
 		switch {
 		case res.err == nil:
 			return Stored{Place: wire.Place(res.ack.Sequence, res.index), Sole: true}, res.ack, nil
