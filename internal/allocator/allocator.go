@@ -35,6 +35,10 @@ import (
 // ErrCrashed is returned by Wait after a hook simulated a crash.
 var ErrCrashed = errors.New("allocator stopped by a crash hook")
 
+// ErrMoved is returned by Wait when the shard map moved the partition to
+// another shard: nothing was committed at the old epoch; route it anew.
+var ErrMoved = errors.New("the partition moved to another shard")
+
 // Allocator applies one partition of the request stream.
 type Allocator struct {
 	cfg  Config
@@ -155,7 +159,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := store.EnsurePartition(ctx, a.deps.DB, a.deps.Partition); err != nil {
+	if err := store.EnsurePartition(ctx, a.deps.DB, a.deps.Partition, a.deps.Tenure.Epoch()); err != nil {
 		return err
 	}
 	info, err := st.Info(ctx)
@@ -435,6 +439,9 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 		err := a.handle(hctx, msgs)
 		if err == nil || errors.Is(err, ErrCrashed) {
 			return err
+		}
+		if errors.Is(err, store.ErrEpoch) && a.deps.Tenure.Moved() {
+			return fmt.Errorf("%w: %w", ErrMoved, err)
 		}
 		if ctx.Err() != nil {
 			a.deps.Log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))
