@@ -73,12 +73,8 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 	if err != nil {
 		return fmt.Errorf("allocator: %w", err)
 	}
-	var router *shards.Router
 	err = bus.Retry(ctx, deps.Log, "allocator: check streams", bus.StartAttempt, func(ctx context.Context) error {
-		if _, err := checkStreams(ctx, js, cfg.Partitions); err != nil {
-			return err
-		}
-		router, err = shards.Load(ctx, js, deps.Shards, deps.Log)
+		_, err := checkStreams(ctx, js, cfg.Partitions)
 		return err
 	})
 	if err != nil {
@@ -86,6 +82,12 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 			return nil // asked to stop while waiting
 		}
 		return err
+	}
+	// Each partition goes to the shard the map names; the map is watched
+	// until ctx ends.
+	router, err := shards.Load(ctx, js, deps.Shards, deps.Log)
+	if err != nil {
+		return fmt.Errorf("allocator: %w", err)
 	}
 	m, err := members.JoinIfThere(ctx, deps.NATS, deps.Log)
 	if err != nil {
