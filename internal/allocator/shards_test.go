@@ -182,7 +182,6 @@ func activities(n int) []int64 {
 // activities: each activity's state is on its partition's shard and
 // nowhere else, every request applied once, in order.
 func TestPartitionsApplyOnTheirShards(t *testing.T) {
-	t.Parallel()
 	const partitions = 6
 	e := newShardEnv(t, 3, partitions)
 	e.run(conf(func(c *Config) { c.Partitions = partitions; c.MetricsAddr = ""; c.BatchSize = 50 }))
@@ -206,7 +205,6 @@ func TestPartitionsApplyOnTheirShards(t *testing.T) {
 // other shards' partitions keep applying; restarted, the dead shard's
 // partitions catch up, every request applied once, in order.
 func TestDeadShardStopsOnlyItsPartitions(t *testing.T) {
-	t.Parallel()
 	const partitions = 6
 	e := newShardEnv(t, 3, partitions)
 	e.run(conf(func(c *Config) { c.Partitions = partitions; c.MetricsAddr = ""; c.BatchSize = 50 }))
@@ -247,7 +245,6 @@ func TestDeadShardStopsOnlyItsPartitions(t *testing.T) {
 // the fence row is no longer at commits nothing, whether the map or the
 // row moved on; with both at the new epoch it applies.
 func TestStaleEpochCommitsNothing(t *testing.T) {
-	t.Parallel()
 	e := newShardEnv(t, 1, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // ends the router's watch
