@@ -199,7 +199,7 @@ func (a *Allocator) launch(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.life.cancel = cancel
 	a.post = a.newPost()
-	parts := chain(
+	parts := lifecycle.Chain(
 		// No name: the allocator's errors are returned as they always were.
 		lifecycle.Part{Run: a.run},
 		lifecycle.Part{Name: "allocator post-commit", Run: a.post.Run},
@@ -223,26 +223,6 @@ func (a *Allocator) launch(ctx context.Context) error {
 		}
 	}()
 	return nil
-}
-
-// chain returns parts, each after the first told to stop only once the
-// one before it has returned.
-func chain(parts ...lifecycle.Part) []lifecycle.Part {
-	out := make([]lifecycle.Part, len(parts))
-	var prev chan struct{}
-	for i, p := range parts {
-		done := make(chan struct{})
-		run := p.Run
-		p.Run = func(ctx context.Context) error {
-			defer close(done)
-			return run(ctx)
-		}
-		if prev != nil {
-			p = lifecycle.StopAfter(prev, p)
-		}
-		out[i], prev = p, done
-	}
-	return out
 }
 
 // Stop finishes the batch in hand (commit and ack), stops the relay and

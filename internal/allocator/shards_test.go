@@ -243,9 +243,11 @@ func TestDeadShardStopsOnlyItsPartitions(t *testing.T) {
 
 // TestStaleEpochCommitsNothing: a transaction of partition 0 at an epoch
 // the fence row is no longer at commits nothing, whether the map or the
-// row moved on; with both at the new epoch it applies.
+// row moved on; with both at the new epoch it applies. Once the map puts
+// the partition on another shard, the allocator still pointed at the old
+// one commits nothing there nor on the new one, and stops with ErrMoved.
 func TestStaleEpochCommitsNothing(t *testing.T) {
-	e := newShardEnv(t, 1, 1)
+	e := newShardEnv(t, 2, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // ends the router's watch
 	kv, err := e.js.KeyValue(ctx, shards.Bucket)
@@ -326,6 +328,33 @@ func TestStaleEpochCommitsNothing(t *testing.T) {
 	}
 	if got, n := e.fence(0, 0), db.Count(t, "SELECT COUNT(*) FROM processed_request"); got != 2 || n != 2 {
 		t.Fatalf("after stale transactions: fence %d, %d results; want 2 and 2", got, n)
+	}
+
+	// A move's last steps: the fence row on s1 at epoch 4, the map to
+	// {s1, 4}. The allocator routed to s0 finds its row frozen, sees the
+	// move and stops; s1 is left as the move wrote it.
+	if _, err := e.dbs[1].ExecContext(ctx, "INSERT INTO allocator_partition (partition_id, last_seq, epoch) VALUES (0, 2, 4)"); err != nil {
+		t.Fatal(err)
+	}
+	rev = func() uint64 { p, _ := shards.Read(ctx, kv); return p[0].Revision }()
+	if _, err := shards.Update(ctx, kv, 0, shards.Entry{Shard: "s1", Epoch: 4}, rev); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.deps.Tenure.Moved() {
+		if time.Now().After(deadline) {
+			t.Fatal("the allocator's tenure did not see the move")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := a.handleUntilDone(ctx, nil); !errors.Is(err, ErrMoved) {
+		t.Fatalf("the allocator on the old shard after a move: %v, want ErrMoved", err)
+	}
+	if got, n := e.fence(0, 0), db.Count(t, "SELECT COUNT(*) FROM processed_request"); got != 2 || n != 2 {
+		t.Fatalf("old shard after the move: fence %d, %d results; want 2 and 2", got, n)
+	}
+	if got, n := e.fence(1, 0), e.dbs[1].Count(t, "SELECT COUNT(*) FROM processed_request"); got != 2 || n != 0 {
+		t.Fatalf("new shard after the move: fence %d, %d results; want 2 and 0", got, n)
 	}
 	db.CheckInvariants(t)
 }
