@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	// Serve /readyz (503) and /metrics at once, and wait for JetStream
 	// rather than exit: a cluster that has just formed may take a while to
 	// create R3 streams.
-	h := health.New(deps.DB, deps.NATS)
+	h := health.New(deps.Shards, deps.NATS)
 	metrics, err := health.Serve(cfg.MetricsAddr, deps.MetricsListener, reg, h)
 	if err != nil {
 		return err
