@@ -65,11 +65,12 @@ type ResultRow struct {
 
 // EnsurePartition creates the fence row of partition p if it is missing,
 // at epoch 1: a partition that was never moved starts on its shard from
-// nothing. At a later epoch (epoch > 1) the partition was moved, and its
-// row is written by the move with its state, never here: a missing row is
-// then ErrNotMoved, and nothing is created.
+// nothing. At any other epoch (past 1: the partition was moved, and its
+// row is written by the move with its state, never here; 0: the map no
+// longer puts it on this shard) a missing row is ErrNotMoved, and nothing
+// is created.
 func EnsurePartition(ctx context.Context, q DBTX, p int, epoch uint64) error {
-	if epoch > 1 {
+	if epoch != 1 {
 		var n int
 		if err := q.QueryRowContext(ctx, "SELECT COUNT(*) FROM allocator_partition WHERE partition_id = ?", p).Scan(&n); err != nil {
 			return fmt.Errorf("ensure partition %d: %w", p, err)
