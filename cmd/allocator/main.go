@@ -6,11 +6,12 @@
 // Usage:
 //
 //	allocator                 # migrate, then consume until SIGINT/SIGTERM
-//	allocator -migrate-only   # migrate ALLOT_MYSQL_DSN and exit 0
+//	allocator -migrate-only   # migrate every shard (ALLOT_MYSQL_DSN or ALLOT_MYSQL_SHARDS) and exit 0
 package main
 
 import (
 	"context"
+	"database/sql"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/store/schema"
 	"github.com/allot-dev/allot/internal/tracing"
@@ -59,7 +61,7 @@ func main() {
 func run(ctx context.Context, args []string, stderr io.Writer) int {
 	flags := flag.NewFlagSet(binary, flag.ContinueOnError)
 	flags.SetOutput(stderr)
-	migrateOnly := flags.Bool("migrate-only", false, "apply the schema migrations to ALLOT_MYSQL_DSN and exit, without consuming")
+	migrateOnly := flags.Bool("migrate-only", false, "apply the schema migrations to every shard (ALLOT_MYSQL_DSN, or each of ALLOT_MYSQL_SHARDS) and exit, without consuming")
 	if code := config.ParseFlags(flags, args); code >= 0 {
 		return code
 	}
@@ -76,21 +78,31 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	defer tracing.Flush(stopTracing, log)
-	dsn, err := c.SessionDSN(c.MySQLDSN)
+	set, err := c.Shards()
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 2
 	}
-	db, err := store.Open(ctx, dsn, c.MySQLMaxConns)
+	// One pool per shard of ALLOT_MYSQL_SHARDS (without it: ALLOT_MYSQL_DSN
+	// as the one shard, default), each with the allocator's session DSN.
+	pools, err := shards.OpenPools(ctx, set, func(ctx context.Context, dsn string) (*sql.DB, error) {
+		sdsn, err := c.SessionDSN(dsn)
+		if err != nil {
+			return nil, err
+		}
+		return store.Open(ctx, sdsn, c.MySQLMaxConns)
+	})
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
+		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN (ALLOT_MYSQL_SHARDS)\n", binary, err)
 		return 2
 	}
-	defer db.Close()
+	defer pools.Close()
 	if c.migrateOnly {
-		if err := schema.Migrate(ctx, db); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-			return 1
+		for _, name := range pools.Names() {
+			if err := schema.Migrate(ctx, pools[name]); err != nil {
+				fmt.Fprintf(stderr, "%s: shard %s: %v\n", binary, name, err)
+				return 1
+			}
 		}
 		log.InfoContext(ctx, "schema migrated; exiting (-migrate-only)")
 		return 0
@@ -101,7 +113,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	defer nc.Drain() //nolint:errcheck
-	err = allocator.Run(ctx, c.Config, allocator.Deps{DB: db, NATS: nc, Log: log})
+	err = allocator.Run(ctx, c.Config, allocator.Deps{DB: pools[set.Names()[0]], Shards: pools, NATS: nc, Log: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		if bus.IsSetupError(err) { // a stream missing or not as set up

@@ -35,6 +35,10 @@ import (
 // ErrCrashed is returned by Wait after a hook simulated a crash.
 var ErrCrashed = errors.New("allocator stopped by a crash hook")
 
+// ErrMoved is returned by Wait when the shard map moved the partition to
+// another shard: nothing was committed at the old epoch; route it anew.
+var ErrMoved = errors.New("the partition moved to another shard")
+
 // Allocator applies one partition of the request stream.
 type Allocator struct {
 	cfg  Config
@@ -155,7 +159,7 @@ func (a *Allocator) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := store.EnsurePartition(ctx, a.deps.DB, a.deps.Partition); err != nil {
+	if err := store.EnsurePartition(ctx, a.deps.DB, a.deps.Partition, a.deps.Tenure.Epoch()); err != nil {
 		return err
 	}
 	info, err := st.Info(ctx)
@@ -195,7 +199,7 @@ func (a *Allocator) launch(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.life.cancel = cancel
 	a.post = a.newPost()
-	parts := chain(
+	parts := lifecycle.Chain(
 		// No name: the allocator's errors are returned as they always were.
 		lifecycle.Part{Run: a.run},
 		lifecycle.Part{Name: "allocator post-commit", Run: a.post.Run},
@@ -219,26 +223,6 @@ func (a *Allocator) launch(ctx context.Context) error {
 		}
 	}()
 	return nil
-}
-
-// chain returns parts, each after the first told to stop only once the
-// one before it has returned.
-func chain(parts ...lifecycle.Part) []lifecycle.Part {
-	out := make([]lifecycle.Part, len(parts))
-	var prev chan struct{}
-	for i, p := range parts {
-		done := make(chan struct{})
-		run := p.Run
-		p.Run = func(ctx context.Context) error {
-			defer close(done)
-			return run(ctx)
-		}
-		if prev != nil {
-			p = lifecycle.StopAfter(prev, p)
-		}
-		out[i], prev = p, done
-	}
-	return out
 }
 
 // Stop finishes the batch in hand (commit and ack), stops the relay and
@@ -435,6 +419,9 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 		err := a.handle(hctx, msgs)
 		if err == nil || errors.Is(err, ErrCrashed) {
 			return err
+		}
+		if errors.Is(err, store.ErrEpoch) && a.deps.Tenure.Moved() {
+			return fmt.Errorf("%w: %w", ErrMoved, err)
 		}
 		if ctx.Err() != nil {
 			a.deps.Log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))

@@ -200,7 +200,7 @@ func (a *Allocator) applyOnce(ctx context.Context, items []item, mode txMode) (o
 
 // applyTx is one transaction's body. It must be safe to run again.
 func (a *Allocator) applyTx(ctx context.Context, tx *sql.Tx, items []item, mode txMode) (outcome, error) {
-	fence, err := store.LockPartition(ctx, tx, a.deps.Partition)
+	fence, err := store.LockPartition(ctx, tx, a.deps.Partition, a.deps.Tenure.Epoch())
 	if err != nil {
 		return outcome{}, err
 	}
@@ -348,7 +348,7 @@ func (a *Allocator) reject(ctx context.Context, items []item, seq uint64, cause 
 	)
 	err := store.WithTx(ctx, a.deps.DB, store.TxOptions{}, func(tx *sql.Tx) error {
 		out, rejected = outcome{rejected: map[uint64]string{}}, false
-		fence, err := store.LockPartition(ctx, tx, a.deps.Partition)
+		fence, err := store.LockPartition(ctx, tx, a.deps.Partition, a.deps.Tenure.Epoch())
 		if err != nil {
 			return err
 		}

@@ -5,14 +5,14 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
-	"math"
 	"net"
-	"strconv"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/internal/allocator/pools"
+	"github.com/allot-dev/allot/internal/shards"
 )
 
 // Config is the allocator's configuration, read from ALLOT_ variables
@@ -73,29 +73,21 @@ func (c Config) SessionDSN(dsn string) (string, error) {
 	return sessionDSN(dsn, c.StallTimeout)
 }
 
-func sessionDSN(dsn string, idle time.Duration) (string, error) {
-	if idle <= 0 {
-		return dsn, nil
-	}
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return "", fmt.Errorf("parse mysql dsn: %w", err)
-	}
-	if _, set := cfg.Params["wait_timeout"]; set {
-		return dsn, nil
-	}
-	if cfg.Params == nil {
-		cfg.Params = map[string]string{}
-	}
-	cfg.Params["wait_timeout"] = strconv.Itoa(int(math.Ceil(idle.Seconds())))
-	return cfg.FormatDSN(), nil
-}
+func sessionDSN(dsn string, idle time.Duration) (string, error) { return pools.SessionDSN(dsn, idle) }
 
 // Deps is everything Run and New need that is not configuration.
 type Deps struct {
-	DB   *sql.DB
-	NATS *nats.Conn
-	Log  *slog.Logger
+	// DB is the pool of Partition's shard (Run sets it from Shards).
+	DB *sql.DB
+	// Shards are Run's pools by shard name (ALLOT_MYSQL_SHARDS); nil: DB
+	// is the one shard, shards.DefaultName. Run migrates each and applies
+	// each partition on the shard the map names.
+	Shards shards.Pools
+	// Tenure is Partition's epoch on DB's shard, from the map (Run sets
+	// it); nil: epoch 1, never moved.
+	Tenure *shards.Tenure
+	NATS   *nats.Conn
+	Log    *slog.Logger
 	// Registerer takes New's metrics (nil: a registry of its own). Run
 	// serves a registry of its own and ignores it.
 	Registerer prometheus.Registerer

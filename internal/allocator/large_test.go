@@ -226,7 +226,7 @@ func TestMillionPromotions(t *testing.T) {
 		if err := store.UpsertSignups(ctx, tx, signups); err != nil {
 			return err
 		}
-		if err := store.EnsurePartition(ctx, tx, 0); err != nil {
+		if err := store.EnsurePartition(ctx, tx, 0, 1); err != nil {
 			return err
 		}
 		return store.SetPartition(ctx, tx, 0, next-1)

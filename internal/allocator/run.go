@@ -13,10 +13,11 @@ import (
 
 	"github.com/allot-dev/allot/internal/allocator/health"
 	"github.com/allot-dev/allot/internal/allocator/members"
+	"github.com/allot-dev/allot/internal/allocator/pools"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/lifecycle"
-	"github.com/allot-dev/allot/internal/store/schema"
+	"github.com/allot-dev/allot/internal/shards"
 )
 
 // Run migrates the schema and runs an allocator for every partition until
@@ -34,13 +35,12 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("allocator: %w", err)
 	}
-	if err := schema.Migrate(ctx, deps.DB); err != nil {
-		return err
+	if deps.Shards == nil {
+		deps.Shards = shards.Pools{shards.DefaultName: deps.DB}
 	}
-	if cfg.stallWatched() {
-		// The pool drops an idle connection before the server ends it
-		// (Config.SessionDSN's wait_timeout), rather than find it dead.
-		deps.DB.SetConnMaxIdleTime(cfg.StallTimeout / 2)
+	// Every shard is migrated before any partition is applied.
+	if err := pools.Prepare(ctx, deps.Shards, cfg.StallTimeout/2); err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())
@@ -48,7 +48,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 	// Serve /readyz (503) and /metrics at once, and wait for JetStream
 	// rather than exit: a cluster that has just formed may take a while to
 	// create R3 streams.
-	h := health.New(deps.DB, deps.NATS)
+	h := health.New(deps.Shards, deps.NATS)
 	metrics, err := health.Serve(cfg.MetricsAddr, deps.MetricsListener, reg, h)
 	if err != nil {
 		return err
@@ -69,17 +69,25 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 // partitions and the membership until ctx ends or one of them fails. It
 // returns nil when ctx ended.
 func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health) error {
-	if js, err := jetstream.New(deps.NATS); err == nil {
-		err := bus.Retry(ctx, deps.Log, "allocator: check streams", bus.StartAttempt, func(ctx context.Context) error {
-			_, err := checkStreams(ctx, js, cfg.Partitions)
-			return err
-		})
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil // asked to stop while waiting
-			}
-			return err
+	js, err := jetstream.New(deps.NATS)
+	if err != nil {
+		return fmt.Errorf("allocator: %w", err)
+	}
+	err = bus.Retry(ctx, deps.Log, "allocator: check streams", bus.StartAttempt, func(ctx context.Context) error {
+		_, err := checkStreams(ctx, js, cfg.Partitions)
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // asked to stop while waiting
 		}
+		return err
+	}
+	// Each partition goes to the shard the map names; the map is watched
+	// until ctx ends.
+	router, err := shards.Load(ctx, js, deps.Shards, deps.Log)
+	if err != nil {
+		return fmt.Errorf("allocator: %w", err)
 	}
 	m, err := members.JoinIfThere(ctx, deps.NATS, deps.Log)
 	if err != nil {
@@ -94,7 +102,7 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 		}
 	}
 	if m == nil {
-		return runAll(ctx, cfg, deps, h)
+		return runAll(ctx, cfg, deps, router, h)
 	}
 	deps.Prefers = m.Prefers
 	ran := make(chan struct{})
@@ -102,7 +110,7 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 		// No name: the allocator's errors are returned as they always were.
 		lifecycle.Part{Run: func(ctx context.Context) error {
 			defer close(ran)
-			return runAll(ctx, cfg, deps, h)
+			return runAll(ctx, cfg, deps, router, h)
 		}},
 		// The membership leaves once the partitions have stopped, so that
 		// the others take them over at once.
@@ -111,7 +119,7 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 
 // runAll starts an allocator for every partition, waits until ctx ends or
 // one of them stops, then stops them all at once.
-func runAll(ctx context.Context, cfg Config, deps Deps, h *health.Health) error {
+func runAll(ctx context.Context, cfg Config, deps Deps, router *shards.Router, h *health.Health) error {
 	var all []*Allocator
 	// All at once: each allocator's Stop may take its shutdown grace (the
 	// batch in hand, the relay's last pass); one after another, a process
@@ -127,6 +135,12 @@ func runAll(ctx context.Context, cfg Config, deps Deps, h *health.Health) error 
 	for p := range cfg.Partitions {
 		d := deps
 		d.Partition = p
+		rt, err := router.Route(p) // the shard the map names, its pool and epoch
+		if err != nil {
+			stopAll()
+			return err
+		}
+		d.DB, d.Tenure = rt.DB, router.Tenure(rt)
 		a, err := New(cfg, d)
 		if err != nil {
 			stopAll()

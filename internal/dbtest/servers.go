@@ -18,11 +18,22 @@ import (
 // binary the test is skipped (failed on CI).
 func Servers(t testing.TB, n int) []string {
 	t.Helper()
+	out := make([]string, n)
+	for i, s := range ServerProcs(t, n) {
+		out[i] = s.DSN
+	}
+	return out
+}
+
+// ServerProcs is Servers with the servers themselves, which a test may
+// Kill (SIGKILL) and Restart (same data, same port).
+func ServerProcs(t testing.TB, n int) []*devdb.DB {
+	t.Helper()
 	if devdb.FindServer() == "" {
 		testenv.Missing(t, "neither mariadbd nor mysqld is installed: this test runs servers of its own (apt-get install mariadb-server)")
 	}
 	dir := t.TempDir()
-	out := make([]string, n)
+	out := make([]*devdb.DB, n)
 	for i := range n {
 		db, err := devdb.StartServer(context.Background(), filepath.Join(dir, fmt.Sprintf("s%d", i)), DefaultDSN, nil)
 		if err != nil {
@@ -33,7 +44,7 @@ func Servers(t testing.TB, n int) []string {
 				t.Errorf("dbtest: stop server %d: %v", i+1, err)
 			}
 		})
-		out[i] = db.DSN
+		out[i] = db
 	}
 	return out
 }

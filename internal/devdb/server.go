@@ -33,6 +33,8 @@ type Options struct {
 	Server string
 	// MayInstall allows apt-get install mariadb-server as root on Debian.
 	MayInstall bool
+	// Port is the private server's port; 0 picks a free one.
+	Port int
 	// Log receives one line per thing done (a server started, a package
 	// installed), so a user sees what happened to their machine.
 	Log io.Writer
@@ -295,9 +297,12 @@ func startPrivate(ctx context.Context, server string, o Options) (*DB, error) {
 			return nil, err
 		}
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+	port := o.Port
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
 	}
 	socket := filepath.Join(o.Dir, "mysqld.sock")
 	if len(socket) > 100 { // sun_path holds 108 bytes
@@ -417,4 +422,43 @@ func StartServer(ctx context.Context, dir, dsn string, log io.Writer) (*DB, erro
 		return nil, fmt.Errorf("the DSN is not a go-sql-driver DSN: %w", err)
 	}
 	return startPrivate(ctx, server, Options{DSN: dsn, Dir: abs, Log: log})
+}
+
+// Restart starts d's stopped private server again on its data directory
+// and its port, so that pools pointed at it reconnect (crash recovery when
+// it was killed). d must have been returned by StartServer.
+func (d *DB) Restart(ctx context.Context) error {
+	if d.cmd != nil {
+		return errors.New("devdb: the private server is still running")
+	}
+	cfg, err := mysql.ParseDSN(d.DSN)
+	if err != nil {
+		return err
+	}
+	_, p, _ := strings.Cut(cfg.Addr, ":")
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return fmt.Errorf("devdb: no port in %s", cfg.Addr)
+	}
+	n, err := startPrivate(ctx, findServer(""), Options{DSN: d.DSN, Dir: d.dir, Log: d.log, Port: port})
+	if err != nil {
+		return err
+	}
+	d.cmd, d.exited = n.cmd, n.exited
+	return nil
+}
+
+// Kill ends d's private server at once (SIGKILL), as a crash would, and
+// waits for it.
+func (d *DB) Kill() error {
+	if d.cmd == nil {
+		return nil
+	}
+	os.Remove(filepath.Join(d.dir, "port"))
+	if err := d.cmd.Process.Kill(); err != nil {
+		return err
+	}
+	<-d.exited
+	d.cmd = nil
+	return nil
 }

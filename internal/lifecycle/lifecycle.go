@@ -116,3 +116,24 @@ func StopAfter(done <-chan struct{}, p Part) Part {
 		return err
 	}}
 }
+
+// Chain returns parts, each after the first told to stop only once the
+// one before it has returned (StopAfter): a pipeline whose later stages
+// drain what the earlier ones leave.
+func Chain(parts ...Part) []Part {
+	out := make([]Part, len(parts))
+	var prev chan struct{}
+	for i, p := range parts {
+		done := make(chan struct{})
+		run := p.Run
+		p.Run = func(ctx context.Context) error {
+			defer close(done)
+			return run(ctx)
+		}
+		if prev != nil {
+			p = StopAfter(prev, p)
+		}
+		out[i], prev = p, done
+	}
+	return out
+}

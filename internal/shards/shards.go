@@ -1,7 +1,8 @@
 // Package shards names the MySQL primaries a partition's state may live on
 // (ALLOT_MYSQL_SHARDS) and holds the partition → shard map kept in the KV
-// bucket ALLOT_SHARDS. Nothing routes by them yet: every process still
-// uses ALLOT_MYSQL_DSN; see docs/shards.md.
+// bucket ALLOT_SHARDS, and routes a partition to its shard (Router): the
+// allocator applies each partition there; the other processes still use
+// ALLOT_MYSQL_DSN only; see docs/shards.md.
 package shards
 
 import (

@@ -63,14 +63,57 @@ type ResultRow struct {
 	Events    string
 }
 
-// EnsurePartition creates the fence row of partition p if it is missing.
-func EnsurePartition(ctx context.Context, q DBTX, p int) error {
-	_, err := q.ExecContext(ctx, "INSERT INTO allocator_partition (partition_id, last_seq) VALUES (?, 0) "+
+// EnsurePartition creates the fence row of partition p if it is missing,
+// at epoch 1: a partition that was never moved starts on its shard from
+// nothing. At any other epoch (past 1: the partition was moved, and its
+// row is written by the move with its state, never here; 0: the map no
+// longer puts it on this shard) a missing row is ErrNotMoved, and nothing
+// is created.
+func EnsurePartition(ctx context.Context, q DBTX, p int, epoch uint64) error {
+	if epoch != 1 {
+		var n int
+		if err := q.QueryRowContext(ctx, "SELECT COUNT(*) FROM allocator_partition WHERE partition_id = ?", p).Scan(&n); err != nil {
+			return fmt.Errorf("ensure partition %d: %w", p, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("partition %d at epoch %d: %w", p, epoch, ErrNotMoved)
+		}
+		return nil
+	}
+	_, err := q.ExecContext(ctx, "INSERT INTO allocator_partition (partition_id, last_seq, epoch) VALUES (?, 0, 1) "+
 		"ON DUPLICATE KEY UPDATE partition_id = partition_id", p)
 	if err != nil {
 		return fmt.Errorf("ensure partition %d: %w", p, err)
 	}
 	return nil
+}
+
+// ErrNotMoved means the shard map names a shard for a partition at an
+// epoch past 1 whose fence row that shard does not hold: its state has
+// not been moved there (yet).
+var ErrNotMoved = errors.New("the shard holds no fence row for a partition the map says was moved there")
+
+// ErrEpoch means the partition's fence row is not at the epoch the caller
+// holds from the shard map: the partition was moved (or is being moved)
+// and the caller's map, or the shard it was sent to, is stale. The
+// transaction must commit nothing.
+var ErrEpoch = errors.New("the partition's fence is at another epoch than the shard map's")
+
+// SetEpoch moves partition p's fence row from epoch from to epoch to, only
+// if it is at from (compare-and-set); to 0 freezes it (NULL: no epoch
+// matches it). It reports whether the row was at from. A move freezes the
+// old shard's row, and an operator may raise one; both wait for the row
+// lock of a transaction in flight, so none commits across the change.
+func SetEpoch(ctx context.Context, q DBTX, p int, from, to uint64) (bool, error) {
+	res, err := q.ExecContext(ctx, "UPDATE allocator_partition SET epoch = NULLIF(?, 0) WHERE partition_id = ? AND epoch = ?", to, p, from)
+	if err != nil {
+		return false, fmt.Errorf("set epoch of partition %d: %w", p, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("set epoch of partition %d: %w", p, err)
+	}
+	return n == 1, nil
 }
 
 // ErrStreamReplaced means the request stream is not the one MySQL's fence
@@ -104,15 +147,27 @@ func BindPartition(ctx context.Context, q DBTX, p int, streamID string, streamLa
 }
 
 // LockPartition locks the fence row of partition p and returns its last
-// applied stream sequence. Holding it serialises allocators on p.
-func LockPartition(ctx context.Context, tx *sql.Tx, p int) (uint64, error) {
-	var last uint64
-	err := tx.QueryRowContext(ctx, "SELECT last_seq FROM allocator_partition WHERE partition_id = ? FOR UPDATE", p).Scan(&last)
+// applied sequence, if the row is at epoch (the shard map's epoch for p):
+// else ErrEpoch, and the caller's transaction must commit nothing. The
+// epoch is read in the same statement, so the check costs no round trip.
+func LockPartition(ctx context.Context, tx *sql.Tx, p int, epoch uint64) (uint64, error) {
+	var (
+		last uint64
+		at   sql.NullInt64
+	)
+	err := tx.QueryRowContext(ctx, "SELECT last_seq, epoch FROM allocator_partition WHERE partition_id = ? FOR UPDATE", p).Scan(&last, &at)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, fmt.Errorf("lock partition %d: no fence row (EnsurePartition first)", p)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("lock partition %d: %w", p, err)
+	}
+	if !at.Valid || uint64(at.Int64) != epoch {
+		have := "frozen (NULL)"
+		if at.Valid {
+			have = fmt.Sprint(at.Int64)
+		}
+		return 0, fmt.Errorf("lock partition %d: fence row at epoch %s, the shard map says %d: %w", p, have, epoch, ErrEpoch)
 	}
 	return last, nil
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,15 +37,38 @@ func newMetricsServer(h http.Handler, t serverTimeouts) *http.Server {
 
 // Health is what /readyz answers from.
 type Health struct {
-	db    *sql.DB
+	dbs   map[string]*sql.DB // every shard's pool, by name
 	nc    *nats.Conn
 	ready atomic.Bool // set once every partition has started
 	// stalls holds the partitions given up because they could not commit.
 	stalls stallSet
 }
 
-// New returns the health of a process using db and nc: not ready yet.
-func New(db *sql.DB, nc *nats.Conn) *Health { return &Health{db: db, nc: nc} }
+// New returns the health of a process using the shards' pools dbs (by
+// shard name) and nc: not ready yet.
+func New(dbs map[string]*sql.DB, nc *nats.Conn) *Health { return &Health{dbs: dbs, nc: nc} }
+
+// unreachable are the shards whose pool does not answer a ping within
+// ctx, sorted; all are pinged at once.
+func (h *Health) unreachable(ctx context.Context) []string {
+	var (
+		mu   sync.Mutex
+		down []string
+		wg   sync.WaitGroup
+	)
+	for name, db := range h.dbs {
+		wg.Go(func() {
+			if db.PingContext(ctx) != nil {
+				mu.Lock()
+				down = append(down, name)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(down)
+	return down
+}
 
 // SetReady says every partition has started.
 func (h *Health) SetReady() { h.ready.Store(true) }
@@ -87,9 +111,16 @@ func (h *Health) readyz(w http.ResponseWriter, r *http.Request) {
 	// A hung route to MySQL must not hang the probe.
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if !h.nc.IsConnected() || h.db.PingContext(ctx) != nil {
+	if down := h.unreachable(ctx); !h.nc.IsConnected() || len(down) == len(h.dbs) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
+		return
+	} else if len(down) > 0 {
+		// Only their partitions wait; the others apply.
+		body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(
+			"mysql shards unreachable, their partitions waiting: %s.", strings.Join(down, ", "))})
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.Write(body) //nolint:errcheck // the client is gone; nothing to do
 		return
 	}
 	if parts := h.stalls.list(); len(parts) > 0 {

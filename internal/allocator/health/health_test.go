@@ -2,10 +2,12 @@ package health
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +76,7 @@ func TestReadyzNamesGivenUpPartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := New(db.DB, nc)
+	h := New(map[string]*sql.DB{"default": db.DB}, nc)
 	h.SetReady()
 	stalls := &h.stalls
 	part, err := Serve(ln.Addr().String(), ln, prometheus.NewRegistry(), h)
@@ -96,6 +98,38 @@ func TestReadyzNamesGivenUpPartitions(t *testing.T) {
 	stalls.set(3, false)
 	if code, body := p.get("/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz once none is given up: %d %s", code, body)
+	}
+}
+
+// TestReadyzNamesUnreachableShards: with one shard's server away /readyz
+// answers 503 naming it; with every shard away, as with one database,
+// MySQL is unreachable.
+func TestReadyzNamesUnreachableShards(t *testing.T) {
+	t.Parallel()
+	db := dbtest.New(t)
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	away, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/allot?timeout=1s") // nothing listens on port 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { away.Close() })
+	for _, c := range []struct {
+		dbs  map[string]*sql.DB
+		code int
+		want string
+	}{
+		{map[string]*sql.DB{"s0": db.DB, "s1": away}, http.StatusServiceUnavailable, "unreachable, their partitions waiting: s1."},
+		{map[string]*sql.DB{"s1": away}, http.StatusServiceUnavailable, "nats or mysql is unreachable."},
+		{map[string]*sql.DB{"s0": db.DB}, http.StatusOK, `"ready"`},
+	} {
+		h := New(c.dbs, nc)
+		h.SetReady()
+		rec := httptest.NewRecorder()
+		h.readyz(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.want) {
+			t.Errorf("/readyz over %d shards: %d %s, want %d %s", len(c.dbs), rec.Code, rec.Body.String(), c.code, c.want)
+		}
 	}
 }
 
