@@ -142,6 +142,14 @@ func DecodeMessage(subject, batch string, data []byte) ([]Decoded, error) {
 		req, err := DecodeRequest(subject, data)
 		return []Decoded{{Request: req, Err: err}}, nil
 	}
+	if reqs, ok := fastBatch(data, n); ok {
+		out := make([]Decoded, n)
+		for i, r := range reqs {
+			req, err := checkRequest(subject, r)
+			out[i] = batchDecoded(i, req, err)
+		}
+		return out, nil
+	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return nil, fmt.Errorf("undecodable batch: %v", err)
@@ -152,10 +160,14 @@ func DecodeMessage(subject, batch string, data []byte) ([]Decoded, error) {
 	out := make([]Decoded, n)
 	for i, r := range raw {
 		req, err := DecodeRequest(subject, r)
-		if err == nil && req.Op == OpVoid {
-			err = errors.New("a void is never part of a batch")
-		}
-		out[i] = Decoded{Index: i, Request: req, Err: err}
+		out[i] = batchDecoded(i, req, err)
 	}
 	return out, nil
+}
+
+func batchDecoded(i int, req Request, err error) Decoded {
+	if err == nil && req.Op == OpVoid {
+		err = errors.New("a void is never part of a batch")
+	}
+	return Decoded{Index: i, Request: req, Err: err}
 }
