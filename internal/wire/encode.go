@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -196,6 +197,7 @@ func AppendResults(b []byte, results []Result) []byte {
 	if len(results) == 0 {
 		return append(b, "{}"...)
 	}
+	b = slices.Grow(b, 16+300*len(results))
 	b = append(b, `{"results":[`...)
 	for i, r := range results {
 		if i > 0 {

@@ -94,20 +94,50 @@ func (d *scan) lit(s string) bool {
 }
 
 func (d *scan) str() (string, bool) {
+	b, ok := d.raw()
+	return string(b), ok
+}
+
+// raw reads a string and returns its bytes, unquoted.
+func (d *scan) raw() ([]byte, bool) {
 	if d.i >= len(d.b) || d.b[d.i] != '"' {
-		return "", false
+		return nil, false
 	}
 	for j := d.i + 1; j < len(d.b); j++ {
 		switch c := d.b[j]; {
 		case c == '"':
-			s := string(d.b[d.i+1 : j])
+			b := d.b[d.i+1 : j]
 			d.i = j + 1
-			return s, true
+			return b, true
 		case c < 0x20 || c == '\\' || c >= 0x80:
-			return "", false
+			return nil, false
 		}
 	}
-	return "", false
+	return nil, false
+}
+
+// word reads a string that is most often one of the words of the
+// contract (an op, an outcome, a status, a state), which it returns
+// without allocating.
+func (d *scan) word() (string, bool) {
+	b, ok := d.raw()
+	if !ok {
+		return "", false
+	}
+	for _, w := range words {
+		if string(b) == w {
+			return w, true
+		}
+	}
+	return string(b), true
+}
+
+var words = []string{
+	StateDone, StatePending,
+	string(OpClaim), string(OpJoin), string(OpCancel), string(OpOpen), string(OpConfirm), string(OpExpire), string(OpVoid),
+	string(OutcomeGranted), string(OutcomeSoldOut), string(OutcomeAlreadyOwned), string(OutcomeConfirmed), string(OutcomeWaiting),
+	string(OutcomeRejected), string(OutcomeHeld), string(OutcomeCancelled),
+	string(StatusConfirmed), string(StatusWaiting), string(StatusCancelled), string(StatusHeld),
 }
 
 // digits consumes a JSON integer (an optional minus when signed, no
@@ -202,7 +232,7 @@ func (d *scan) request() (r Request, ok bool) {
 	if r.RequestID, ok = d.str(); !ok || !d.lit(`,"op":`) {
 		return r, false
 	}
-	if s, ok = d.str(); !ok || !d.lit(`,"activity_id":`) {
+	if s, ok = d.word(); !ok || !d.lit(`,"activity_id":`) {
 		return r, false
 	}
 	r.Op = Op(s)
@@ -264,10 +294,10 @@ func (d *scan) result() (r Result, ok bool) {
 	if r.RequestID, ok = d.str(); !ok || !d.lit(`,"state":`) {
 		return r, false
 	}
-	if r.State, ok = d.str(); !ok || !d.lit(`,"op":`) {
+	if r.State, ok = d.word(); !ok || !d.lit(`,"op":`) {
 		return r, false
 	}
-	if s, ok = d.str(); !ok || !d.lit(`,"activity_id":`) {
+	if s, ok = d.word(); !ok || !d.lit(`,"activity_id":`) {
 		return r, false
 	}
 	r.Op = Op(s)
@@ -277,12 +307,12 @@ func (d *scan) result() (r Result, ok bool) {
 	if r.UserID, ok = d.int(); !ok || !d.lit(`,"outcome":`) {
 		return r, false
 	}
-	if s, ok = d.str(); !ok || !d.lit(`,"status":`) {
+	if s, ok = d.word(); !ok || !d.lit(`,"status":`) {
 		return r, false
 	}
 	r.Outcome = Outcome(s)
 	if !d.lit("null") {
-		if s, ok = d.str(); !ok {
+		if s, ok = d.word(); !ok {
 			return r, false
 		}
 		st := Status(s)

@@ -135,3 +135,78 @@ func errText(ds []Decoded) []any {
 	}
 	return out
 }
+
+func benchResults() []Result {
+	st := StatusConfirmed
+	at := time.Date(2026, 11, 30, 13, 3, 4, 123456000, time.UTC)
+	rs := make([]Result, 80)
+	for i := range rs {
+		rs[i] = Result{RequestID: "01a22c9b-b802-763a-9493-74d3b88e7b49", State: StateDone, Op: OpClaim, ActivityID: 9001, UserID: int64(i),
+			Outcome: OutcomeGranted, Status: &st, Seq: 1234, Index: i, AppliedAt: at}
+	}
+	return rs
+}
+
+// BenchmarkResultBatch compares encoding and decoding a commit's result
+// batch with encoding/json (reflect) and without (fast).
+func BenchmarkResultBatch(b *testing.B) {
+	rs := benchResults()
+	data := AppendResults(nil, rs)
+	b.Run("encode/reflect", func(b *testing.B) {
+		for b.Loop() {
+			json.Marshal(ResultBatch{Results: rs}) //nolint:errcheck
+		}
+	})
+	b.Run("encode/fast", func(b *testing.B) {
+		for b.Loop() {
+			AppendResults(nil, rs)
+		}
+	})
+	b.Run("decode/reflect", func(b *testing.B) {
+		for b.Loop() {
+			var rb ResultBatch
+			json.Unmarshal(data, &rb) //nolint:errcheck
+		}
+	})
+	b.Run("decode/fast", func(b *testing.B) {
+		for b.Loop() {
+			DecodeResultBatch(data) //nolint:errcheck
+		}
+	})
+}
+
+// BenchmarkRequestBatch compares encoding a request and decoding a batch
+// of 80 with encoding/json and without.
+func BenchmarkRequestBatch(b *testing.B) {
+	r := Request{RequestID: "01a22c9b-b802-763a-9493-74d3b88e7b49", Op: OpClaim, ActivityID: 9001, UserID: 42, ReceivedAt: time.Now().UTC()}
+	data := make([][]byte, 80)
+	for i := range data {
+		data[i] = r.AppendJSON(nil)
+	}
+	batch := EncodeBatch(data)
+	b.Run("encode/reflect", func(b *testing.B) {
+		for b.Loop() {
+			json.Marshal(r) //nolint:errcheck
+		}
+	})
+	b.Run("encode/fast", func(b *testing.B) {
+		for b.Loop() {
+			r.AppendJSON(make([]byte, 0, 192))
+		}
+	})
+	b.Run("decode/reflect", func(b *testing.B) {
+		for b.Loop() {
+			var raw []json.RawMessage
+			json.Unmarshal(batch, &raw) //nolint:errcheck
+			for _, x := range raw {
+				var q Request
+				json.Unmarshal(x, &q) //nolint:errcheck
+			}
+		}
+	})
+	b.Run("decode/fast", func(b *testing.B) {
+		for b.Loop() {
+			DecodeMessage("alloc.req.9001", "80", batch) //nolint:errcheck
+		}
+	})
+}
