@@ -64,6 +64,9 @@ func FormatPlace(place uint64) string {
 // OpsOf is the OpsHeader value of a message carrying ops: the distinct
 // ops, sorted, comma-separated.
 func OpsOf(ops ...Op) string {
+	if len(ops) == 1 {
+		return string(ops[0])
+	}
 	s := make([]string, 0, len(ops))
 	for _, op := range ops {
 		s = append(s, string(op))

@@ -396,24 +396,32 @@ func (c *committer) commitBatch(msgs []*outMsg, timeout time.Duration) bool {
 	return true
 }
 
-// publish queues msg, a request with op, and waits for its outcome, at most until deadline (the committer answers by
-// then; a little more is waited for, in case it is late).
+// publish queues msg, a request with op, and waits for its outcome, at
+// most until deadline (the committer answers by then; a little more is
+// waited for, in case it is late). msg belongs to the committer from then
+// on: publishing sets headers on it, possibly after publish returned
+// unconfirmed, so a caller that publishes the request again does so with a
+// copy (copyMsg).
 func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, deadline time.Time) pubResult {
-	// The worker gets a copy: publishing sets headers on the message, and
-	// the caller may publish msg again while the worker still holds it.
-	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+3)}
-	for k, v := range msg.Header {
-		own.Header[k] = slices.Clone(v)
-	}
-	r := &pubRequest{msg: own, id: id, op: op, until: deadline, res: make(chan pubResult, 1)}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
+	r := &pubRequest{msg: msg, id: id, op: op, until: deadline, res: make(chan pubResult, 1)}
+	var timer *time.Timer
 	select {
 	case c.in <- r:
-	case <-timer.C:
-		return pubResult{err: errors.New("publish queue full")}
+	default: // the queue is full: wait for room, at most until deadline
+		timer = time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		select {
+		case c.in <- r:
+		case <-timer.C:
+			return pubResult{err: errors.New("publish queue full")}
+		}
 	}
-	timer.Reset(time.Until(deadline) + 50*time.Millisecond)
+	if timer == nil {
+		timer = time.NewTimer(time.Until(deadline) + 50*time.Millisecond)
+		defer timer.Stop()
+	} else {
+		timer.Reset(time.Until(deadline) + 50*time.Millisecond)
+	}
 	select {
 	case res := <-r.res:
 		return res
@@ -421,4 +429,13 @@ func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, deadline time.
 		// It may have gone out in a batch that is still being published.
 		return pubResult{sent: true, batched: true, err: errNoAck}
 	}
+}
+
+// copyMsg is a copy of msg whose headers can be set apart from msg's.
+func copyMsg(msg *nats.Msg) *nats.Msg {
+	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+3)}
+	for k, v := range msg.Header {
+		own.Header[k] = slices.Clone(v)
+	}
+	return own
 }
