@@ -304,9 +304,22 @@ func (c *committer) publishEach(msgs []*outMsg, deadline time.Time) {
 	}
 	// Two rounds: the first waits until half the time is gone; the second
 	// (batch messages published again) until deadline.
-	rounds := []time.Time{time.Now().Add(time.Until(deadline) / 2), deadline}
+	rounds := [2]time.Time{time.Now().Add(time.Until(deadline) / 2), deadline}
+	var timer *time.Timer // one for both rounds
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for round, until := range rounds {
-		timer := time.NewTimer(time.Until(until))
+		if len(todo) == 0 {
+			break
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Until(until))
+		} else {
+			timer.Reset(time.Until(until)) // no stale tick survives a Reset (Go 1.23+ timers)
+		}
 		var again []*pending
 		expired := false
 		for _, p := range todo {
@@ -349,7 +362,6 @@ func (c *committer) publishEach(msgs []*outMsg, deadline time.Time) {
 				again = append(again, p)
 			}
 		}
-		timer.Stop()
 		todo = todo[:0]
 		for _, p := range again {
 			if round == len(rounds)-1 || !p.m.batch() {
