@@ -65,7 +65,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 			unknown()
 			return
 		}
-		reply.JSON(w, http.StatusOK, res)
+		reply.Result(w, http.StatusOK, res)
 		return
 	}
 	if res, ok := s.shed.Recorded(id); ok {
@@ -74,7 +74,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 			unknown()
 			return
 		}
-		reply.JSON(w, http.StatusOK, res)
+		reply.Result(w, http.StatusOK, res)
 		return
 	}
 	// A pending id's owner is known only from its owner tag (access.IDIssuer).
@@ -100,7 +100,7 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 				unknown()
 				return
 			}
-			reply.JSON(w, http.StatusOK, res)
+			reply.Result(w, http.StatusOK, res)
 			return
 		}
 	}

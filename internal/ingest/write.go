@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -84,7 +83,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	// answered by the allocator, from whichever copy comes first.
 	if candidate != nil && st.Sole {
 		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, st.Place, candidate); ok {
-			reply.JSON(w, http.StatusOK, res)
+			reply.Result(w, http.StatusOK, res)
 			return
 		}
 	}
@@ -92,7 +91,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 		// A fresh id cannot have a result yet, and a repeat's was read
 		// above after registering, so no MySQL read is due before waiting.
 		if res, ok := s.results.Await(ctx, q.id, wt, q.wait, false); ok {
-			reply.JSON(w, http.StatusOK, res)
+			reply.Result(w, http.StatusOK, res)
 			return
 		}
 	}
@@ -143,7 +142,9 @@ func (s *Service) buildRequest(ctx context.Context, w http.ResponseWriter, q *wr
 		return false
 	}
 	q.id = uid.String()
-	q.data, err = json.Marshal(wire.Request{
+	// The message outlives the handler (group commit, settling, the key's
+	// record): a buffer of its own, encoded without reflection.
+	q.data = wire.Request{
 		RequestID:      q.id,
 		Op:             q.op,
 		ActivityID:     q.activity,
@@ -152,14 +153,12 @@ func (s *Service) buildRequest(ctx context.Context, w http.ResponseWriter, q *wr
 		Hold:           wire.Duration(q.hold),
 		IdempotencyKey: q.key,
 		ReceivedAt:     time.Now().UTC(),
-	})
-	if err != nil {
-		s.deps.Log.ErrorContext(ctx, "encode request", slog.String("request_id", q.id), slog.Any("err", err))
-		reply.Error(w, http.StatusInternalServerError, reply.MsgInternal)
-		return false
-	}
+	}.AppendJSON(make([]byte, 0, requestBufSize+len(q.key)))
 	return true
 }
+
+// requestBufSize fits an encoded request without its Idempotency-Key.
+const requestBufSize = 192
 
 // bindKey binds the write's Idempotency-Key, if it has one; a repeat of
 // the key takes the earlier write's id and message.
@@ -194,7 +193,7 @@ func (s *Service) answerRepeat(ctx context.Context, w http.ResponseWriter, q wri
 		return false
 	}
 	if q.wait > 0 {
-		reply.JSON(w, http.StatusOK, res)
+		reply.Result(w, http.StatusOK, res)
 	} else {
 		reply.Ack(w, q.id)
 	}

@@ -64,6 +64,9 @@ func FormatPlace(place uint64) string {
 // OpsOf is the OpsHeader value of a message carrying ops: the distinct
 // ops, sorted, comma-separated.
 func OpsOf(ops ...Op) string {
+	if len(ops) == 1 {
+		return string(ops[0])
+	}
 	s := make([]string, 0, len(ops))
 	for _, op := range ops {
 		s = append(s, string(op))
@@ -142,6 +145,14 @@ func DecodeMessage(subject, batch string, data []byte) ([]Decoded, error) {
 		req, err := DecodeRequest(subject, data)
 		return []Decoded{{Request: req, Err: err}}, nil
 	}
+	if reqs, ok := fastBatch(data, n); ok {
+		out := make([]Decoded, n)
+		for i, r := range reqs {
+			req, err := checkRequest(subject, r)
+			out[i] = batchDecoded(i, req, err)
+		}
+		return out, nil
+	}
 	var raw []json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return nil, fmt.Errorf("undecodable batch: %v", err)
@@ -152,10 +163,14 @@ func DecodeMessage(subject, batch string, data []byte) ([]Decoded, error) {
 	out := make([]Decoded, n)
 	for i, r := range raw {
 		req, err := DecodeRequest(subject, r)
-		if err == nil && req.Op == OpVoid {
-			err = errors.New("a void is never part of a batch")
-		}
-		out[i] = Decoded{Index: i, Request: req, Err: err}
+		out[i] = batchDecoded(i, req, err)
 	}
 	return out, nil
+}
+
+func batchDecoded(i int, req Request, err error) Decoded {
+	if err == nil && req.Op == OpVoid {
+		err = errors.New("a void is never part of a batch")
+	}
+	return Decoded{Index: i, Request: req, Err: err}
 }

@@ -101,6 +101,12 @@ func TestOpsHeader(t *testing.T) {
 	if got := OpsOf(OpJoin, OpClaim, OpClaim); got != "claim,join" {
 		t.Fatalf("OpsOf = %q", got)
 	}
+	if got := OpsOf(OpClaim); got != "claim" {
+		t.Fatalf("OpsOf(claim) = %q", got)
+	}
+	if got := OpsOf(); got != "" {
+		t.Fatalf("OpsOf() = %q", got)
+	}
 	for ops, want := range map[string]bool{"claim": true, "claim,void": true, "void": true, "": false, "claim,join": false, "cancel": false, "bogus": false} {
 		if ChangesNoClaim(ops) != want {
 			t.Errorf("ChangesNoClaim(%q) = %v", ops, !want)

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,9 +16,14 @@ import (
 func DecodeRequest(subject string, data []byte) (Request, error) {
 	var req Request
 	// Unmarshal also refuses trailing data after the object.
-	if err := json.Unmarshal(data, &req); err != nil {
+	if err := unmarshalRequest(data, &req); err != nil {
 		return req, fmt.Errorf("undecodable request: %v", err)
 	}
+	return checkRequest(subject, req)
+}
+
+// checkRequest checks a decoded request stored on subject (DecodeRequest).
+func checkRequest(subject string, req Request) (Request, error) {
 	id, err := uuid.Parse(req.RequestID)
 	if err != nil || len(req.RequestID) != 36 || id.String() != strings.ToLower(req.RequestID) {
 		return req, fmt.Errorf("request_id %q is not a canonical uuid", req.RequestID)

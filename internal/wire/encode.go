@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"slices"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -73,4 +74,136 @@ func appendQuoted(b []byte, s string) []byte {
 		}
 	}
 	return append(b, '"')
+}
+
+// AppendJSON appends r as encoding/json would marshal it, without
+// reflection: ingest encodes one request per write.
+// TestRequestAppendJSONMatchesMarshal holds the two to the same bytes.
+func (r Request) AppendJSON(b []byte) []byte {
+	b = append(b, `{"request_id":`...)
+	b = appendString(b, r.RequestID)
+	b = append(b, `,"op":`...)
+	b = appendString(b, string(r.Op))
+	b = append(b, `,"activity_id":`...)
+	b = strconv.AppendInt(b, r.ActivityID, 10)
+	b = append(b, `,"user_id":`...)
+	b = strconv.AppendInt(b, r.UserID, 10)
+	if r.Capacity != nil {
+		b = append(b, `,"capacity":`...)
+		b = strconv.AppendInt(b, *r.Capacity, 10)
+	}
+	if r.Hold != 0 {
+		b = append(b, `,"hold":`...)
+		b = appendString(b, time.Duration(r.Hold).String())
+	}
+	if r.HoldSeq != 0 {
+		b = append(b, `,"hold_seq":`...)
+		b = strconv.AppendUint(b, r.HoldSeq, 10)
+	}
+	if r.HoldIndex != 0 {
+		b = append(b, `,"hold_index":`...)
+		b = strconv.AppendInt(b, int64(r.HoldIndex), 10)
+	}
+	if r.IdempotencyKey != "" {
+		b = append(b, `,"idempotency_key":`...)
+		b = appendString(b, r.IdempotencyKey)
+	}
+	b = append(b, `,"received_at":`...)
+	b = appendTime(b, r.ReceivedAt)
+	return append(b, '}')
+}
+
+// AppendJSON appends r as encoding/json would marshal it, without
+// reflection: results are encoded on their way to ingest and in every
+// answer that carries one. TestResultAppendJSONMatchesMarshal holds the
+// two to the same bytes.
+func (r Result) AppendJSON(b []byte) []byte {
+	b = append(b, `{"request_id":`...)
+	b = appendString(b, r.RequestID)
+	b = append(b, `,"state":`...)
+	b = appendString(b, r.State)
+	b = append(b, `,"op":`...)
+	b = appendString(b, string(r.Op))
+	b = append(b, `,"activity_id":`...)
+	b = strconv.AppendInt(b, r.ActivityID, 10)
+	b = append(b, `,"user_id":`...)
+	b = strconv.AppendInt(b, r.UserID, 10)
+	b = append(b, `,"outcome":`...)
+	b = appendString(b, string(r.Outcome))
+	b = append(b, `,"status":`...)
+	if r.Status != nil {
+		b = appendString(b, string(*r.Status))
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `,"position":`...)
+	b = appendIntPtr(b, r.Position)
+	b = append(b, `,"promoted_user_id":`...)
+	b = appendIntPtr(b, r.PromotedUserID)
+	if len(r.PromotedUserIDs) > 0 {
+		b = append(b, `,"promoted_user_ids":[`...)
+		for i, u := range r.PromotedUserIDs {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, u, 10)
+		}
+		b = append(b, ']')
+	}
+	if r.Capacity != nil {
+		b = append(b, `,"capacity":`...)
+		b = strconv.AppendInt(b, *r.Capacity, 10)
+	}
+	if r.HeldUntil != nil {
+		b = append(b, `,"held_until":`...)
+		b = appendTime(b, *r.HeldUntil)
+	}
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, r.Seq, 10)
+	b = append(b, `,"index":`...)
+	b = strconv.AppendInt(b, int64(r.Index), 10)
+	b = append(b, `,"applied_at":`...)
+	b = appendTime(b, r.AppliedAt)
+	if r.Reason != "" {
+		b = append(b, `,"reason":`...)
+		b = appendString(b, r.Reason)
+	}
+	if r.Shed {
+		b = append(b, `,"shed":true`...)
+	}
+	return append(b, '}')
+}
+
+func appendIntPtr(b []byte, p *int64) []byte {
+	if p == nil {
+		return append(b, "null"...)
+	}
+	return strconv.AppendInt(b, *p, 10)
+}
+
+// appendTime appends t quoted in RFC 3339 with nanoseconds, as
+// time.Time's MarshalJSON writes it. Only years 0 to 9999 have that form
+// (MarshalJSON fails outside them); no request or result carries another.
+func appendTime(b []byte, t time.Time) []byte {
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	return append(b, '"')
+}
+
+// AppendResults appends the ResultBatch of results as encoding/json would
+// marshal it, without reflection: the allocator sends one after every
+// commit. TestAppendResultsMatchesMarshal holds the two to the same bytes.
+func AppendResults(b []byte, results []Result) []byte {
+	if len(results) == 0 {
+		return append(b, "{}"...)
+	}
+	b = slices.Grow(b, 16+300*len(results))
+	b = append(b, `{"results":[`...)
+	for i, r := range results {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = r.AppendJSON(b)
+	}
+	return append(b, "]}"...)
 }

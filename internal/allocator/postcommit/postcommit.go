@@ -5,7 +5,6 @@ package postcommit
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"time"
 
@@ -106,8 +105,8 @@ func (q *Queue) publishResults(results []wire.Result) {
 	const chunk = 1000
 	for lo := 0; lo < len(results); lo += chunk {
 		part := results[lo:min(lo+chunk, len(results))]
-		b, err := json.Marshal(wire.ResultBatch{Results: part})
-		if err == nil && int64(len(b)) > q.nc.MaxPayload() && len(part) > 1 {
+		b := wire.AppendResults(nil, part)
+		if int64(len(b)) > q.nc.MaxPayload() && len(part) > 1 {
 			// A huge result (a resize promoting many) would take the
 			// others' notices down with it: one at a time, and one too big
 			// for a message is read from MySQL by its waiter.
@@ -116,7 +115,7 @@ func (q *Queue) publishResults(results []wire.Result) {
 			}
 			continue
 		}
-		if err == nil && int64(len(b)) <= q.nc.MaxPayload() {
+		if int64(len(b)) <= q.nc.MaxPayload() {
 			q.nc.Publish(wire.ResultSubject, b) //nolint:errcheck // best effort by design
 		}
 	}

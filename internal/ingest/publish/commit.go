@@ -304,9 +304,22 @@ func (c *committer) publishEach(msgs []*outMsg, deadline time.Time) {
 	}
 	// Two rounds: the first waits until half the time is gone; the second
 	// (batch messages published again) until deadline.
-	rounds := []time.Time{time.Now().Add(time.Until(deadline) / 2), deadline}
+	rounds := [2]time.Time{time.Now().Add(time.Until(deadline) / 2), deadline}
+	var timer *time.Timer // one for both rounds
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for round, until := range rounds {
-		timer := time.NewTimer(time.Until(until))
+		if len(todo) == 0 {
+			break
+		}
+		if timer == nil {
+			timer = time.NewTimer(time.Until(until))
+		} else {
+			timer.Reset(time.Until(until)) // no stale tick survives a Reset (Go 1.23+ timers)
+		}
 		var again []*pending
 		expired := false
 		for _, p := range todo {
@@ -349,7 +362,6 @@ func (c *committer) publishEach(msgs []*outMsg, deadline time.Time) {
 				again = append(again, p)
 			}
 		}
-		timer.Stop()
 		todo = todo[:0]
 		for _, p := range again {
 			if round == len(rounds)-1 || !p.m.batch() {
@@ -396,24 +408,32 @@ func (c *committer) commitBatch(msgs []*outMsg, timeout time.Duration) bool {
 	return true
 }
 
-// publish queues msg, a request with op, and waits for its outcome, at most until deadline (the committer answers by
-// then; a little more is waited for, in case it is late).
+// publish queues msg, a request with op, and waits for its outcome, at
+// most until deadline (the committer answers by then; a little more is
+// waited for, in case it is late). msg belongs to the committer from then
+// on: publishing sets headers on it, possibly after publish returned
+// unconfirmed, so a caller that publishes the request again does so with a
+// copy (copyMsg).
 func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, deadline time.Time) pubResult {
-	// The worker gets a copy: publishing sets headers on the message, and
-	// the caller may publish msg again while the worker still holds it.
-	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+3)}
-	for k, v := range msg.Header {
-		own.Header[k] = slices.Clone(v)
-	}
-	r := &pubRequest{msg: own, id: id, op: op, until: deadline, res: make(chan pubResult, 1)}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
+	r := &pubRequest{msg: msg, id: id, op: op, until: deadline, res: make(chan pubResult, 1)}
+	var timer *time.Timer
 	select {
 	case c.in <- r:
-	case <-timer.C:
-		return pubResult{err: errors.New("publish queue full")}
+	default: // the queue is full: wait for room, at most until deadline
+		timer = time.NewTimer(time.Until(deadline))
+		defer timer.Stop()
+		select {
+		case c.in <- r:
+		case <-timer.C:
+			return pubResult{err: errors.New("publish queue full")}
+		}
 	}
-	timer.Reset(time.Until(deadline) + 50*time.Millisecond)
+	if timer == nil {
+		timer = time.NewTimer(time.Until(deadline) + 50*time.Millisecond)
+		defer timer.Stop()
+	} else {
+		timer.Reset(time.Until(deadline) + 50*time.Millisecond)
+	}
 	select {
 	case res := <-r.res:
 		return res
@@ -421,4 +441,13 @@ func (c *committer) publish(msg *nats.Msg, op wire.Op, id string, deadline time.
 		// It may have gone out in a batch that is still being published.
 		return pubResult{sent: true, batched: true, err: errNoAck}
 	}
+}
+
+// copyMsg is a copy of msg whose headers can be set apart from msg's.
+func copyMsg(msg *nats.Msg) *nats.Msg {
+	own := &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: make(nats.Header, len(msg.Header)+3)}
+	for k, v := range msg.Header {
+		own.Header[k] = slices.Clone(v)
+	}
+	return own
 }

@@ -238,9 +238,8 @@ func refused(err error) bool {
 func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string) (Stored, *jetstream.PubAck, error) {
 	// The group commit gets half the budget, so that a copy whose answer
 	// was lost there leaves time to publish it again below.
-	until := time.Now().Add(p.timeout / 2)
-	deadline := time.NewTimer(p.timeout)
-	defer deadline.Stop()
+	start := time.Now()
+	until := start.Add(p.timeout / 2)
 	var (
 		last  error
 		maybe bool // a copy left the process and got no answer
@@ -254,7 +253,22 @@ func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string) (Stored, 
 	}
 	first := 0
 	if p.commit != nil {
+		// The committer owns msg from now on (it sets headers on it, maybe
+		// after answering): a copy is kept for publishing again, made
+		// before, and made only when a trace's headers would be lost by
+		// building the request's message afresh.
+		subject, data := msg.Subject, msg.Data
+		var spare *nats.Msg
+		if len(msg.Header) > 1 {
+			spare = copyMsg(msg)
+		}
 		res := p.commit.publish(msg, op, id, until)
+		if res.err != nil {
+			if msg = spare; msg == nil {
+				msg = &nats.Msg{Subject: subject, Data: data, Header: make(nats.Header, 3)}
+				msg.Header.Set(wire.OpsHeader, wire.OpsOf(op))
+			}
+		}
 		switch {
 		case res.err == nil:
 			return Stored{Place: wire.Place(res.ack.Sequence, res.index), Sole: true}, res.ack, nil
@@ -269,6 +283,8 @@ func (p *Publisher) publishAsync(msg *nats.Msg, op wire.Op, id string) (Stored, 
 			sole = !res.batched
 		}
 	}
+	deadline := time.NewTimer(time.Until(start.Add(p.timeout)))
+	defer deadline.Stop()
 	for attempt := first; ; attempt++ {
 		if attempt > 0 {
 			select {

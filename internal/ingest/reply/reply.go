@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/internal/wire"
@@ -41,6 +42,7 @@ func JSON(w http.ResponseWriter, status int, v any) {
 	Raw(w, status, body)
 }
 
+// Raw answers status with body, a JSON value, and a newline.
 func Raw(w http.ResponseWriter, status int, body []byte) {
 	h := w.Header()
 	h["Content-Type"] = jsonContentType
@@ -50,9 +52,28 @@ func Raw(w http.ResponseWriter, status int, body []byte) {
 	w.Write(newline[:]) //nolint:errcheck
 }
 
+// Result answers status with res, encoded without reflection
+// (wire.Result.AppendJSON): the answer of every shed claim and ?wait=.
+func Result(w http.ResponseWriter, status int, res wire.Result) {
+	bp := bufPool.Get().(*[]byte)
+	b := append(res.AppendJSON((*bp)[:0]), '\n')
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
+	w.WriteHeader(status)
+	w.Write(b) //nolint:errcheck // the client is gone; nothing to do
+	if cap(b) <= 64<<10 {
+		*bp = b
+		bufPool.Put(bp)
+	}
+}
+
 var (
 	jsonContentType = []string{"application/json"}
 	newline         = [1]byte{'\n'}
+	// bufPool holds answer buffers; net/http copies what is written
+	// before Write returns.
+	bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 )
 
 // Error answers status with {"error": msg}; msg is one sentence that

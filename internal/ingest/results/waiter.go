@@ -7,7 +7,6 @@ package results
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -94,8 +93,8 @@ func (rs *Results) OnBatch(m *nats.Msg) {
 	if rs.waiters.count() == 0 && !hasViews {
 		return
 	}
-	var batch wire.ResultBatch
-	if err := json.Unmarshal(m.Data, &batch); err != nil {
+	batch, err := wire.DecodeResultBatch(m.Data)
+	if err != nil {
 		rs.log.Warn("undecodable result batch", slog.String("subject", m.Subject), slog.Any("err", err))
 		return
 	}
