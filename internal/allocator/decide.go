@@ -185,7 +185,7 @@ func (a *Allocator) lockActivities(ctx context.Context, tx *sql.Tx, d *decision)
 	}
 	d.locked.acts = make(map[int64]*allocation.Activity, len(d.locked.ids))
 	d.locked.waits = make(map[int64]*waitlist.Waitlist, len(d.locked.ids))
-	d.signups = make(map[[2]int64]store.SignupRow)
+	d.signups = make(map[[2]int64]store.SignupRow, len(d.reqs))
 	d.touched, d.changed = make(map[int64]bool), make(map[int64]bool)
 	d.results = make([]store.ResultRow, 0, len(d.reqs))
 	for _, id := range d.locked.ids {
