@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -21,12 +22,12 @@ import (
 // everything stored and the relay publishes every event.
 const settleTimeout = 60 * time.Second
 
-// settle waits until every message of the request stream has a result or
-// a rejected_message row (the traffic never stores a request twice, so
-// there is no repeat to skip; a message, batch or not, is applied whole,
-// so one row at its seq means all of them), and every partition's outbox
-// relay cursor (last_seq, last_index) covers its results' places. It
-// holds for any number of partitions.
+// settle waits until every partition's fence (allocator_partition.last_seq)
+// has reached the last message of its share of the request stream, and
+// every partition's outbox relay cursor (last_seq, last_index) covers its
+// results' places. The fence, not a count of results: a message may hold
+// only repeats (a request stored twice, in a batch whose PubAck was lost
+// and alone), which leave no row at its seq.
 func (s *stack) settle() {
 	s.t.Helper()
 	ctx := context.Background()
@@ -35,22 +36,47 @@ func (s *stack) settle() {
 		if err != nil {
 			return false, err
 		}
-		info, err := st.Info(ctx)
+		fences := map[int]uint64{}
+		rows, err := s.db.QueryContext(ctx, "SELECT partition_id, last_seq FROM allocator_partition")
 		if err != nil {
 			return false, err
 		}
-		var handled, behind uint64
-		err = s.db.QueryRowContext(ctx, `SELECT
-			(SELECT COUNT(*) FROM (SELECT seq FROM processed_request UNION SELECT seq FROM rejected_message) m),
-			(SELECT COUNT(*) FROM (SELECT partition_id, MAX(seq * 65536 + batch_index) AS last FROM processed_request GROUP BY partition_id) p
+		for rows.Next() {
+			var p int
+			var last uint64
+			if err := rows.Scan(&p, &last); err != nil {
+				rows.Close()
+				return false, err
+			}
+			fences[p] = last
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return false, err
+		}
+		partitions := max(len(fences), 1)
+		for p := range partitions {
+			m, err := st.GetLastMsgForSubject(ctx, bus.PartitionFilter(p, partitions))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return false, err
+			}
+			if fences[p] < m.Sequence {
+				return false, fmt.Errorf("partition %d applied up to seq %d of %d", p, fences[p], m.Sequence)
+			}
+		}
+		var behind uint64
+		err = s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM
+			(SELECT partition_id, MAX(seq * 65536 + batch_index) AS last FROM processed_request GROUP BY partition_id) p
 				LEFT JOIN event_relay r ON r.partition_id = p.partition_id
-				WHERE r.last_seq IS NULL OR r.last_seq * 65536 + r.last_index < p.last)`).Scan(&handled, &behind)
+				WHERE r.last_seq IS NULL OR r.last_seq * 65536 + r.last_index < p.last`).Scan(&behind)
 		if err != nil {
 			return false, err
 		}
-		if handled < info.State.Msgs || behind > 0 {
-			return false, fmt.Errorf("%d of %d stored messages have a result or a rejection; %d relay cursors behind",
-				handled, info.State.Msgs, behind)
+		if behind > 0 {
+			return false, fmt.Errorf("%d relay cursors behind", behind)
 		}
 		return true, nil
 	})
