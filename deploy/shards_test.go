@@ -95,7 +95,9 @@ type shardList struct {
 // (and ALLOT_MYSQL_DSN, which what still reads one database uses) is its
 // role's user; ALLOT_MYSQL_DSN, when set, is one of the shards.
 func parseShardList(p process, role string, users mysqlUsers, problems *[]string) *shardList {
-	bad := func(format string, args ...any) { *problems = append(*problems, p.where+": "+fmt.Sprintf(format, args...)) }
+	bad := func(format string, args ...any) {
+		*problems = append(*problems, p.where+": "+fmt.Sprintf(format, args...))
+	}
 	v, ok := p.env["ALLOT_MYSQL_SHARDS"]
 	if !ok || strings.TrimSpace(v) == "" {
 		bad("talks to MySQL but sets no ALLOT_MYSQL_SHARDS: every process that talks to MySQL lists every shard")
