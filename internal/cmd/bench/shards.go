@@ -155,7 +155,7 @@ func shardsBench(ctx context.Context, o opts) error {
 		med[k] = r[len(r)/2]
 	}
 
-	fmt.Printf("\n== shards: %d joins over 1,000 activities (messages of %d), %d partitions, on 1 and %d MySQL shards of this machine (median of %d, alternating; %s) ==\n",
+	fmt.Printf("\n== shards: %d joins over 1,000 activities (messages of up to %d), %d partitions, on 1 and %d MySQL shards of this machine (median of %d, alternating; %s) ==\n",
 		cfg.Requests, cfg.Batch, o.shardPartitions, slices.Max(shardCounts), max(o.repeat, 1), loadAverage())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "shards\trequests/s\tdetail\tpartitions by shard\t")
