@@ -88,12 +88,11 @@ type shardList struct {
 	names  []string
 	dsns   map[string]*mysql.Config // by shard name, compose defaults applied
 	raw    map[string]string        // by shard name, as written
-	single string                   // its ALLOT_MYSQL_DSN, "" when unset
 }
 
 // parseShardList checks a process's shard list: set, parses, and every DSN
-// (and ALLOT_MYSQL_DSN, which what still reads one database uses) is its
-// role's user; ALLOT_MYSQL_DSN, when set, is one of the shards.
+// is its role's user; ALLOT_MYSQL_DSN (what still reads one database uses
+// it), when set, is one of the shards' DSNs.
 func parseShardList(p process, role string, users mysqlUsers, problems *[]string) *shardList {
 	bad := func(format string, args ...any) {
 		*problems = append(*problems, p.where+": "+fmt.Sprintf(format, args...))
@@ -125,7 +124,6 @@ func parseShardList(p process, role string, users mysqlUsers, problems *[]string
 		}
 	}
 	if d, ok := p.env["ALLOT_MYSQL_DSN"]; ok {
-		l.single = d
 		found := false
 		for _, name := range l.names {
 			found = found || l.raw[name] == d
