@@ -84,10 +84,10 @@ func sourcedSQL(script string) []string {
 
 // shardList is one process's parsed ALLOT_MYSQL_SHARDS.
 type shardList struct {
-	where  string
-	names  []string
-	dsns   map[string]*mysql.Config // by shard name, compose defaults applied
-	raw    map[string]string        // by shard name, as written
+	where string
+	names []string
+	dsns  map[string]*mysql.Config // by shard name, compose defaults applied
+	raw   map[string]string        // by shard name, as written
 }
 
 // parseShardList checks a process's shard list: set, parses, and every DSN
