@@ -10,7 +10,7 @@ DEVDB := ./$(BIN)/devdb
 
 .DEFAULT_GOAL := help
 
-.PHONY: help build devdb run test test-ts test-short test-faults lint bench bench-memory bench-tracing demo clean reset token
+.PHONY: help build devdb run test test-ts test-short test-faults lint bench bench-memory bench-tracing bench-shards demo clean reset token
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ bench-memory: build ## each process's resident memory over 1,000,000 requests to
 
 bench-tracing: build ## the HTTP burst and the allocator drain with tracing off and on (every span sampled, exported to an in-process OTLP receiver), alternating, in one run
 	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN) -tracing
+
+bench-shards: build ## the allocator drain of 100,000 joins over 1,000 activities on 1 and on 3 MySQL shards (3 private mariadbd servers sharing this machine's cores and disk), side by side, in one run
+	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN) -shards-only -n 100000
 
 test-faults: devdb ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -count=1 -v -timeout 10m ./internal/faults/

@@ -453,7 +453,7 @@ func (w *world) checkCompose(doc any) []string {
 		}
 	}
 	checkSame("compose", "ALLOT_PARTITIONS", partitions, &problems)
-	return problems
+	return append(problems, w.checkComposeShards(services)...)
 }
 
 // isSetup says whether p runs the setup step, `allotctl setup`.
@@ -730,6 +730,7 @@ func (w *world) checkK8s(docs []any, natsValues any) []string {
 		bad("k8s: no Job runs allotctl setup (the runtime binaries never create the streams)")
 	}
 	checkSame("k8s", "ALLOT_PARTITIONS", partitions, &problems)
+	problems = append(problems, w.checkK8sShards(o)...)
 	for _, name := range sortedKeys(o.byKind["ConfigMap"]) {
 		if !usedConfigMaps[name] {
 			bad("ConfigMap %s: no Deployment or Job loads it", name)
@@ -935,9 +936,6 @@ func TestCompose(t *testing.T) {
 	}
 	report(t, w.checkCompose(doc))
 	report(t, checkNATS(doc, readFile(t, "nats/nats.conf")))
-	if img := digStr(doc, "services", "mysql", "image"); !strings.HasPrefix(img, "mysql:8.4") {
-		t.Errorf("mysql image %q, want mysql:8.4", img)
-	}
 }
 
 func TestKubernetes(t *testing.T) {
@@ -1055,6 +1053,45 @@ func TestChecksCatchBreakage(t *testing.T) {
 			"terminationGracePeriodSeconds: 40", "terminationGracePeriodSeconds: 20", "terminationGracePeriodSeconds 20, want more than 25s"},
 		{"R1 against a 3-node cluster", "k8s", "ALLOT_STREAM_REPLICAS: \"3\"", "ALLOT_STREAM_REPLICAS: \"1\"", "ALLOT_STREAM_REPLICAS=1"},
 		{"lazy fsync on the cluster", "nats-values", "sync_interval: always", "sync_interval: 2m", "sync_interval is \"2m\""},
+		// The shards.
+		{"a process without the shard list", "compose",
+			"ALLOT_MYSQL_SHARDS: s0=allot_audit", "X_MYSQL_SHARDS: s0=allot_audit", "compose service audit: talks to MySQL but sets no ALLOT_MYSQL_SHARDS"},
+		{"a shard list that does not parse", "compose",
+			"ALLOT_MYSQL_SHARDS: s0=allot_audit", "ALLOT_MYSQL_SHARDS: S0=allot_audit", "has a bad name \"S0\""},
+		{"a shard that is no service", "compose",
+			"@tcp(mysql-s1:3306)/allot?parseTime=true\n      ALLOT_MYSQL_DSN: allot_ingest", "@tcp(mysql-s2:3306)/allot?parseTime=true\n      ALLOT_MYSQL_DSN: allot_ingest",
+			"shard s1 is at mysql-s2:3306, which is not a compose service"},
+		{"shards in another order", "compose",
+			"ALLOT_MYSQL_SHARDS: s0=allot_allocator:${DB_ALLOCATOR_PASSWORD:-allocator-dev-only}@tcp(mysql-s0:3306)/allot?parseTime=true,s1=allot_allocator:${DB_ALLOCATOR_PASSWORD:-allocator-dev-only}@tcp(mysql-s1:3306)/allot?parseTime=true",
+			"ALLOT_MYSQL_SHARDS: s1=allot_allocator:${DB_ALLOCATOR_PASSWORD:-allocator-dev-only}@tcp(mysql-s1:3306)/allot?parseTime=true,s0=allot_allocator:${DB_ALLOCATOR_PASSWORD:-allocator-dev-only}@tcp(mysql-s0:3306)/allot?parseTime=true",
+			"every process lists the same shards in the same order"},
+		{"a shard as another role's user", "compose",
+			"s0=allot_migrate:${DB_MIGRATE_PASSWORD", "s0=allot_allocator:${DB_MIGRATE_PASSWORD", "shard s0 as \"allot_allocator\", want its own user allot_migrate"},
+		{"a shard password init-users.sh does not set", "compose",
+			"allot_ingest:${DB_INGEST_PASSWORD:-ingest-dev-only}@tcp(mysql-s1", "allot_ingest:${DB_INGEST_PASSWORD:-other}@tcp(mysql-s1", "shard s1's password for allot_ingest"},
+		{"one database read that is no shard", "compose",
+			"tcp(mysql-s0:3306)/allot?parseTime=true\n      # Bearer", "tcp(mysql-s0:3306)/other?parseTime=true\n      # Bearer", "ALLOT_MYSQL_DSN is none of its shards' DSNs"},
+		{"a shard without the init users", "compose",
+			"      - mysql-s1-data:/var/lib/mysql\n      - ./mysql/init-users.sh:/docker-entrypoint-initdb.d/10-allot-users.sh:ro\n", "      - mysql-s1-data:/var/lib/mysql\n",
+			"compose service mysql-s1: ./mysql/init-users.sh is not mounted"},
+		{"a shard without allotctl.sql", "compose",
+			"      - ./mysql/allotctl.sql:/allot-mysql/allotctl.sql:ro\n", "", "./mysql/allotctl.sql is not mounted at /allot-mysql/allotctl.sql"},
+		{"two shards on one volume", "compose",
+			"      - mysql-s1-data:/var/lib/mysql", "      - mysql-s0-data:/var/lib/mysql", "share the data volume mysql-s0-data"},
+		{"a process that does not wait for a shard", "compose",
+			"      mysql-s1:\n        condition: service_healthy\n      nats:\n        condition: service_healthy\n      setup:\n        condition: service_completed_successfully\n\nvolumes:",
+			"      nats:\n        condition: service_healthy\n      setup:\n        condition: service_completed_successfully\n\nvolumes:",
+			"compose service audit: does not wait for shard s1"},
+		{"a MySQL service that is no shard", "compose",
+			"  nats:\n    image: nats", "  mysql-s9:\n    image: mysql:8.4\n  nats:\n    image: nats", "compose service mysql-s9 runs MySQL but is no shard"},
+		{"a k8s Secret without the shard list", "k8s",
+			"  ALLOT_MYSQL_SHARDS: s0=allot_ingest", "  # ALLOT_MYSQL_SHARDS: s0=allot_ingest", "Deployment ingest container ingest: talks to MySQL but sets no ALLOT_MYSQL_SHARDS"},
+		{"k8s shards named otherwise", "k8s",
+			"ALLOT_MYSQL_SHARDS: s0=allot_allotctl:", "ALLOT_MYSQL_SHARDS: s2=allot_allotctl:", "every process lists the same shards in the same order"},
+		{"a k8s shard at another address", "k8s",
+			"s1=allot_migrate:CHANGE-ME@tcp(mysql-s1.example.internal", "s1=allot_migrate:CHANGE-ME@tcp(mysql-s0.example.internal", "shards s0 and s1 are the same database"},
+		{"the migration init container as the allocator's user", "k8s",
+			"s0=allot_migrate:", "s0=allot_allocator:", "Deployment allocator container migrate: shard s0 as \"allot_allocator\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := sources[tc.file]

@@ -5,7 +5,10 @@
 --   mysql -uroot -p -e "SET @db='allot', @migrate_password='…', @allocator_password='…',
 --                       @ingest_password='…', @audit_password='…'; SOURCE deploy/mysql/users.sql"
 --
--- deploy/mysql/init-users.sh does this in the compose MySQL container.
+-- deploy/mysql/init-users.sh does this in each compose MySQL container. With
+-- several shards (ALLOT_MYSQL_SHARDS), run it on every shard's primary: each
+-- process connects to every shard as the same user (each shard's DSN carries
+-- its password). The operator tool's user is in allotctl.sql.
 -- Users (host '%'; narrow it to your network where you can):
 --   allot_migrate    DDL and DML on the database: `allocator -migrate-only`, the migration step
 --   allot_allocator  DML only (SELECT, INSERT, UPDATE, DELETE): the allocators; they skip the

@@ -59,31 +59,7 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 	if err := bus.EnsureStreams(ctx, js, config.Defaults[bus.Config]()); err != nil {
 		return DrainResult{}, err
 	}
-	now := time.Now().UTC()
-	bl := &backlog{js: js, batch: max(cfg.Batch, 1), open: map[int64][][]byte{}}
-	publish := bl.add
-	id := func() string { return uuid.Must(uuid.NewV7()).String() }
-	for a := 1; a <= cfg.Activities; a++ {
-		c := cfg.Capacity
-		if err := publish(wire.Request{RequestID: id(), Op: wire.OpOpen, ActivityID: int64(a), Capacity: &c, ReceivedAt: now}); err != nil {
-			return DrainResult{}, err
-		}
-	}
-	users := cfg.Users
-	if users <= 0 {
-		users = cfg.Requests
-	}
-	for i := 0; i < cfg.Requests; i++ {
-		r := wire.Request{RequestID: id(), Op: cfg.Op, ActivityID: int64(i%cfg.Activities) + 1,
-			UserID: int64(i%users) + 1, ReceivedAt: now}
-		if err := publish(r); err != nil {
-			return DrainResult{}, err
-		}
-	}
-	if err := bl.flush(); err != nil {
-		return DrainResult{}, err
-	}
-	if err := bl.wait(); err != nil {
+	if err := publishBacklog(js, cfg); err != nil {
 		return DrainResult{}, err
 	}
 	last, err := lastSeq(ctx, js)
@@ -108,6 +84,36 @@ func Drain(ctx context.Context, db *sql.DB, nc *nats.Conn, log *slog.Logger, cfg
 		return DrainResult{}, err
 	}
 	return DrainResult{Decisions: total, Elapsed: time.Since(start)}, nil
+}
+
+// publishBacklog stores cfg's requests in the request stream, one open per
+// activity first, and returns once every one is stored.
+func publishBacklog(js jetstream.JetStream, cfg DrainConfig) error {
+	now := time.Now().UTC()
+	bl := &backlog{js: js, batch: max(cfg.Batch, 1), open: map[int64][][]byte{}}
+	publish := bl.add
+	id := func() string { return uuid.Must(uuid.NewV7()).String() }
+	for a := 1; a <= cfg.Activities; a++ {
+		c := cfg.Capacity
+		if err := publish(wire.Request{RequestID: id(), Op: wire.OpOpen, ActivityID: int64(a), Capacity: &c, ReceivedAt: now}); err != nil {
+			return err
+		}
+	}
+	users := cfg.Users
+	if users <= 0 {
+		users = cfg.Requests
+	}
+	for i := 0; i < cfg.Requests; i++ {
+		r := wire.Request{RequestID: id(), Op: cfg.Op, ActivityID: int64(i%cfg.Activities) + 1,
+			UserID: int64(i%users) + 1, ReceivedAt: now}
+		if err := publish(r); err != nil {
+			return err
+		}
+	}
+	if err := bl.flush(); err != nil {
+		return err
+	}
+	return bl.wait()
 }
 
 // backlog publishes requests ahead of an allocator, asynchronously,

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -103,5 +106,44 @@ func TestHoldsSmall(t *testing.T) {
 	}
 	if res.ExpiriesPerSecond() <= 0 || res.JoinsPerSecond() <= 0 || len(res.Probes) == 0 {
 		t.Fatalf("nothing measured: %+v", res)
+	}
+}
+
+// TestDrainShardsSmall keeps the shard drain honest: over two servers,
+// each partition's requests are applied on the shard the map names for it
+// (partition p on shard p mod 2), none elsewhere, and every request once.
+func TestDrainShardsSmall(t *testing.T) {
+	t.Parallel()
+	bases := dbtest.Servers(t, 2)
+	dbs := []*dbtest.DB{dbtest.NewOn(t, bases[0]), dbtest.NewOn(t, bases[1])}
+	pools := shards.Pools{"s0": dbs[0].DB, "s1": dbs[1].DB}
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	const partitions, activities, requests = 4, 40, 400
+	res, err := DrainShards(context.Background(), pools, []string{"s0", "s1"}, nc, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		ShardsConfig{Partitions: partitions, Drain: DrainConfig{Requests: requests, Activities: activities, Capacity: 5, Op: wire.OpJoin, Batch: 7}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Decisions != requests+activities {
+		t.Fatalf("decisions %d, want %d", res.Decisions, requests+activities)
+	}
+	if !slices.Equal(res.PartitionsOf["s0"], []int{0, 2}) || !slices.Equal(res.PartitionsOf["s1"], []int{1, 3}) {
+		t.Fatalf("partitions by shard %v, want s0 [0 2], s1 [1 3]", res.PartitionsOf)
+	}
+	var total int64
+	for s, db := range dbs {
+		for a := int64(1); a <= activities; a++ {
+			n := db.Count(t, "SELECT COUNT(*) FROM processed_request WHERE activity_id = ?", a)
+			mine := bus.PartitionOf(a, partitions)%2 == s
+			if want := map[bool]int64{true: 1 + requests/activities, false: 0}[mine]; n != want {
+				t.Fatalf("shard s%d holds %d results of activity %d (partition %d), want %d", s, n, a, bus.PartitionOf(a, partitions), want)
+			}
+			total += n
+		}
+		db.CheckInvariants(t)
+	}
+	if total != requests+activities {
+		t.Fatalf("%d results in all, want %d", total, requests+activities)
 	}
 }

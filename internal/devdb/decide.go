@@ -110,7 +110,7 @@ func Decide(s Situation) Action {
 // Advice is the one line that names the command to install a server on the
 // platform of s.
 func Advice(s Situation) string {
-	const compose = "or run one in a container: docker compose -f deploy/compose.yaml up -d mysql, and set ALLOT_MYSQL_DSN"
+	const compose = "or run one in a container: docker compose -f deploy/compose.yaml up -d mysql-s0, and set ALLOT_MYSQL_DSN"
 	var install string
 	switch {
 	case s.GOOS == "darwin":

@@ -66,6 +66,8 @@ type opts struct {
 	openRates         string
 	openDurations     string
 	openItems         string
+	shardsOnly        bool
+	shardPartitions   int
 }
 
 func main() {
@@ -97,6 +99,8 @@ func main() {
 	flag.StringVar(&o.openRates, "open-rate", "4000,6000", "claims per second of each open-loop run (a comma-separated list, paired with -open-duration and -open-items)")
 	flag.StringVar(&o.openDurations, "open-duration", "5s,10s", "duration of each open-loop run")
 	flag.StringVar(&o.openItems, "open-items", "100,500", "items of each open-loop run")
+	flag.BoolVar(&o.shardsOnly, "shards-only", false, "run only the shard benchmark: the drain of joins over 1,000 activities applied on 1 and on 3 MySQL shards (private mariadbd servers on this machine), alternating, -repeat rounds")
+	flag.IntVar(&o.shardPartitions, "shard-partitions", 6, "partitions of the request stream in the shard benchmark, the same at every shard count (partition p on shard p mod N)")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN
@@ -159,6 +163,13 @@ func (o opts) allocator() allocator.Config {
 	return c
 }
 
+// spreadJoins is the drain of o.n joins over 1,000 activities of 10
+// seats, in messages of -drain-batch requests: the main run's spread drain
+// and the shard run's.
+func (o opts) spreadJoins() bench.DrainConfig {
+	return bench.DrainConfig{Requests: o.n, Activities: 1000, Capacity: 10, Op: wire.OpJoin, Batch: o.drainBatch}
+}
+
 func run(ctx context.Context, o opts) error {
 	if o.e2eOnly {
 		return e2e(ctx, o)
@@ -168,6 +179,9 @@ func run(ctx context.Context, o opts) error {
 	}
 	if o.tracing {
 		return tracingBench(ctx, o)
+	}
+	if o.shardsOnly {
+		return shardsBench(ctx, o)
 	}
 	if o.memoryOnly {
 		if o.memRequests < 10 || o.memActivities < 1 || o.memActivities > o.memRequests {
@@ -191,7 +205,7 @@ func run(ctx context.Context, o opts) error {
 	}{
 		{"drain: joins, one hot activity", bench.DrainConfig{Requests: o.n, Activities: 1, Capacity: 100, Op: wire.OpJoin, Batch: o.drainBatch}},
 		{"drain: claims, one hot activity", bench.DrainConfig{Requests: o.n, Activities: 1, Capacity: 100, Op: wire.OpClaim, Users: o.n * 9 / 10, Batch: o.drainBatch}},
-		{"drain: joins over 1,000 activities", bench.DrainConfig{Requests: o.n, Activities: 1000, Capacity: 10, Op: wire.OpJoin, Batch: o.drainBatch}},
+		{"drain: joins over 1,000 activities", o.spreadJoins()},
 		// The same hot join drain with one request per message: what
 		// batches save the allocator (a fetch, an ack and a fence check
 		// per message).
@@ -397,6 +411,12 @@ func withStackDSN(ctx context.Context, o opts, log *slog.Logger, f func(string, 
 	if err := schema.Migrate(ctx, db); err != nil {
 		return err
 	}
+	return withNATS(o, log, func(nc *nats.Conn) error { return f(dsn, db, nc) })
+}
+
+// withNATS runs f on a fresh embedded JetStream server that fsyncs every
+// write (unless -nats-sync says otherwise).
+func withNATS(o opts, log *slog.Logger, f func(*nats.Conn) error) error {
 	dir, err := os.MkdirTemp("", "allot-bench-nats-")
 	if err != nil {
 		return err
@@ -412,7 +432,7 @@ func withStackDSN(ctx context.Context, o opts, log *slog.Logger, f func(string, 
 		return err
 	}
 	defer nc.Close()
-	return f(dsn, db, nc)
+	return f(nc)
 }
 
 func seeds(ctx context.Context, o opts) (baseline.Stats, baseline.Stats, error) {

@@ -1,0 +1,185 @@
+package main
+
+// The shard benchmark (make bench-shards): the main run's drain of joins
+// over 1,000 activities, applied on 1 MySQL shard and on 3, in one run.
+// The shards are private mariadbd (or mysqld) servers on this machine, so
+// they share its cores and its disk: the figures show what routing costs
+// and what separate redo logs give on one machine, not what separate
+// machines would gain (docs/performance.md, "Shards").
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/allot-dev/allot/internal/bench"
+	"github.com/allot-dev/allot/internal/devdb"
+	"github.com/allot-dev/allot/internal/shards"
+	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/store/schema"
+)
+
+// shardCounts are the runs of the shard benchmark, side by side.
+var shardCounts = []int{1, 3}
+
+// shardServers starts n private servers, each with a fresh data directory
+// under a temporary directory, and returns their DSNs and what stops them
+// all.
+func shardServers(ctx context.Context, n int) ([]string, func(), error) {
+	dir, err := os.MkdirTemp("", "allot-bench-shards-")
+	if err != nil {
+		return nil, nil, err
+	}
+	var dbs []*devdb.DB
+	stop := func() {
+		for _, db := range dbs {
+			if err := db.Stop(); err != nil {
+				fmt.Fprintf(os.Stderr, "bench: stop a shard server: %v\n", err)
+			}
+		}
+		os.RemoveAll(dir)
+	}
+	dsns := make([]string, 0, n)
+	for i := range n {
+		db, err := devdb.StartServer(ctx, filepath.Join(dir, "s"+strconv.Itoa(i)), "root@tcp(127.0.0.1:3306)/allot_bench?parseTime=true", io.Discard)
+		if err != nil {
+			stop()
+			return nil, nil, fmt.Errorf("start shard server %d of %d: %w", i+1, n, err)
+		}
+		dbs = append(dbs, db)
+		dsns = append(dsns, db.DSN)
+	}
+	return dsns, stop, nil
+}
+
+// onShards runs f on the first k of servers, each with a fresh migrated
+// database (shards s0, s1, … in that order, as ALLOT_MYSQL_SHARDS would
+// list them), and a fresh JetStream server.
+func onShards(ctx context.Context, o opts, log *slog.Logger, servers []string, k int, f func(shards.Pools, []string, *nats.Conn) error) error {
+	pools := shards.Pools{}
+	var names []string
+	defer func() {
+		for _, db := range pools {
+			db.Close()
+		}
+	}()
+	for i := range k {
+		dsn, drop, err := freshDB(ctx, servers[i], "allot_bench_shard_")
+		if err != nil {
+			return err
+		}
+		defer drop()
+		db, err := store.Open(ctx, dsn, 16)
+		if err != nil {
+			return err
+		}
+		name := "s" + strconv.Itoa(i)
+		pools[name], names = db, append(names, name)
+		if err := schema.Migrate(ctx, db); err != nil {
+			return fmt.Errorf("migrate shard %s: %w", name, err)
+		}
+	}
+	return withNATS(o, log, func(nc *nats.Conn) error { return f(pools, names, nc) })
+}
+
+// drainOnShards is one drain of cfg on the first k servers.
+func drainOnShards(ctx context.Context, o opts, log *slog.Logger, servers []string, k int, cfg bench.DrainConfig) (bench.ShardsResult, error) {
+	var res bench.ShardsResult
+	err := onShards(ctx, o, log, servers, k, func(pools shards.Pools, names []string, nc *nats.Conn) error {
+		var err error
+		res, err = bench.DrainShards(ctx, pools, names, nc, log, bench.ShardsConfig{Drain: cfg, Partitions: o.shardPartitions})
+		return err
+	})
+	return res, err
+}
+
+// shardsBench is -shards-only.
+//
+// A second measurement belongs here once `allotctl shards move` exists (it
+// does not yet, and is not imitated): on the same 3 servers (onShards),
+// give one partition 100,000 signups (a drain of joins to its activities),
+// then drain a new backlog of the other partitions with bench.DrainShards
+// whose DrainConfig.AfterStart runs `<o.bin>/allotctl shards move
+// -partition P -to <another shard>` as an operator would, and report the
+// time the partition was frozen (its fence row's epoch NULL on the old
+// shard until the map names the new one) and the other partitions'
+// requests/s during the move next to the 3-shard drain's.
+func shardsBench(ctx context.Context, o opts) error {
+	if o.shardPartitions < slices.Max(shardCounts) {
+		return fmt.Errorf("-shard-partitions must be at least %d, one partition per shard of the largest run", slices.Max(shardCounts))
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fmt.Fprintf(os.Stderr, "bench: starting %d private MySQL servers (the shards)\n", slices.Max(shardCounts))
+	servers, stop, err := shardServers(ctx, slices.Max(shardCounts))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	cfg := o.spreadJoins()
+	cfg.Allocator = o.allocator()
+	// A first, small drain on every server warms them up; not reported.
+	warm := cfg
+	warm.Requests = 2000
+	if _, err := drainOnShards(ctx, o, log, servers, slices.Max(shardCounts), warm); err != nil {
+		return fmt.Errorf("warm-up: %w", err)
+	}
+	// Rounds alternate the shard counts, so that a drift of the machine
+	// (page cache, another process) falls on both alike.
+	runs := map[int][]bench.ShardsResult{}
+	for round := range max(o.repeat, 1) {
+		for _, k := range shardCounts {
+			res, err := drainOnShards(ctx, o, log, servers, k, cfg)
+			if err != nil {
+				return fmt.Errorf("drain on %d shards: %w", k, err)
+			}
+			fmt.Fprintf(os.Stderr, "  round %d, %d shard(s): %.0f requests/s\n", round+1, k, res.PerSecond())
+			runs[k] = append(runs[k], res)
+		}
+	}
+	med := map[int]bench.ShardsResult{}
+	for _, k := range shardCounts {
+		r := runs[k]
+		slices.SortFunc(r, func(a, b bench.ShardsResult) int { return cmp.Compare(a.PerSecond(), b.PerSecond()) })
+		med[k] = r[len(r)/2]
+	}
+
+	fmt.Printf("\n== shards: %d joins over 1,000 activities (messages of up to %d), %d partitions, on 1 and %d MySQL shards of this machine (median of %d, alternating; %s) ==\n",
+		cfg.Requests, cfg.Batch, o.shardPartitions, slices.Max(shardCounts), max(o.repeat, 1), loadAverage())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "shards\trequests/s\tdetail\tpartitions by shard\t")
+	for _, k := range shardCounts {
+		r := med[k]
+		fmt.Fprintf(tw, "%d\t%.0f\t%d decisions in %s\t%s\t\n", k, r.PerSecond(), r.Decisions, r.Elapsed.Round(time.Millisecond), byShard(r.PartitionsOf))
+	}
+	tw.Flush()
+	first, last := shardCounts[0], shardCounts[len(shardCounts)-1]
+	fmt.Printf("ratio %d shards / %d shard: %.2f (every server on this machine, sharing its cores and its disk)\n",
+		last, first, med[last].PerSecond()/med[first].PerSecond())
+	fmt.Println("moving a partition between shards: not measured (`allotctl shards move` is not built)")
+	return nil
+}
+
+// byShard prints a shard → partitions map as "s0: 0,3  s1: 1,4".
+func byShard(m map[string][]int) string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		ps := make([]string, len(m[name]))
+		for i, p := range m[name] {
+			ps[i] = strconv.Itoa(p)
+		}
+		out = append(out, name+": "+strings.Join(ps, ","))
+	}
+	return strings.Join(out, "  ")
+}
