@@ -270,12 +270,23 @@ func initialise(ctx context.Context, server, data string, root bool) error {
 		}
 		cmd = exec.CommandContext(ctx, server, args...)
 	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
+	// The bootstrap now and then fails on a busy machine with nothing but
+	// its boilerplate to say why; a fresh directory and a second or third
+	// try succeed.
+	var err error
+	for try := 1; try <= 3; try++ {
+		var out []byte
+		c := exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
+		if out, err = c.CombinedOutput(); err == nil {
+			return nil
+		}
 		os.RemoveAll(data)
-		return fmt.Errorf("initialise %s: %w: %s", data, err, lastLines(string(out), 5))
+		err = fmt.Errorf("initialise %s (try %d of 3): %w: %s", data, try, err, lastLines(string(out), 5))
+		if ctx.Err() != nil {
+			break
+		}
 	}
-	return nil
+	return err
 }
 
 func fileExists(p string) bool {
