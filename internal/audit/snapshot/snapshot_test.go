@@ -46,7 +46,7 @@ func TestResults(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		c := snapshot.StartResults(ctx, tx, after, activities)
+		c := snapshot.StartResults(ctx, tx, after, activities, nil)
 		defer c.Wait()
 		var seqs []uint64
 		for {
@@ -116,7 +116,7 @@ func TestResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := snapshot.StartResults(ctx, tx, uint64(long-1), nil)
+	c := snapshot.StartResults(ctx, tx, uint64(long-1), nil, nil)
 	var events []string
 	for {
 		r, err := c.Peek()
