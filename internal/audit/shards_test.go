@@ -67,7 +67,9 @@ func newShardedEnv(t *testing.T, n, partitions int) *shardedEnv {
 }
 
 // home is the index of the shard holding activity's partition.
-func (e *shardedEnv) home(activity int64) int { return bus.PartitionOf(activity, e.partitions) % len(e.dbs) }
+func (e *shardedEnv) home(activity int64) int {
+	return bus.PartitionOf(activity, e.partitions) % len(e.dbs)
+}
 
 // publish stores reqs in order and waits until every partition's fence,
 // on its shard, has passed them.
