@@ -69,6 +69,22 @@
 // message; rows the replay never produced are reported
 // whatever the window, since no request explains them. With FromTime the
 // window starts at the first message stored at or after that time.
+//
+// Config.Partitions reads only those partitions' subjects and checks only
+// their rows (results by partition_id, refused messages by subject,
+// activity and signup rows by the activity's partition): the rest of the
+// database is left alone. Each message is pending past its own partition's
+// fence.
+//
+// # Shards
+//
+// With Deps.Shards (ALLOT_MYSQL_SHARDS), Run reads the partition → shard
+// map and audits every shard in a snapshot of its own, concurrently: the
+// partitions the map puts on it, as above, and every row there of an
+// activity whose partition is on another shard (KindMisplaced). A shard
+// that cannot be audited (it does not answer, or a move of one of its
+// partitions is under way) is an error wrapping ErrShard, returned with
+// the report of every shard; Report.Shards holds each shard's report.
 package audit
 
 import (
