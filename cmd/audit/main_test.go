@@ -25,6 +25,7 @@ import (
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/shards"
+	"github.com/allot-dev/allot/internal/syncbuf"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -284,7 +285,8 @@ func TestShardsExitCodes(t *testing.T) {
 	t.Setenv("ALLOT_MYSQL_DSN", a.DSN)
 	t.Setenv("ALLOT_MYSQL_SHARDS", "a="+a.DSN+",b="+b.DSN)
 	runAudit := func(args ...string) (int, string, string) {
-		var stdout, stderr bytes.Buffer
+		// The connection's handlers may log after run returns.
+		var stdout, stderr syncbuf.Buffer
 		code := run(ctx, args, &stdout, &stderr)
 		return code, stdout.String(), stderr.String()
 	}
