@@ -11,6 +11,7 @@ import (
 
 	"github.com/allot-dev/allot/internal/audit/snapshot"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -39,6 +40,18 @@ type shardScope struct {
 	filter map[int]bool
 }
 
+// owned are the partitions the map puts on the shard.
+func (sh *shardScope) owned() []int64 {
+	var out []int64
+	for p, name := range sh.owner {
+		if name == sh.name {
+			out = append(out, int64(p))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // partSet is ps as a set; nil when ps is empty (every partition).
 func partSet(ps []int) map[int]bool {
 	if len(ps) == 0 {
@@ -51,12 +64,13 @@ func partSet(ps []int) map[int]bool {
 	return out
 }
 
-// list is the audited partitions in order; nil for every partition.
+// list is the audited partitions in order; nil for every partition,
+// empty (not nil) for none.
 func (sc scope) list() []int {
 	if sc.parts == nil {
 		return nil
 	}
-	return slices.Sorted(maps.Keys(sc.parts))
+	return append([]int{}, slices.Sorted(maps.Keys(sc.parts))...)
 }
 
 // partAudited says whether partition p is audited.
@@ -257,8 +271,13 @@ func (a *auditor) misplaced(ctx context.Context, tx *sql.Tx) error {
 			return err
 		}
 	}
-	// Results: by the partition they were applied in.
-	rows, err := tx.QueryContext(ctx, "SELECT partition_id, activity_id, COUNT(*), MIN(seq) FROM processed_request GROUP BY partition_id, activity_id")
+	// Results: by the partition they were applied in; the shard's own
+	// partitions are skipped by the primary key's prefix.
+	query := "SELECT partition_id, activity_id, COUNT(*), MIN(seq) FROM processed_request"
+	if own := a.run.shard.owned(); len(own) > 0 {
+		query += " WHERE partition_id NOT IN (" + store.IntList(own) + ")"
+	}
+	rows, err := tx.QueryContext(ctx, query+" GROUP BY partition_id, activity_id")
 	if err != nil {
 		return fmt.Errorf("audit: look for misplaced processed_request rows: %w", err)
 	}

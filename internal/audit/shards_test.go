@@ -286,6 +286,19 @@ func TestAuditEveryShard(t *testing.T) {
 	if r, err := audit.Run(ctx, audit.Config{Partitions: p2}, audit.Deps{DB: e.dbs[2].DB, JS: e.js}); err != nil || !r.OK || r.Compared != shardReport(t, rep, "s2").Compared {
 		t.Errorf("audit of s2's database for partitions %v: %v, ok %v, compared %d:%s", p2, err, r.OK, r.Compared, divergences(r.Divergences))
 	}
+	for _, deps := range []audit.Deps{{DB: e.dbs[2].DB, JS: e.js}, {Shards: e.pools, JS: e.js}} {
+		if _, err := audit.Run(ctx, audit.Config{Partitions: []int{partitions}}, deps); !errors.Is(err, audit.ErrInvalidConfig) || !strings.Contains(err.Error(), "has 6 partitions") {
+			t.Errorf("partition %d of %d: %v, want ErrInvalidConfig", partitions, partitions, err)
+		}
+	}
+	// Partition 0 alone, over the shards: s0's compared, and the copy on
+	// s2 (of activity copied, partition 0 or 3) still seen when it is of 0.
+	if r, err := e.auditAll(audit.Config{Partitions: []int{bus.PartitionOf(copied, partitions)}}, e.pools); err != nil || r.OK || len(r.Divergences) != 1 ||
+		r.Divergences[0].Kind != audit.KindMisplaced || shardReport(t, r, "s1").Compared != 0 || shardReport(t, r, "s0").Compared == 0 {
+		var b bytes.Buffer
+		r.WriteText(&b) //nolint:errcheck
+		t.Errorf("the copied activity's partition alone: %v, ok %v, divergences:%s\n%s", err, r.OK, divergences(r.Divergences), b.String())
+	}
 	for _, table := range []string{"activity WHERE id = ?", "activity_signup WHERE activity_id = ?", "processed_request WHERE activity_id = ?"} {
 		if _, err := e.dbs[2].ExecContext(ctx, "DELETE FROM "+table, copied); err != nil {
 			t.Fatal(err)
