@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -314,10 +315,10 @@ func (a *auditor) misplaced(ctx context.Context, tx *sql.Tx) error {
 	}
 
 	keys := slices.SortedFunc(maps.Keys(a.strays.rows), func(x, y strayKey) int {
-		if x.activity != y.activity {
-			return int(min(max(x.activity-y.activity, -1), 1))
+		if c := cmp.Compare(x.activity, y.activity); c != 0 {
+			return c
 		}
-		return x.partition - y.partition
+		return cmp.Compare(x.partition, y.partition)
 	})
 	for _, k := range keys {
 		var parts []string
