@@ -7,9 +7,14 @@
 // request stream still reaches back to (what an audit needs once retention
 // has removed older requests); the report says which range it verified.
 //
+// With ALLOT_MYSQL_SHARDS naming several shards it reads the partition →
+// shard map and audits each shard's partitions there (docs/shards.md),
+// printing a report per shard.
+//
 // Exit status: 0 when every decision and row matches, 1 when anything
 // diverges, 2 when the audit could not run (bad flags or configuration,
-// NATS or MySQL unreachable, an incomplete stream).
+// NATS or MySQL unreachable, a shard that does not answer, an incomplete
+// stream).
 package main
 
 import (
@@ -33,6 +38,7 @@ import (
 	"github.com/allot-dev/allot/internal/binaries"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/config"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -129,12 +135,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	log := c.Logger(stderr, binary)
-	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
-		return exitError
+	set, _ := c.Shards() // checked by config.Load
+	deps := audit.Deps{Shards: shards.Pools{}}
+	if set.Len() == 1 {
+		// One database: it must answer, as it always had to.
+		db, err := store.Open(ctx, set.Shards()[0].DSN, c.MySQLMaxConns)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
+			return exitError
+		}
+		deps.DB, deps.Shards[set.Shards()[0].Name] = db, db
+	} else {
+		// Several shards: one that does not answer is reported as not
+		// audited, the others are audited.
+		for _, sh := range set.Shards() {
+			db, err := store.Open(ctx, sh.DSN, c.MySQLMaxConns)
+			if err != nil {
+				if deps.Unreachable == nil {
+					deps.Unreachable = map[string]error{}
+				}
+				deps.Unreachable[sh.Name] = err
+				continue
+			}
+			deps.Shards[sh.Name] = db
+		}
 	}
-	defer db.Close()
+	defer deps.Shards.Close()
 	nc, err := c.ConnectNATS(binary, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
@@ -146,7 +172,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return exitError
 	}
-	deps := audit.Deps{DB: db, JS: js}
+	deps.JS = js
 	if !asJSON && isTerminal(stderr) {
 		deps.Progress = stderr
 	}
@@ -154,12 +180,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return report(rep, err, asJSON, stdout, stderr)
 }
 
-// report prints the outcome of an audit and maps it to the exit code.
-func report(rep audit.Report, err error, asJSON bool, stdout, stderr io.Writer) int {
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+// report prints the outcome of an audit and maps it to the exit code. A
+// shard not audited (audit.ErrShard) is an error, printed after the
+// report of every shard.
+func report(rep audit.Report, runErr error, asJSON bool, stdout, stderr io.Writer) int {
+	if runErr != nil && !errors.Is(runErr, audit.ErrShard) {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, runErr)
 		return exitError
 	}
+	var err error
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		err = enc.Encode(rep)
@@ -168,6 +197,14 @@ func report(rep audit.Report, err error, asJSON bool, stdout, stderr io.Writer) 
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: write report: %v\n", binary, err)
+		return exitError
+	}
+	for _, s := range rep.Shards {
+		if s.Error != "" {
+			fmt.Fprintf(stderr, "%s: %s\n", binary, s.Error)
+		}
+	}
+	if runErr != nil {
 		return exitError
 	}
 	if !rep.OK {

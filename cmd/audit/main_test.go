@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,8 @@ import (
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
+	"github.com/allot-dev/allot/internal/shards"
+	"github.com/allot-dev/allot/internal/syncbuf"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -228,4 +231,96 @@ func TestBinary(t *testing.T) {
 			t.Fatalf("exit %d, want 2\nstderr:\n%s", code, errOut)
 		}
 	})
+}
+
+// TestShardsExitCodes: with ALLOT_MYSQL_SHARDS naming two shards, the
+// command audits each partition on its shard and prints a report per
+// shard: exit 0 when both are clean, 1 when a row of one diverges (named
+// under that shard), 2 when a shard does not answer (named on stderr,
+// the other shard still reported).
+func TestShardsExitCodes(t *testing.T) {
+	a, b, ns := dbtest.New(t), dbtest.New(t), natstest.New(t)
+	nc, js := ns.Connect(t)
+	ctx := context.Background()
+	const partitions = 2
+	if _, err := bus.Setup(ctx, js, natstest.Config(partitions), []string{"a", "b"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Defaults[allocator.Config]()
+	cfg.Partitions, cfg.MetricsAddr = partitions, ""
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- allocator.Run(runCtx, cfg, allocator.Deps{DB: a.DB, Shards: shards.Pools{"a": a.DB, "b": b.DB}, NATS: nc, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("allocator.Run: %v", err)
+		}
+	})
+	// One activity on each partition, so on each shard.
+	var acts []int64
+	for id := int64(1); len(acts) < partitions; id++ {
+		if bus.PartitionOf(id, partitions) == len(acts) {
+			acts = append(acts, id)
+		}
+	}
+	capacity := int64(1)
+	var last uint64
+	for _, id := range acts {
+		for _, r := range []wire.Request{{Op: wire.OpOpen, ActivityID: id, Capacity: &capacity}, {Op: wire.OpJoin, ActivityID: id, UserID: 1}} {
+			r.RequestID, r.ReceivedAt = uuid.Must(uuid.NewV7()).String(), time.Now().UTC()
+			last = natstest.PublishRequest(t, js, r, "")
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for a.Count(t, "SELECT COUNT(*) FROM processed_request")+b.Count(t, "SELECT COUNT(*) FROM processed_request") < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the allocator did not apply the requests up to %d within 20s", last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Setenv("ALLOT_NATS_URL", ns.URL())
+	t.Setenv("ALLOT_MYSQL_DSN", a.DSN)
+	t.Setenv("ALLOT_MYSQL_SHARDS", "a="+a.DSN+",b="+b.DSN)
+	runAudit := func(args ...string) (int, string, string) {
+		// The connection's handlers may log after run returns.
+		var stdout, stderr syncbuf.Buffer
+		code := run(ctx, args, &stdout, &stderr)
+		return code, stdout.String(), stderr.String()
+	}
+	if code, out, errOut := runAudit(); code != 0 || !strings.Contains(out, "== shard a (partitions 0) ==") || !strings.HasSuffix(out, "shards: a OK, b OK\nOK\n") {
+		t.Fatalf("clean shards: exit %d, want 0 and a report per shard\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	code, out, _ := runAudit("-json")
+	var rep struct {
+		OK     bool `json:"ok"`
+		Shards []struct {
+			Shard    string `json:"shard"`
+			OK       bool   `json:"ok"`
+			Compared int    `json:"compared"`
+		} `json:"shards"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || !rep.OK || len(rep.Shards) != 2 || rep.Shards[1].Shard != "b" || rep.Shards[1].Compared != 2 {
+		t.Fatalf("clean shards, -json: exit %d, %+v (%v)\n%s", code, rep, err, out)
+	}
+
+	if _, err := b.Exec("UPDATE activity SET capacity = 5 WHERE id = ?", acts[1]); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = runAudit()
+	if _, err := b.Exec("UPDATE activity SET capacity = 1 WHERE id = ?", acts[1]); err != nil {
+		t.Fatal(err)
+	}
+	if want := "shard b activity " + strconv.FormatInt(acts[1], 10) + ": activity capacity: expected 1, actual 5"; code != 1 || !strings.Contains(out, want) || !strings.Contains(out, "shards: a OK, b 1 divergence(s)") {
+		t.Fatalf("a tampered row on b: exit %d, want 1 and %q\n%s", code, want, out)
+	}
+
+	t.Setenv("ALLOT_MYSQL_SHARDS", "a="+a.DSN+",b=root:secret@tcp(127.0.0.1:1)/allot")
+	code, out, errOut := runAudit()
+	if code != 2 || !strings.Contains(errOut, "shard b does not answer") || strings.Contains(errOut, "secret") ||
+		!strings.Contains(out, "shards: a OK, b not audited") {
+		t.Fatalf("shard b down: exit %d, want 2, b named on stderr and a still reported\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
 }

@@ -69,6 +69,22 @@
 // message; rows the replay never produced are reported
 // whatever the window, since no request explains them. With FromTime the
 // window starts at the first message stored at or after that time.
+//
+// Config.Partitions reads only those partitions' subjects and checks only
+// their rows (results by partition_id, refused messages by subject,
+// activity and signup rows by the activity's partition): the rest of the
+// database is left alone. Each message is pending past its own partition's
+// fence.
+//
+// # Shards
+//
+// With Deps.Shards (ALLOT_MYSQL_SHARDS), Run reads the partition → shard
+// map and audits every shard in a snapshot of its own, concurrently: the
+// partitions the map puts on it, as above, and every row there of an
+// activity whose partition is on another shard (KindMisplaced). A shard
+// that cannot be audited (it does not answer, or a move of one of its
+// partitions is under way) is an error wrapping ErrShard, returned with
+// the report of every shard; Report.Shards holds each shard's report.
 package audit
 
 import (
@@ -126,10 +142,15 @@ type Report struct {
 	// Checkpoints are the checkpoints the audit started from
 	// (FromCheckpoint), one per partition that has one.
 	Checkpoints []CheckpointUsed `json:"checkpoints,omitempty"`
-	// OK is true when there is no divergence.
+	// OK is true when there is no divergence (and, with shards, every
+	// shard was audited).
 	OK bool `json:"ok"`
-	// Divergences lists every mismatch, in the order found.
+	// Divergences lists every mismatch, in the order found (with shards,
+	// shard by shard, each naming its shard).
 	Divergences []Divergence `json:"divergences"`
+	// Shards, in an audit of several shards, is each shard's report; the
+	// counts above are their sums (LastSeq and Fence the highest).
+	Shards []ShardReport `json:"shards,omitempty"`
 }
 
 // Kind classifies a divergence.
@@ -174,7 +195,9 @@ type Divergence struct {
 	Index int    `json:"index"`
 	// RequestID is that request's id; empty when there is none or the
 	// message could not be decoded.
-	RequestID  string `json:"request_id"`
+	RequestID string `json:"request_id"`
+	// Shard is the shard whose rows diverge, in an audit of several.
+	Shard      string `json:"shard,omitempty"`
 	Kind       Kind   `json:"kind"`
 	ActivityID int64  `json:"activity_id,omitempty"`
 	UserID     int64  `json:"user_id,omitempty"`
@@ -189,23 +212,38 @@ type Divergence struct {
 // Place is the divergence's place packed as wire.Place.
 func (d Divergence) Place() uint64 { return wire.Place(d.Seq, d.Index) }
 
-// Run audits MySQL (db) against the request stream (js) and returns what it
-// found. An error means the audit could not be carried out (bad options,
-// NATS or MySQL unreachable, an incomplete stream); divergences are not
-// errors, they are in the Report.
+// Run audits MySQL against the request stream (deps.JS) and returns what it
+// found: the one database deps.DB, or, with deps.Shards, every shard
+// (shards.go). An error means the audit could not be carried out (bad
+// options, NATS or MySQL unreachable, an incomplete stream); divergences
+// are not errors, they are in the Report. A shard that could not be
+// audited is an error wrapping ErrShard, returned with the report of
+// every shard.
 func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
-	db, js := deps.DB, deps.JS
+	if deps.Shards != nil || deps.Unreachable != nil {
+		return runShards(ctx, cfg, deps)
+	}
+	return runOne(ctx, cfg, deps, deps.DB, scope{parts: partSet(cfg.Partitions)})
+}
+
+// runOne audits the partitions of sc (all, or some) against db.
+func runOne(ctx context.Context, cfg Config, deps Deps, db *sql.DB, sc scope) (Report, error) {
+	js := deps.JS
 	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 	if err != nil {
 		return Report{}, fmt.Errorf("audit: begin mysql snapshot: %w", err)
 	}
 	defer tx.Rollback() //nolint:errcheck // read-only: nothing to keep
 
-	a := newAuditor(cfg, deps)
+	a := newAuditor(cfg, deps, sc)
 	from := uint64(0)
-	// The fence first: it starts the snapshot, and every message it covers
-	// was stored before the stream's last sequence is read below.
-	if a.fence, err = snapshot.ReadFence(ctx, tx); err != nil {
+	// The fences first: they start the snapshot, and every message they
+	// cover was stored before the stream's last sequence is read below.
+	fences, err := snapshot.ReadFences(ctx, tx, sc.shard != nil)
+	if err != nil {
+		return Report{}, err
+	}
+	if err := a.setFences(fences); err != nil {
 		return Report{}, err
 	}
 	var st stream
@@ -217,10 +255,14 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	a.run.last = st.last
+	a.run.last, a.run.partitions = st.last, st.partitions
+	if err := a.checkPartitions(); err != nil {
+		return Report{}, err
+	}
 	if a.rejected, err = snapshot.ReadRejected(ctx, tx); err != nil {
 		return Report{}, err
 	}
+	a.narrowRejected()
 	a.ids.refusedAt = make(map[string]uint64)
 	a.rejectedSeqs = make(map[uint64]bool, len(a.rejected))
 	for place, r := range a.rejected {
@@ -238,7 +280,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 		from = cfg.FromSeq - 1
 	}
 	pagerCtx, cancelPager := context.WithCancel(ctx)
-	a.check.results = snapshot.StartResults(pagerCtx, tx, from, a.run.activities)
+	a.check.results = snapshot.StartResults(pagerCtx, tx, from, a.run.activities, a.run.partList)
 	defer func() {
 		cancelPager()
 		a.check.results.Wait()
@@ -254,13 +296,17 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Report, error) {
 	if err := a.compareRows(ctx, tx); err != nil {
 		return Report{}, err
 	}
+	if err := a.misplaced(ctx, tx); err != nil {
+		return Report{}, err
+	}
 	return a.report(), nil
 }
 
 // newAuditor prepares the replay state for cfg.
-func newAuditor(cfg Config, deps Deps) *auditor {
+func newAuditor(cfg Config, deps Deps, sc scope) *auditor {
 	a := &auditor{
-		run:      auditRun{cfg: cfg, activities: cfg.activities(), progress: deps.Progress, apply: deps.Test.apply()},
+		run: auditRun{cfg: cfg, activities: cfg.activities(), progress: deps.Progress, apply: deps.Test.apply(),
+			parts: sc.parts, partList: sc.list(), shard: sc.shard},
 		winStart: math.MaxUint64,
 		acts:     make(map[int64]*allocation.Activity),
 		actLast:  make(map[int64]change),

@@ -376,6 +376,9 @@ func TestPendingAndBadInput(t *testing.T) {
 	if err := (audit.Config{Activities: []int64{0}}).Validate(); !errors.Is(err, audit.ErrInvalidConfig) {
 		t.Fatalf("activity 0: err = %v, want ErrInvalidConfig", err)
 	}
+	if err := (audit.Config{Partitions: []int{-1}}).Validate(); !errors.Is(err, audit.ErrInvalidConfig) {
+		t.Fatalf("partition -1: err = %v, want ErrInvalidConfig", err)
+	}
 	st, err := e.js.Stream(ctx, wire.RequestStream)
 	if err != nil {
 		t.Fatal(err)

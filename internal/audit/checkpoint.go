@@ -28,6 +28,8 @@ const KindCheckpoint Kind = "checkpoint"
 
 // CheckpointUsed is a checkpoint an audit started from.
 type CheckpointUsed struct {
+	// Shard is the shard it was read on, in an audit of several.
+	Shard      string    `json:"shard,omitempty"`
 	Partition  int       `json:"partition"`
 	Seq        uint64    `json:"seq"`
 	TakenAt    time.Time `json:"taken_at"`
@@ -163,6 +165,9 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 	}
 	f := &fromCheckpoint{ctx: ctx, db: db, partitions: st.partitions, start: make([]uint64, st.partitions), min: ^uint64(0)}
 	for p := range st.partitions {
+		if !a.partAudited(p) {
+			continue
+		}
 		var cp checkpoint.Checkpoint
 		err := tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
 			"WHERE partition_id = ? AND seq >= ? ORDER BY seq LIMIT 1", p, need).
@@ -177,7 +182,7 @@ func (a *auditor) openFromCheckpoint(ctx context.Context, tx *sql.Tx, db *sql.DB
 			// if it never applied anything) may be older than where the
 			// stream starts. It still holds when nothing of the partition
 			// was applied or rejected since: the state at need is the same.
-			older, found, quiet, err := quietCheckpoint(ctx, tx, p, need)
+			older, found, quiet, err := quietCheckpoint(ctx, tx, p, st.partitions, need)
 			if err != nil {
 				return stream{}, err
 			}
@@ -366,8 +371,9 @@ func (a *auditor) verifiedRange() (from, to uint64) {
 // false: it has none) and reports whether the partition is quiet since it:
 // no result of the partition and no rejected message after the checkpoint
 // up to need, so the checkpoint's state (or the empty state) is the state
-// at need. Rejections are not partitioned, so any one makes it not quiet.
-func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp checkpoint.Checkpoint, found, quiet bool, err error) {
+// at need. Rejections are told by their subject's partition token (with
+// one partition, any one makes it not quiet).
+func quietCheckpoint(ctx context.Context, tx *sql.Tx, p, partitions int, need uint64) (cp checkpoint.Checkpoint, found, quiet bool, err error) {
 	err = tx.QueryRowContext(ctx, "SELECT seq, partitions, activities, signups, digest, taken_at FROM allocator_checkpoint "+
 		"WHERE partition_id = ? AND seq < ? ORDER BY seq DESC LIMIT 1", p, need).
 		Scan(&cp.Seq, &cp.Partitions, &cp.Activities, &cp.Signups, &cp.Digest, &cp.TakenAt)
@@ -380,8 +386,12 @@ func quietCheckpoint(ctx context.Context, tx *sql.Tx, p int, need uint64) (cp ch
 		found = true
 	}
 	var n int
+	subject := "%"
+	if partitions > 1 {
+		subject = wire.RequestSubjectPrefix + strconv.Itoa(p) + ".%"
+	}
 	if err := tx.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM processed_request WHERE partition_id = ? AND seq > ? AND seq <= ?)"+
-		" + (SELECT COUNT(*) FROM rejected_message WHERE seq > ? AND seq <= ?)", p, cp.Seq, need, cp.Seq, need).Scan(&n); err != nil {
+		" + (SELECT COUNT(*) FROM rejected_message WHERE seq > ? AND seq <= ? AND subject LIKE ?)", p, cp.Seq, need, cp.Seq, need, subject).Scan(&n); err != nil {
 		return cp, found, false, fmt.Errorf("audit: look for changes since the checkpoint of partition %d: %w", p, err)
 	}
 	return cp, found, n == 0, nil

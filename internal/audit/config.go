@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/allot-dev/allot/internal/allocation"
+	"github.com/allot-dev/allot/internal/shards"
 )
 
 // Config narrows an audit: what cmd/audit's flags set (-activity,
@@ -23,6 +24,12 @@ import (
 type Config struct {
 	// Activities, when non-empty, limits the audit to these activity ids.
 	Activities []int64 `ignored:"true"`
+	// Partitions, when non-empty, limits the audit to the activities (and
+	// the voids) of these partitions of the request stream: their
+	// messages, results, refusals, fences and checkpoints. Rows of other
+	// partitions in the database are left alone (a database that holds
+	// several partitions' state). With Activities, both apply.
+	Partitions []int `ignored:"true"`
 	// FromSeq, when non-zero, compares only from this stream sequence on.
 	FromSeq uint64 `ignored:"true"`
 	// FromTime, when non-zero, compares only from the first message stored
@@ -58,6 +65,11 @@ func (c Config) Validate() error {
 	if c.FromSeq == math.MaxUint64 {
 		return configError(fmt.Sprintf("-from-seq: %d is out of range", c.FromSeq))
 	}
+	for _, p := range c.Partitions {
+		if p < 0 {
+			return configError(fmt.Sprintf("partition %d is not a partition: partitions are numbered from 0", p))
+		}
+	}
 	for _, id := range c.Activities {
 		if id <= 0 {
 			return configError(fmt.Sprintf("-activity: %q is not a positive activity id", strconv.FormatInt(id, 10)))
@@ -75,8 +87,18 @@ func (c Config) activities() []int64 {
 
 // Deps is what an audit reads and writes besides its Config.
 type Deps struct {
-	// DB is the MySQL database the allocator writes.
+	// DB is the MySQL database the allocator writes, when there is one
+	// (Shards nil): the audit checks it alone, without the shard map.
 	DB *sql.DB
+	// Shards, when set, are the open pools of ALLOT_MYSQL_SHARDS by name:
+	// the audit reads the partition → shard map (bucket ALLOT_SHARDS) and
+	// checks each shard's partitions there, and every shard for rows of
+	// partitions it does not own. With one shard that the map (or its
+	// absence) gives every partition, it is the audit of DB.
+	Shards shards.Pools
+	// Unreachable are the shards of ALLOT_MYSQL_SHARDS whose pool could
+	// not be opened, with the error: each is reported as not audited.
+	Unreachable map[string]error
 	// JS reads the request stream (and, from checkpoints, its first
 	// sequences).
 	JS jetstream.JetStream

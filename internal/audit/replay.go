@@ -26,8 +26,13 @@ import (
 // auditor is one audit's replay state and findings.
 type auditor struct {
 	run auditRun
-	// fence is the allocator's fence: no result is expected beyond it.
-	fence uint64
+	// fence is the allocator's fence, the highest of the audited
+	// partitions'; fences are each partition's: no result is expected
+	// beyond a message's partition's fence.
+	fence  uint64
+	fences map[int]uint64
+	// strays are the rows of partitions the audited shard does not own.
+	strays strays
 	// subjects are the audited activities, by their subject token; nil
 	// means all.
 	subjects map[string]bool
@@ -73,6 +78,11 @@ type auditRun struct {
 	partitions int
 	// last is the stream's last sequence when the audit opened it.
 	last uint64
+	// parts are the audited partitions (nil: all), partList the same in
+	// order; shard is the shard audited among several (nil: one database).
+	parts    map[int]bool
+	partList []int
+	shard    *shardScope
 }
 
 // requestIDs are the request ids the replay has met.
@@ -151,7 +161,7 @@ func (a *auditor) message(seq uint64, subject, batch string, data []byte, stored
 	if err != nil {
 		reqs = []wire.Decoded{{Err: err}}
 	}
-	if seq > a.fence {
+	if seq > a.fenceOf(subject) {
 		a.check.rep.Pending++
 		for _, r := range reqs {
 			if err := a.pending(wire.Place(seq, r.Index)); err != nil {
@@ -521,10 +531,16 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	}
 	checked := make(map[int64]bool, len(a.acts)+len(rows))
 	for _, id := range a.run.activities {
-		checked[id] = true
+		if a.activityInScope(id) {
+			checked[id] = true
+		}
 	}
 	inRow := make(map[int64]bool, len(rows))
 	for _, r := range rows {
+		if !a.activityInScope(r.ID) {
+			delete(buckets, r.ID) // another partition's: not this audit's
+			continue
+		}
 		checked[r.ID] = true
 		inRow[r.ID] = true
 		bs := buckets[r.ID]
@@ -572,6 +588,9 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 		}
 	}
 	for _, id := range slices.Sorted(maps.Keys(buckets)) {
+		if !a.activityInScope(id) {
+			continue
+		}
 		a.diverge(Divergence{Kind: KindActivityUnexpected, ActivityID: id, Field: "waitlist_bucket",
 			Expected: "no waitlist bucket (no activity row)", Actual: describeBuckets(buckets[id])})
 	}
@@ -594,6 +613,9 @@ func (a *auditor) compareRows(ctx context.Context, tx *sql.Tx) error {
 	a.check.rep.ActivitiesChecked = len(checked)
 
 	err = snapshot.EachSignup(ctx, tx, a.run.activities, func(activity, user int64, r snapshot.Signup) {
+		if !a.activityInScope(activity) {
+			return
+		}
 		k := signupKey{activity, user}
 		t := a.signups[k]
 		if t == nil {

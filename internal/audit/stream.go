@@ -58,17 +58,30 @@ func openStream(ctx context.Context, js jetstream.JetStream, fence uint64) (stre
 // replay reads the stream in order from sequence 1 up to its last sequence
 // at start and hands each message to the auditor.
 func (a *auditor) replay(ctx context.Context, st stream) error {
-	a.run.partitions = st.partitions
 	if st.last == 0 {
 		return nil
 	}
 	filters := []string{wire.RequestSubjectPrefix + ">"}
-	if len(a.run.activities) > 0 {
+	switch {
+	case len(a.run.activities) > 0:
 		filters = filters[:0]
 		for _, id := range a.run.activities {
+			if !a.partAudited(a.activityPartition(id)) {
+				continue
+			}
 			// Stored as published, or behind its partition's token.
 			filters = append(filters, subjectOf(id), wire.RequestSubjectPrefix+"*."+strconv.FormatInt(id, 10))
 		}
+	case a.run.parts != nil && st.partitions > 1:
+		filters = filters[:0]
+		for _, p := range a.run.partList {
+			filters = append(filters, bus.PartitionFilter(p, st.partitions))
+		}
+	case a.run.parts != nil && !a.run.parts[0]:
+		filters = nil
+	}
+	if len(filters) == 0 {
+		return nil // nothing of the stream is audited here
 	}
 	occ := jetstream.OrderedConsumerConfig{
 		FilterSubjects: filters,

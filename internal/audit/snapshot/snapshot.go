@@ -30,6 +30,43 @@ func ReadFence(ctx context.Context, tx *sql.Tx) (uint64, error) {
 	return fence, nil
 }
 
+// Fence is a partition's fence row: the stream sequence of the last
+// message applied or refused on it and, when read (ReadFences with
+// epochs), its ownership epoch (NULL: frozen by a move).
+type Fence struct {
+	LastSeq uint64
+	Epoch   sql.NullInt64
+}
+
+// ReadFences returns every partition's fence row, by partition; with
+// epochs it reads the epoch column too (migration 0012).
+func ReadFences(ctx context.Context, tx *sql.Tx, epochs bool) (map[int]Fence, error) {
+	query := "SELECT partition_id, last_seq, NULL FROM allocator_partition"
+	if epochs {
+		query = "SELECT partition_id, last_seq, epoch FROM allocator_partition"
+	}
+	rows, err := tx.QueryContext(ctx, query)
+	if err != nil {
+		return nil, fmt.Errorf("audit: read the allocator's fences: %w", err)
+	}
+	defer rows.Close()
+	out := make(map[int]Fence)
+	for rows.Next() {
+		var (
+			p int
+			f Fence
+		)
+		if err := rows.Scan(&p, &f.LastSeq, &f.Epoch); err != nil {
+			return nil, fmt.Errorf("audit: read the allocator's fences: %w", err)
+		}
+		out[p] = f
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("audit: read the allocator's fences: %w", err)
+	}
+	return out, nil
+}
+
 // Rejected is a rejected_message row.
 type Rejected struct {
 	Subject   string
@@ -101,9 +138,10 @@ type Results struct {
 }
 
 // StartResults reads the results of the messages after stream sequence
-// after (of activities, when given) in pages on tx. Nothing else may use tx
-// until the cursor is drained or Wait returned.
-func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64) *Results {
+// after (of activities, when given; of partitions, when not nil) in pages
+// on tx. Nothing else may use tx until the cursor is drained or Wait
+// returned.
+func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []int64, partitions []int) *Results {
 	pages := make(chan []Result, 2)
 	c := &Results{pages: pages, done: make(chan struct{})}
 	// Keyset pages on the place: after the last row's (seq, batch_index).
@@ -115,7 +153,16 @@ func StartResults(ctx context.Context, tx *sql.Tx, after uint64, activities []in
 	// primary key.
 	var parts int
 	var only int64
-	if err := tx.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(partition_id), 0) FROM allocator_partition").Scan(&parts, &only); err == nil && parts == 1 {
+	switch {
+	case partitions != nil && len(partitions) == 0:
+		query += " AND FALSE"
+	case partitions != nil:
+		ids := make([]int64, len(partitions))
+		for i, p := range partitions {
+			ids[i] = int64(p)
+		}
+		query += " AND partition_id IN (" + store.IntList(ids) + ")"
+	case tx.QueryRowContext(ctx, "SELECT COUNT(*), COALESCE(MIN(partition_id), 0) FROM allocator_partition").Scan(&parts, &only) == nil && parts == 1:
 		query += " AND partition_id = " + strconv.FormatInt(only, 10)
 	}
 	if len(activities) > 0 {

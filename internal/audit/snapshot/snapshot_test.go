@@ -39,14 +39,19 @@ func TestResults(t *testing.T) {
 
 	// walk reads the results after seq after (of activities) on a snapshot
 	// and returns their places, checking their order.
+	var walk2 func(after uint64, partitions []int, activities ...int64) []uint64
 	walk := func(after uint64, activities ...int64) []uint64 {
+		t.Helper()
+		return walk2(after, nil, activities...)
+	}
+	walk2 = func(after uint64, partitions []int, activities ...int64) []uint64 {
 		t.Helper()
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tx.Rollback()
-		c := snapshot.StartResults(ctx, tx, after, activities)
+		c := snapshot.StartResults(ctx, tx, after, activities, partitions)
 		defer c.Wait()
 		var seqs []uint64
 		for {
@@ -88,6 +93,14 @@ func TestResults(t *testing.T) {
 		t.Errorf("two partitions, after %d: %v, want [%d %d]", rows-1, got, p(rows), p(rows+2))
 	}
 
+	// Of one partition only.
+	if got := walk2(rows-1, []int{1}); len(got) != 1 || got[0] != p(rows+2) {
+		t.Errorf("partition 1, after %d: %v, want [%d]", rows-1, got, p(rows+2))
+	}
+	if got := walk2(rows-1, []int{}); len(got) != 0 {
+		t.Errorf("no partition: %v, want nothing", got)
+	}
+
 	// A batch: its requests' rows, stored out of order, come in index
 	// order, after the rows of the messages before it, and a walk after
 	// its message has none of them.
@@ -116,7 +129,7 @@ func TestResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := snapshot.StartResults(ctx, tx, uint64(long-1), nil)
+	c := snapshot.StartResults(ctx, tx, uint64(long-1), nil, nil)
 	var events []string
 	for {
 		r, err := c.Peek()
@@ -142,6 +155,10 @@ func TestResults(t *testing.T) {
 	defer tx.Rollback()
 	if fence, err := snapshot.ReadFence(ctx, tx); err != nil || fence != rows+2 {
 		t.Errorf("fence %d, %v; want %d", fence, err, rows+2)
+	}
+	if fences, err := snapshot.ReadFences(ctx, tx, true); err != nil || len(fences) != 2 || fences[0].LastSeq != rows || fences[1].LastSeq != rows+2 ||
+		fences[1].Epoch.Int64 != 1 {
+		t.Errorf("fences %+v, %v; want partition 0 at %d and 1 at %d, epoch 1", fences, err, rows, rows+2)
 	}
 	rej, err := snapshot.ReadRejected(ctx, tx)
 	if r, ok := rej[p(rows+1)]; err != nil || len(rej) != 2 || !ok || r.Subject != "alloc.req.9" || r.Reason != "bad" || r.RequestID != "" {
