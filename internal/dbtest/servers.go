@@ -35,7 +35,17 @@ func ServerProcs(t testing.TB, n int) []*devdb.DB {
 	dir := t.TempDir()
 	out := make([]*devdb.DB, n)
 	for i := range n {
-		db, err := devdb.StartServer(context.Background(), filepath.Join(dir, fmt.Sprintf("s%d", i)), DefaultDSN, nil)
+		// A server that fails to start on a loaded machine (seldom, and
+		// saying little why) gets a second try in a fresh directory.
+		var db *devdb.DB
+		var err error
+		for try := range 2 {
+			db, err = devdb.StartServer(context.Background(), filepath.Join(dir, fmt.Sprintf("s%d-%d", i, try)), DefaultDSN, nil)
+			if err == nil {
+				break
+			}
+			t.Logf("dbtest: start server %d of %d (try %d of 2): %v", i+1, n, try+1, err)
+		}
 		if err != nil {
 			t.Fatalf("dbtest: start server %d of %d: %v", i+1, n, err)
 		}
