@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/tracing"
 )
@@ -68,11 +70,26 @@ func run(ctx context.Context) int {
 	}
 	defer tracing.Flush(stopTracing, log)
 
-	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
+	set, err := c.Shards()
 	if err != nil {
-		return fail(mysqlError(c.MySQLDSN, err))
+		return fail(err)
 	}
-	defer db.Close()
+	// One pool per shard of ALLOT_MYSQL_SHARDS (without it: ALLOT_MYSQL_DSN
+	// as the one shard, default); reads go to each activity's shard.
+	pools, err := shards.OpenPools(ctx, set, func(ctx context.Context, dsn string) (*sql.DB, error) {
+		db, err := store.Open(ctx, dsn, c.MySQLMaxConns)
+		if err != nil {
+			return nil, mysqlError(dsn, err)
+		}
+		return db, nil
+	})
+	if err != nil {
+		if set.Len() == 1 {
+			err = errors.Unwrap(err) // "shard default: " says nothing to a deployment of one database
+		}
+		return fail(err)
+	}
+	defer pools.Close()
 
 	nopts, err := c.NATSOptions()
 	if err != nil {
@@ -84,7 +101,7 @@ func run(ctx context.Context) int {
 	}
 	defer drain(nc, log)
 
-	err = ingest.Run(ctx, c.Config, ingest.Deps{DB: db, NATS: nc, Log: log})
+	err = ingest.Run(ctx, c.Config, ingest.Deps{Shards: pools, NATS: nc, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, bus.ErrUnavailable) || bus.IsSetupError(err) {
