@@ -156,8 +156,17 @@ func TestReadsGoToTheActivitysShard(t *testing.T) {
 	resp, body := get("/v1/requests/" + nowhere)
 	wantStatus(t, "poll of an id no shard holds", resp, body, http.StatusNotFound)
 
+	keyed := req{method: http.MethodPost, path: signup(a1, 10), header: map[string]string{"Idempotency-Key": "k-s1"}}
+	resp, body = sh.do(keyed)
+	keyedID := accepted(t, "keyed join on s1", resp, body)
+
 	if err := sh.procs[1].Kill(); err != nil {
 		t.Fatal(err)
+	}
+	// A repeat of a key reads its request's result, and goes on without.
+	resp, body = sh.do(keyed)
+	if id := accepted(t, "repeat of a keyed join on s1 while it is down", resp, body); id != keyedID {
+		t.Errorf("repeat of a keyed join: id %s, want the first's %s", id, keyedID)
 	}
 	// s0's activities answer as before: none of their reads waits on s1.
 	if c := sh.capacityOf(a0); c != 10 {
