@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -257,4 +258,32 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestNoShardAnswers: with several shards and none answering, /readyz
+// answers 503 naming them; a read whose partition the map puts on a shard
+// this ingest does not know answers 503 saying so.
+func TestNoShardAnswers(t *testing.T) {
+	away := func() *sql.DB {
+		db, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/allot?timeout=1s") // nothing listens on port 1
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		return db
+	}
+	// The harness seeds the map with the one shard "default".
+	h := newHarnessWith(t, nil, away(), func(_ *Config, d *Deps) {
+		d.Shards = shards.Pools{"s0": away(), "s1": away()}
+	})
+	resp, body := h.do(req{method: http.MethodGet, path: "/readyz"})
+	wantStatus(t, "/readyz with no shard answering", resp, body, http.StatusServiceUnavailable)
+	if msg := errorSentence(t, "/readyz", resp, body); !strings.Contains(msg, "s0, s1") {
+		t.Errorf("/readyz says %q, want s0 and s1 named", msg)
+	}
+	resp, body = h.do(req{method: http.MethodGet, path: "/v1/activities/1"})
+	wantStatus(t, "read of an activity the map puts on an unknown shard", resp, body, http.StatusServiceUnavailable)
+	if msg := errorSentence(t, "read", resp, body); !strings.Contains(msg, "shard map") {
+		t.Errorf("read says %q, want the shard map named", msg)
+	}
 }
