@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -21,6 +22,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/ingest"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/tracing"
 )
@@ -68,11 +70,32 @@ func run(ctx context.Context) int {
 	}
 	defer tracing.Flush(stopTracing, log)
 
-	db, err := store.Open(ctx, c.MySQLDSN, c.MySQLMaxConns)
+	set, err := c.Shards()
 	if err != nil {
-		return fail(mysqlError(c.MySQLDSN, err))
+		return fail(err)
 	}
-	defer db.Close()
+	// One pool per shard of ALLOT_MYSQL_SHARDS (without it: ALLOT_MYSQL_DSN
+	// as the one shard, default); reads go to each activity's shard.
+	pools, err := shards.OpenPools(ctx, set, func(ctx context.Context, dsn string) (*sql.DB, error) {
+		db, err := store.Open(ctx, dsn, c.MySQLMaxConns)
+		if err != nil && set.Len() > 1 && errors.Is(err, store.ErrUnreachable) {
+			// A shard down stops only its activities' reads, also when
+			// ingest starts meanwhile: its pool connects once it answers.
+			log.WarnContext(ctx, "a MySQL shard does not answer at start: its activities' reads answer 503 until it does", slog.Any("err", err))
+			return openLater(dsn, c.MySQLMaxConns)
+		}
+		if err != nil {
+			return nil, mysqlError(dsn, err)
+		}
+		return db, nil
+	})
+	if err != nil {
+		if set.Len() == 1 {
+			err = errors.Unwrap(err) // "shard default: " says nothing to a deployment of one database
+		}
+		return fail(err)
+	}
+	defer pools.Close()
 
 	nopts, err := c.NATSOptions()
 	if err != nil {
@@ -84,7 +107,7 @@ func run(ctx context.Context) int {
 	}
 	defer drain(nc, log)
 
-	err = ingest.Run(ctx, c.Config, ingest.Deps{DB: db, NATS: nc, Log: log})
+	err = ingest.Run(ctx, c.Config, ingest.Deps{Shards: pools, NATS: nc, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s: %v\n", binary, err)
 		if errors.Is(err, bus.ErrUnavailable) || bus.IsSetupError(err) {
@@ -93,6 +116,34 @@ func run(ctx context.Context) int {
 		return 1
 	}
 	return 0
+}
+
+// openLater is a pool of dsn, with store.Open's settings, that connects
+// when it is first used: the pool of a shard that does not answer at
+// start. Ingest only reads through it.
+func openLater(dsn string, maxConns int) (*sql.DB, error) {
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("parse mysql dsn: %w", err)
+	}
+	cfg.InterpolateParams, cfg.ParseTime = true, true
+	if cfg.Params == nil {
+		cfg.Params = make(map[string]string, 1)
+	}
+	cfg.Params["sql_mode"] = store.StrictSQLMode
+	cfg.MaxAllowedPacket = 0
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysql connector: %w", err)
+	}
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxLifetime(30 * time.Minute)
+	return db, nil
 }
 
 // fail prints err as the one line of a fail-fast exit.

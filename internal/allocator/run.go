@@ -96,7 +96,8 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 	// A partition given up for want of commits goes to a peer: the
 	// membership tells them, /readyz tells the operator.
 	deps.OnStall = func(p int, stalled bool) {
-		h.SetStalled(p, stalled)
+		rt, _ := router.Route(p) // a partition without a route never started
+		h.SetStalled(p, rt.Shard, stalled)
 		if m != nil {
 			m.GiveUp(p, stalled)
 		}

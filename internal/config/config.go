@@ -35,7 +35,7 @@ type Common struct {
 	NATSTLSCert    string `envconfig:"NATS_TLS_CERT" desc:"client certificate file for NATS mutual TLS"`
 	NATSTLSKeyFile string `envconfig:"NATS_TLS_KEY_FILE" desc:"client key file for NATS mutual TLS"`
 	MySQLDSN       string `envconfig:"MYSQL_DSN" default:"root@tcp(127.0.0.1:3306)/allot?parseTime=true" desc:"go-sql-driver DSN"`
-	MySQLShards    string `envconfig:"MYSQL_SHARDS" desc:"several MySQL primaries, name=DSN,name=DSN (passwords masked when printed); empty = one shard, default, with ALLOT_MYSQL_DSN; the allocator applies each partition on its shard of the map, the other processes use ALLOT_MYSQL_DSN only"`
+	MySQLShards    string `envconfig:"MYSQL_SHARDS" desc:"several MySQL primaries, name=DSN,name=DSN (passwords masked when printed); empty = one shard, default, with ALLOT_MYSQL_DSN; the allocator applies each partition on its shard of the map and ingest reads it there, the audit and allotctl use ALLOT_MYSQL_DSN only"`
 	MySQLMaxConns  int    `envconfig:"MYSQL_MAX_CONNS" default:"16" desc:"MySQL pool size per process"`
 	LogLevel       string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
@@ -68,7 +68,8 @@ func (c Common) Validate() error {
 }
 
 // Shards is the shard set of ALLOT_MYSQL_SHARDS (ALLOT_MYSQL_DSN as the one
-// shard shards.DefaultName when it is empty). The allocator routes by it.
+// shard shards.DefaultName when it is empty). The allocator and ingest
+// route by it.
 func (c Common) Shards() (shards.Set, error) {
 	return shards.Parse(c.MySQLShards, c.MySQLDSN)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/allot-dev/allot/internal/auth"
 	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -153,8 +154,15 @@ func (e Config) publishConfig(t TestHooks) publish.Config {
 
 // Deps is everything Run and New use that is not configuration.
 type Deps struct {
-	DB   *sql.DB    // read only: results, activities, signups; the caller's to close
-	NATS *nats.Conn // the caller's to drain
+	// DB is the one database read (results, activities, signups) when
+	// Shards is nil; read only, the caller's to close.
+	DB *sql.DB
+	// Shards, when set, are the pools of ALLOT_MYSQL_SHARDS by shard name
+	// (DB is then ignored): each read goes to the shard the map
+	// (bucket ALLOT_SHARDS) names for its partition. Read only, the
+	// caller's to close.
+	Shards shards.Pools
+	NATS   *nats.Conn // the caller's to drain
 	// JS is the JetStream handle over NATS; nil: New makes one.
 	JS  jetstream.JetStream
 	Log *slog.Logger // nil: discard

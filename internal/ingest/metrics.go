@@ -1,14 +1,17 @@
 package ingest
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/ingest/reads"
 	"github.com/allot-dev/allot/internal/ingest/results"
 	"github.com/allot-dev/allot/internal/ingest/shed"
 )
@@ -22,6 +25,25 @@ type metrics struct {
 	publish  publish.Metrics
 	shed     shed.Metrics
 	results  results.Metrics
+	reads    reads.Metrics
+	shardUp  *probedGauge // reads.Metrics.Up, pinged at each scrape
+}
+
+// probedGauge is a gauge vector that runs probe before each collection:
+// allot_ingest_shard_up is as fresh as the scrape (the pings' answers are
+// kept for a second).
+type probedGauge struct {
+	*prometheus.GaugeVec
+	probe func(ctx context.Context) // nil: none yet
+}
+
+func (g *probedGauge) Collect(ch chan<- prometheus.Metric) {
+	if g.probe != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		g.probe(ctx)
+		cancel()
+	}
+	g.GaugeVec.Collect(ch)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -107,6 +129,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "allot_ingest_reads_limited_total",
 		Help: "Activity and signup reads answered 429 because their caller was over ALLOT_INGEST_READ_RATE.",
 	}))
+	m.shardUp = register(&r, &probedGauge{GaugeVec: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "allot_ingest_shard_up",
+		Help: "Whether the MySQL shard answers a ping (1) or not (0), by shard (ALLOT_MYSQL_SHARDS; default without it).",
+	}, []string{"shard"})})
+	m.reads.Up = m.shardUp.GaugeVec
+	m.reads.Errors = register(&r, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_ingest_shard_read_errors_total",
+		Help: "Reads of activities, signups and results that failed on a MySQL shard (it did not answer in time, or erred), by shard.",
+	}, []string{"shard"}))
 	if r.err != nil {
 		return nil, r.err
 	}

@@ -18,6 +18,8 @@ func TestMetricsFollowPrometheusConventions(t *testing.T) {
 	// Vectors show up only once they have a child.
 	m.requests.WithLabelValues("GET /healthz", "200").Inc()
 	m.shed.Claims.WithLabelValues("SOLD_OUT").Inc()
+	m.reads.Up.WithLabelValues("s0").Set(1)
+	m.reads.Errors.WithLabelValues("s0").Inc()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -2,17 +2,21 @@ package ingest
 
 import (
 	"context"
-	"database/sql"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
+	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/ingest/reads"
 	"github.com/allot-dev/allot/internal/ingest/reply"
 	"github.com/allot-dev/allot/internal/ingest/results"
+	"github.com/allot-dev/allot/internal/ingest/ui"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -57,7 +61,12 @@ func (s *Service) handlePoll(w http.ResponseWriter, r *http.Request) {
 	}
 	res, found, err := s.results.Get(ctx, id)
 	if err != nil {
-		s.dbError(ctx, w, "read result", err, slog.String("request_id", id))
+		if res, ok := s.shed.Recorded(id); ok && mine(res.UserID) {
+			// Shed here: its answer needs no shard.
+			reply.Result(w, http.StatusOK, res)
+			return
+		}
+		s.dbError(ctx, w, "read result", "request", err, slog.String("request_id", id))
 		return
 	}
 	if found {
@@ -118,11 +127,16 @@ func (s *Service) handleActivity(w http.ResponseWriter, r *http.Request) {
 	if !s.callers.access.AllowRead(w, r, 0) {
 		return
 	}
+	sh, err := s.rd.Activity(activity)
+	if err != nil {
+		s.dbError(ctx, w, "route activity", "activity", s.rd.Unrouted(err), slog.Int64("activity_id", activity))
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.deps.Test.queryTimeout())
 	defer cancel()
-	st, found, err := store.GetActivity(qctx, s.deps.DB, activity)
+	st, found, err := store.GetActivity(qctx, sh.DB, activity)
 	if err != nil {
-		s.dbError(ctx, w, "read activity", err, slog.Int64("activity_id", activity))
+		s.dbError(ctx, w, "read activity", "activity", s.rd.Fail(ctx, sh, err), slog.Int64("activity_id", activity))
 		return
 	}
 	if !found {
@@ -148,11 +162,16 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 	if !s.callers.access.AllowRead(w, r, user) {
 		return
 	}
+	sh, err := s.rd.Activity(activity)
+	if err != nil {
+		s.dbError(ctx, w, "route signup", "activity", s.rd.Unrouted(err), slog.Int64("activity_id", activity), slog.Int64("user_id", user))
+		return
+	}
 	qctx, cancel := context.WithTimeout(ctx, s.deps.Test.queryTimeout())
 	defer cancel()
-	st, found, err := s.posns.Get(qctx, activity, user)
+	st, found, err := sh.Positions.Get(qctx, activity, user)
 	if err != nil {
-		s.dbError(ctx, w, "read signup", err, slog.Int64("activity_id", activity), slog.Int64("user_id", user))
+		s.dbError(ctx, w, "read signup", "activity", s.rd.Fail(ctx, sh, err), slog.Int64("activity_id", activity), slog.Int64("user_id", user))
 		return
 	}
 	if !found {
@@ -164,8 +183,11 @@ func (s *Service) handleSignup(w http.ResponseWriter, r *http.Request) {
 }
 
 // dbError answers 503 for a failed MySQL read and logs it, unless the client
-// left, which is the cause rather than a failure.
-func (s *Service) dbError(ctx context.Context, w http.ResponseWriter, what string, err error, attrs ...slog.Attr) {
+// left, which is the cause rather than a failure. With several shards the
+// sentence names the shard that holds the activity (or request, as
+// holder says) and Retry-After comes with it; with one it is the
+// sentence of a deployment without shards.
+func (s *Service) dbError(ctx context.Context, w http.ResponseWriter, what, holder string, err error, attrs ...slog.Attr) {
 	if ctx.Err() == nil {
 		args := make([]any, 0, len(attrs)+1)
 		for _, a := range attrs {
@@ -174,7 +196,71 @@ func (s *Service) dbError(ctx context.Context, w http.ResponseWriter, what strin
 		args = append(args, slog.Any("err", err))
 		s.deps.Log.ErrorContext(ctx, what, args...)
 	}
-	reply.Error(w, http.StatusServiceUnavailable, reply.MsgDatabaseDown)
+	se, ok := errors.AsType[*reads.ShardError](err)
+	if !ok || se.Single {
+		reply.Error(w, http.StatusServiceUnavailable, reply.MsgDatabaseDown)
+		return
+	}
+	reply.RetryAfter(w, shardRetryAfter)
+	reply.Error(w, http.StatusServiceUnavailable, shardDownSentence(se.Shard, holder))
+}
+
+// shardRetryAfter is the Retry-After of a read whose shard does not
+// answer: shard pings are kept for a second, and a restart takes a few.
+const shardRetryAfter = 5 * time.Second
+
+// shardDownSentence is the answer to a read of an activity (or a
+// request's result) whose shard does not answer, or cannot be told
+// (shard "").
+func shardDownSentence(shard, holder string) string {
+	what := "this activity"
+	if holder == "request" {
+		what = "this request's result"
+	}
+	if shard == "" {
+		return "The shard map does not place " + what + " on a database shard this ingest knows; try again shortly."
+	}
+	return "The database shard " + shard + " that holds " + what + " does not answer; try again shortly."
+}
+
+// locate names the shards that may hold request id's result: the shard
+// of the partition the id names, or every shard for an id that names
+// none (minted before ids named their partition, or by another tool).
+func (s *Service) locate(id string) ([]*reads.Shard, error) {
+	if s.rd.Single() {
+		return s.rd.Shards(), nil
+	}
+	uid, err := uuid.Parse(id)
+	if err != nil {
+		return s.rd.Shards(), nil
+	}
+	if p, ok := s.callers.ids.Partition(uid, s.rd.Partitions()); ok {
+		sh, err := s.rd.Partition(p)
+		if err != nil {
+			return nil, err
+		}
+		return []*reads.Shard{sh}, nil
+	}
+	return s.rd.Shards(), nil
+}
+
+// uiRoute is the operator page's way to the shard of an activity.
+func (s *Service) uiRoute(activity int64) (ui.Shard, error) {
+	sh, err := s.rd.Activity(activity)
+	if err != nil {
+		return ui.Shard{}, err
+	}
+	return ui.Shard{Name: sh.Name, DB: sh.DB}, nil
+}
+
+// uiShards is every shard and whether it answers, for the operator page.
+func (s *Service) uiShards(ctx context.Context) []ui.ShardState {
+	states := s.rd.Probe(ctx)
+	out := make([]ui.ShardState, len(states))
+	for i, st := range states {
+		out[i] = ui.ShardState{Name: st.Name, Up: st.Up}
+	}
+	return out
 }
 
 var statusOK = []byte(`{"status":"ok"}`)
@@ -184,8 +270,18 @@ func (s *Service) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	reply.Raw(w, http.StatusOK, statusOK)
 }
 
-// handleReady serves /readyz: 200 when NATS is connected and MySQL answers
-// a ping, else 503 naming which (api/openapi.yaml's /readyz).
+// readyBody is /readyz's 200 answer with several shards: each shard's
+// state ("up" or "down") by name.
+type readyBody struct {
+	Status string            `json:"status"`
+	Shards map[string]string `json:"shards"`
+}
+
+// handleReady serves /readyz: 200 when NATS is connected and at least one
+// MySQL shard answers a ping, listing each shard's state when there are
+// several; else 503 naming
+// what is down (api/openapi.yaml's /readyz). A shard down stops only
+// reads of its activities, so it does not make the instance unready.
 // Writes do not wait on it: they never touch MySQL, so an instance whose
 // database is down still answers them 202, and only the reads that need
 // MySQL answer 503. A load balancer that should keep sending writes
@@ -195,37 +291,27 @@ func (s *Service) handleReady(w http.ResponseWriter, r *http.Request) {
 		reply.Error(w, http.StatusServiceUnavailable, "Not ready: NATS is not connected.")
 		return
 	}
-	if err := s.state.dbUp.check(r.Context()); err != nil {
-		reply.Error(w, http.StatusServiceUnavailable, "Not ready: MySQL does not answer.")
+	body := readyBody{Status: "ok", Shards: map[string]string{}}
+	var down []string
+	for _, st := range s.rd.Probe(r.Context()) {
+		if st.Up {
+			body.Shards[st.Name] = "up"
+		} else {
+			body.Shards[st.Name] = "down"
+			down = append(down, st.Name)
+		}
+	}
+	if len(down) == len(body.Shards) {
+		if s.rd.Single() {
+			reply.Error(w, http.StatusServiceUnavailable, "Not ready: MySQL does not answer.")
+		} else {
+			reply.Error(w, http.StatusServiceUnavailable, "Not ready: no MySQL shard answers ("+strings.Join(down, ", ")+").")
+		}
 		return
 	}
-	reply.Raw(w, http.StatusOK, statusOK)
-}
-
-// dbProbe pings MySQL for /readyz. /readyz needs no token, so a ping's
-// answer is kept for a second and pings never overlap: a flood of probes
-// costs the database one ping a second.
-type dbProbe struct {
-	db      *sql.DB
-	timeout time.Duration
-
-	mu  sync.Mutex
-	at  time.Time
-	err error
-}
-
-func (p *dbProbe) check(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.at.IsZero() && time.Since(p.at) < time.Second {
-		return p.err
+	if s.rd.Single() {
+		reply.Raw(w, http.StatusOK, statusOK) // as before shards
+		return
 	}
-	pctx, cancel := context.WithTimeout(ctx, p.timeout)
-	defer cancel()
-	err := p.db.PingContext(pctx)
-	if err != nil && ctx.Err() != nil {
-		return err // the caller went away: no answer to keep
-	}
-	p.at, p.err = time.Now(), err
-	return err
+	reply.JSON(w, http.StatusOK, body)
 }

@@ -13,6 +13,7 @@
 //     allocator applies it (views and the tail of the request stream);
 //   - publish: the group commit, the PubAck wait, and the settling of a
 //     request that may be stored;
+//   - reads: which shard each read goes to, and whether each answers;
 //   - results: waiting for a result and the coalesced MySQL reads;
 //   - ui: the live operator page;
 //   - reply: the HTTP answers they all write.
@@ -38,10 +39,11 @@ import (
 	"github.com/allot-dev/allot/internal/ingest/access"
 	"github.com/allot-dev/allot/internal/ingest/idempotency"
 	"github.com/allot-dev/allot/internal/ingest/publish"
+	"github.com/allot-dev/allot/internal/ingest/reads"
 	"github.com/allot-dev/allot/internal/ingest/results"
 	"github.com/allot-dev/allot/internal/ingest/shed"
 	"github.com/allot-dev/allot/internal/ingest/ui"
-	"github.com/allot-dev/allot/internal/store/waitlist"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -64,8 +66,8 @@ type Service struct {
 	shed    *shed.Answerer // started only when cfg.Shed
 	pub     *publish.Publisher
 	results *results.Results
-	ui      *ui.Server          // the live operator page and its feed
-	posns   *waitlist.Positions // signup reads (positions cached by the waitlist's version)
+	ui      *ui.Server   // the live operator page and its feed
+	rd      *reads.Reads // the shards reads go to, with their signup reads and pings
 	metrics *metrics
 	handler http.Handler
 	state   runState
@@ -83,15 +85,17 @@ type runState struct {
 	mu      sync.Mutex
 	sub     *nats.Subscription
 	stopped bool
-	dbUp    *dbProbe
 }
 
-// New builds a Service of cfg over deps.DB (read only: results,
-// activities, signups) and deps.NATS (publishing, idempotency keys,
-// result notifications). cfg is used as it is: validate it first
-// (Config.Validate). It does no I/O; Start does.
+// New builds a Service of cfg over deps.Shards, or deps.DB as the one
+// shard (read only: results, activities, signups), and deps.NATS
+// (publishing, idempotency keys, result notifications). cfg is used as it
+// is: validate it first (Config.Validate). It does no I/O; Start does.
 func New(cfg Config, deps Deps) (*Service, error) {
-	if deps.DB == nil || deps.NATS == nil {
+	if deps.Shards == nil && deps.DB != nil {
+		deps.Shards = shards.Pools{shards.DefaultName: deps.DB}
+	}
+	if len(deps.Shards) == 0 || deps.NATS == nil {
 		return nil, errors.New("ingest: New needs a database and a NATS connection")
 	}
 	if deps.JS == nil {
@@ -121,6 +125,11 @@ func New(cfg Config, deps Deps) (*Service, error) {
 	}
 	t := deps.Test
 	query := t.queryTimeout()
+	rd, err := reads.New(deps.Shards, min(query, 2*time.Second), m.reads)
+	if err != nil {
+		return nil, err
+	}
+	m.shardUp.probe = func(ctx context.Context) { rd.Probe(ctx) }
 	s := &Service{
 		cfg:  cfg,
 		deps: deps,
@@ -130,9 +139,8 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		},
 		keys:    idempotency.New(cfg.PublishTimeout),
 		pub:     publish.New(cfg.publishConfig(t), deps.NATS, deps.JS, deps.Log, m.publish),
-		posns:   waitlist.NewPositions(deps.DB),
+		rd:      rd,
 		metrics: m,
-		state:   runState{dbUp: &dbProbe{db: deps.DB, timeout: min(query, 2*time.Second)}},
 	}
 	if s.shed, err = shed.New(shed.Config{ActivityCache: cfg.ActivityCache, Wait: cmp.Or(t.ShedWait, shed.DefaultWait),
 		TailReplay: shed.DefaultTailReplay, Results: shed.DefaultResults}, deps.Log, m.shed); err != nil {
@@ -143,10 +151,18 @@ func New(cfg Config, deps Deps) (*Service, error) {
 		onView = s.shed.PutView
 	}
 	s.results = results.New(results.Config{MaxWaiters: cfg.MaxWaiters, QueryTimeout: query, Recheck: t.recheck()},
-		deps.DB, deps.Log, m.results, onView)
+		rd, s.locate, deps.Log, m.results, onView)
 	// Live streams end when waits do (endWaits), so that an open operator
 	// page never holds a graceful shutdown.
-	if s.ui, err = ui.New(ui.Config{DB: deps.DB, JS: deps.JS, Log: deps.Log, Done: s.results.Done(), QueryTimeout: query}); err != nil {
+	// With several shards the page reads each activity on its shard and
+	// shows every shard; with one, as before shards.
+	uc := ui.Config{JS: deps.JS, Log: deps.Log, Done: s.results.Done(), QueryTimeout: query}
+	if rd.Single() {
+		uc.DB = rd.Shards()[0].DB
+	} else {
+		uc.Route, uc.Shards = s.uiRoute, s.uiShards
+	}
+	if s.ui, err = ui.New(uc); err != nil {
 		return nil, err
 	}
 	s.handler = traced(s.routes(gatherer))
@@ -171,6 +187,11 @@ func (s *Service) Start(ctx context.Context) error {
 	// Ids name their partition, and lost PubAcks are settled within the
 	// duplicate window: both come from the stream as it is.
 	s.pub.Configure(st.CachedInfo().Config.Duplicates, partitions)
+	// Reads go to each partition's shard: with several, the map is
+	// watched from here on.
+	if err := s.rd.Start(ctx, s.deps.JS, partitions, s.deps.Log); err != nil {
+		return fmt.Errorf("ingest start: %w", err)
+	}
 	if err := bus.CheckEventStream(ctx, s.deps.JS); err != nil {
 		return fmt.Errorf("ingest start: %w", err)
 	}
@@ -232,6 +253,7 @@ func (s *Service) Stop() {
 	s.shed.Stop()
 	s.pub.Stop()
 	s.results.Stop()
+	s.rd.Stop()
 	if s.state.sub != nil {
 		if err := s.state.sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			s.deps.Log.Warn("unsubscribe results", slog.Any("err", err))

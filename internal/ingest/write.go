@@ -157,6 +157,9 @@ func (s *Service) buildRequest(ctx context.Context, w http.ResponseWriter, q *wr
 	return true
 }
 
+// repeatReadTimeout bounds answerRepeat's read with several shards.
+const repeatReadTimeout = time.Second
+
 // requestBufSize fits an encoded request without its Idempotency-Key.
 const requestBufSize = 192
 
@@ -186,8 +189,18 @@ func (s *Service) bindKey(ctx context.Context, w http.ResponseWriter, q *writeRe
 
 // answerRepeat answers a repeat whose request is applied already, without
 // publishing a copy that JetStream would store again once its duplicate
-// window has passed. It reports whether it answered.
+// window has passed. It reports whether it answered. The one read of
+// MySQL on the write path: a failed read counts as "not applied yet" and
+// the copy is published (the allocator applies a request id once,
+// however many messages carry it), so that a shard that does not answer
+// never fails a write; with several shards the read is bounded by
+// repeatReadTimeout, so that one that hangs does not hold it long.
 func (s *Service) answerRepeat(ctx context.Context, w http.ResponseWriter, q writeReq) bool {
+	if !s.rd.Single() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, repeatReadTimeout)
+		defer cancel()
+	}
 	res, ok := s.results.Lookup(ctx, q.id)
 	if !ok {
 		return false

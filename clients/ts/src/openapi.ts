@@ -182,7 +182,14 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Readiness - NATS is connected and MySQL answers a ping (kept for a second). Writes do not depend on it - they never touch MySQL and answer 202 through a database outage; probe /healthz to keep routing them then. */
+        /**
+         * Readiness - NATS is connected and MySQL answers a ping (kept for a second). Writes do not depend on it - they never touch MySQL and answer 202 through a database outage; probe /healthz to keep routing them then.
+         * @description With several MySQL shards (`ALLOT_MYSQL_SHARDS`, docs/shards.md)
+         *     the instance is ready while NATS is connected and at least one
+         *     shard answers: a shard that does not answer stops only the reads
+         *     of its activities (503 naming it), and the 200 lists every shard
+         *     as `up` or `down`. With one database the 200 is `{"status":"ok"}`.
+         */
         get: operations["ready"];
         put?: never;
         post?: never;
@@ -493,9 +500,20 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description MySQL does not answer; retry later. */
+        /**
+         * @description MySQL does not answer; retry later. With several shards
+         *     (`ALLOT_MYSQL_SHARDS`) this is the shard that holds the activity,
+         *     or the request's result (the one its id names; every shard for an
+         *     id that names none): the sentence names it, e.g. "The database
+         *     shard s1 that holds this activity does not answer; try again
+         *     shortly.", Retry-After comes with it, and every other shard's
+         *     activities answer as usual. Writes for its activities still answer
+         *     202 and are applied, in order, once it is back.
+         */
         DatabaseDown: {
             headers: {
+                /** @description Seconds to wait before trying again (with several shards). */
+                "Retry-After"?: string;
                 [name: string]: unknown;
             };
             content: {
@@ -903,8 +921,23 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            200: components["responses"]["OK"];
-            /** @description Not ready; the sentence names what is down. */
+            /** @description Ready. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        /** @constant */
+                        status: "ok";
+                        /** @description Every shard by name (several shards only), `up` when it answered its last ping. */
+                        shards?: {
+                            [key: string]: "up" | "down";
+                        };
+                    };
+                };
+            };
+            /** @description Not ready; the sentence names what is down (NATS, or MySQL - with several shards, every shard). */
             503: {
                 headers: {
                     [name: string]: unknown;

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,15 +72,16 @@ func (h *Health) unreachable(ctx context.Context) []string {
 // SetReady says every partition has started.
 func (h *Health) SetReady() { h.ready.Store(true) }
 
-// SetStalled records that partition p is given up for want of commits
-// (stalled true), or takes part again (false).
-func (h *Health) SetStalled(p int, stalled bool) { h.stalls.set(p, stalled) }
+// SetStalled records that partition p, applied on shard, is given up for
+// want of commits (stalled true), or takes part again (false).
+func (h *Health) SetStalled(p int, shard string, stalled bool) { h.stalls.set(p, shard, stalled) }
 
 // Serve returns the part that serves /metrics, /healthz and
 // /readyz on ln, or on a listener it opens on addr (nothing when both are
-// unset). /readyz answers 503 until h.ready is set, while NATS or MySQL is
-// unreachable, and while a partition is given up because it could not
-// commit.
+// unset). /readyz answers 503 until h.ready is set, while NATS or every
+// MySQL shard is unreachable, and while a partition on a shard that
+// answers is given up because it could not commit; its 200 lists each
+// shard as up or down when there are several.
 func Serve(addr string, ln net.Listener, reg *prometheus.Registry, h *Health) (*lifecycle.Part, error) {
 	if addr == "" && ln == nil {
 		return nil, nil
@@ -111,26 +111,37 @@ func (h *Health) readyz(w http.ResponseWriter, r *http.Request) {
 	// A hung route to MySQL must not hang the probe.
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if down := h.unreachable(ctx); !h.nc.IsConnected() || len(down) == len(h.dbs) {
+	down := h.unreachable(ctx)
+	if !h.nc.IsConnected() || len(down) == len(h.dbs) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.Write([]byte(`{"error":"nats or mysql is unreachable."}`)) //nolint:errcheck // the client is gone; nothing to do
 		return
-	} else if len(down) > 0 {
-		// Only their partitions wait; the others apply.
-		body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(
-			"mysql shards unreachable, their partitions waiting: %s.", strings.Join(down, ", "))})
-		w.WriteHeader(http.StatusServiceUnavailable)
-		w.Write(body) //nolint:errcheck // the client is gone; nothing to do
-		return
 	}
-	if parts := h.stalls.list(); len(parts) > 0 {
+	// A shard down stops only its partitions, which wait for it (given
+	// up or not): the others apply, and the process stays ready.
+	if parts := h.stalls.list(down); len(parts) > 0 {
 		body, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(
 			"partitions given up to peers, no commit to mysql while their requests waited: %s.", joinInts(parts))})
 		w.WriteHeader(http.StatusServiceUnavailable)
 		w.Write(body) //nolint:errcheck // the client is gone; nothing to do
 		return
 	}
-	w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
+	if len(h.dbs) == 1 {
+		w.Write([]byte(`{"status":"ready"}`)) //nolint:errcheck // the client is gone; nothing to do
+		return
+	}
+	shards := make(map[string]string, len(h.dbs))
+	for name := range h.dbs {
+		shards[name] = "up"
+	}
+	for _, name := range down {
+		shards[name] = "down"
+	}
+	body, _ := json.Marshal(struct {
+		Status string            `json:"status"`
+		Shards map[string]string `json:"shards"`
+	}{"ready", shards})
+	w.Write(body) //nolint:errcheck // the client is gone; nothing to do
 }
 
 // joinInts is "1, 2, 3".
@@ -145,32 +156,36 @@ func joinInts(xs []int) string {
 	return string(b)
 }
 
-// stallSet is a process's given-up partitions, for /readyz.
+// stallSet is a process's given-up partitions with their shards, for
+// /readyz.
 type stallSet struct {
 	mu sync.Mutex
-	m  map[int]bool
+	m  map[int]string
 }
 
-func (s *stallSet) set(p int, stalled bool) {
+func (s *stallSet) set(p int, shard string, stalled bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
-		s.m = map[int]bool{}
+		s.m = map[int]string{}
 	}
 	if stalled {
-		s.m[p] = true
+		s.m[p] = shard
 	} else {
 		delete(s.m, p)
 	}
 }
 
-// list is the given-up partitions, sorted.
-func (s *stallSet) list() []int {
+// list is the given-up partitions, sorted, but those on the shards down
+// (which wait for their shard, not for this process).
+func (s *stallSet) list(down []string) []int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]int, 0, len(s.m))
-	for p := range s.m {
-		out = append(out, p)
+	for p, shard := range s.m {
+		if !slices.Contains(down, shard) {
+			out = append(out, p)
+		}
 	}
 	slices.Sort(out)
 	return out

@@ -89,20 +89,22 @@ func TestReadyzNamesGivenUpPartitions(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-served })
 	p := &proc{addr: ln.Addr().String()}
 	testenv.WaitFor(t, 10*time.Second, "/readyz 200", func() bool { code, _ := p.get("/readyz"); return code == http.StatusOK })
-	stalls.set(3, true)
-	stalls.set(1, true)
+	stalls.set(3, "default", true)
+	stalls.set(1, "default", true)
 	if code, body := p.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, ": 1, 3.") {
 		t.Fatalf("/readyz with partitions 1 and 3 given up: %d %s", code, body)
 	}
-	stalls.set(1, false)
-	stalls.set(3, false)
+	stalls.set(1, "default", false)
+	stalls.set(3, "default", false)
 	if code, body := p.get("/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz once none is given up: %d %s", code, body)
 	}
 }
 
 // TestReadyzNamesUnreachableShards: with one shard's server away /readyz
-// answers 503 naming it; with every shard away, as with one database,
+// stays 200 and lists it down (only its partitions wait); a partition
+// given up on the shard away keeps it 200, one given up on a shard that
+// answers makes it 503; with every shard away, as with one database,
 // MySQL is unreachable.
 func TestReadyzNamesUnreachableShards(t *testing.T) {
 	t.Parallel()
@@ -114,21 +116,31 @@ func TestReadyzNamesUnreachableShards(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { away.Close() })
+	type stall struct {
+		p     int
+		shard string
+	}
 	for _, c := range []struct {
-		dbs  map[string]*sql.DB
-		code int
-		want string
+		dbs    map[string]*sql.DB
+		stalls []stall
+		code   int
+		want   string
 	}{
-		{map[string]*sql.DB{"s0": db.DB, "s1": away}, http.StatusServiceUnavailable, "unreachable, their partitions waiting: s1."},
-		{map[string]*sql.DB{"s1": away}, http.StatusServiceUnavailable, "nats or mysql is unreachable."},
-		{map[string]*sql.DB{"s0": db.DB}, http.StatusOK, `"ready"`},
+		{map[string]*sql.DB{"s0": db.DB, "s1": away}, nil, http.StatusOK, `"shards":{"s0":"up","s1":"down"}`},
+		{map[string]*sql.DB{"s0": db.DB, "s1": away}, []stall{{1, "s1"}}, http.StatusOK, `"status":"ready"`},
+		{map[string]*sql.DB{"s0": db.DB, "s1": away}, []stall{{1, "s1"}, {2, "s0"}}, http.StatusServiceUnavailable, "waited: 2."},
+		{map[string]*sql.DB{"s1": away}, nil, http.StatusServiceUnavailable, "nats or mysql is unreachable."},
+		{map[string]*sql.DB{"s0": db.DB}, nil, http.StatusOK, `{"status":"ready"}`},
 	} {
 		h := New(c.dbs, nc)
 		h.SetReady()
+		for _, st := range c.stalls {
+			h.SetStalled(st.p, st.shard, true)
+		}
 		rec := httptest.NewRecorder()
 		h.readyz(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 		if rec.Code != c.code || !strings.Contains(rec.Body.String(), c.want) {
-			t.Errorf("/readyz over %d shards: %d %s, want %d %s", len(c.dbs), rec.Code, rec.Body.String(), c.code, c.want)
+			t.Errorf("/readyz over %d shards, given up %v: %d %s, want %d %s", len(c.dbs), c.stalls, rec.Code, rec.Body.String(), c.code, c.want)
 		}
 	}
 }

@@ -2,13 +2,13 @@ package results
 
 import (
 	"context"
-	"database/sql"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/ingest/reads"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -31,11 +31,18 @@ type Metrics struct {
 	Refused prometheus.Counter // waits refused beyond MaxWaiters
 }
 
+// Locate names the shards that may hold a request id's result: the one
+// of the partition the id names, or every shard when the id does not name
+// one (minted before ids named their partition, or by another tool).
+type Locate func(id string) ([]*reads.Shard, error)
+
 // Results is where ingest's handlers wait for and read results.
 type Results struct {
 	log      *slog.Logger
 	waiters  *waiters
-	reader   *resultReader
+	rd       *reads.Reads
+	locate   Locate
+	readers  map[string]*resultReader // by shard name
 	max      int64
 	recheck  time.Duration
 	onView   func(wire.View) // nil: the batches' views are not wanted
@@ -45,18 +52,25 @@ type Results struct {
 	stop     context.CancelFunc
 }
 
-// New returns Results reading db. onView, when set, receives the views
-// that come with result batches (shedding). It does no I/O.
-func New(cfg Config, db *sql.DB, log *slog.Logger, m Metrics, onView func(wire.View)) *Results {
-	return &Results{log: log, waiters: newWaiters(m.Waiters), reader: newResultReader(db, cfg.QueryTimeout, m.Queries.Inc),
+// New returns Results reading the shards of rd, a request's result on
+// those locate names. onView, when set, receives the views that come with
+// result batches (shedding). It does no I/O.
+func New(cfg Config, rd *reads.Reads, locate Locate, log *slog.Logger, m Metrics, onView func(wire.View)) *Results {
+	rs := &Results{log: log, waiters: newWaiters(m.Waiters), rd: rd, locate: locate, readers: map[string]*resultReader{},
 		max: int64(cfg.MaxWaiters), recheck: cfg.Recheck, onView: onView, refused: m.Refused, quit: make(chan struct{})}
+	for _, sh := range rd.Shards() {
+		rs.readers[sh.Name] = newResultReader(sh.DB, cfg.QueryTimeout, m.Queries.Inc)
+	}
+	return rs
 }
 
 // Start runs the coalesced reads until Stop.
 func (rs *Results) Start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	rs.stop = cancel
-	rs.reader.run(ctx)
+	for _, r := range rs.readers {
+		r.run(ctx)
+	}
 }
 
 // Stop ends the waits and the coalesced reads.
@@ -93,7 +107,46 @@ func (rs *Results) Unregister(id string, w *Waiter) { rs.waiters.remove(id, w) }
 // Count is the number of waiting handlers.
 func (rs *Results) Count() int64 { return rs.waiters.count() }
 
-// Get reads id's result, joining the next coalesced read.
+// Get reads id's result, joining the next coalesced read of each shard
+// that may hold it (one for an id that names its partition). A shard that
+// fails is a *reads.ShardError naming it, unless another shard holds the
+// result.
 func (rs *Results) Get(ctx context.Context, id string) (wire.Result, bool, error) {
-	return rs.reader.get(ctx, id)
+	where, err := rs.locate(id)
+	if err != nil {
+		return wire.Result{}, false, rs.rd.Unrouted(err)
+	}
+	if len(where) == 1 {
+		sh := where[0]
+		r, ok, err := rs.readers[sh.Name].get(ctx, id)
+		if err != nil {
+			return r, ok, rs.rd.Fail(ctx, sh, err)
+		}
+		return r, ok, nil
+	}
+	// Every shard at once: one that hangs costs its timeout, not the sum.
+	type answer struct {
+		r   wire.Result
+		ok  bool
+		err error
+	}
+	answers := make([]answer, len(where))
+	var wg sync.WaitGroup
+	for i, sh := range where {
+		wg.Go(func() {
+			a := &answers[i]
+			a.r, a.ok, a.err = rs.readers[sh.Name].get(ctx, id)
+		})
+	}
+	wg.Wait()
+	var first error
+	for i, a := range answers {
+		if a.err == nil && a.ok {
+			return a.r, true, nil
+		}
+		if a.err != nil && first == nil {
+			first = rs.rd.Fail(ctx, where[i], a.err)
+		}
+	}
+	return wire.Result{}, false, first
 }

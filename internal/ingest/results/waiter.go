@@ -162,7 +162,7 @@ func (rs *Results) Await(ctx context.Context, id string, w *Waiter, d time.Durat
 // a waiting handler answers "pending" rather than fail a request that is
 // durably stored.
 func (rs *Results) Lookup(ctx context.Context, id string) (wire.Result, bool) {
-	r, ok, err := rs.reader.get(ctx, id)
+	r, ok, err := rs.Get(ctx, id)
 	if err != nil {
 		if ctx.Err() == nil {
 			rs.log.WarnContext(ctx, "read result while waiting", slog.String("request_id", id), slog.Any("err", err))

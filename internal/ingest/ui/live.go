@@ -94,7 +94,12 @@ func (s *Server) ServeLive(w http.ResponseWriter, r *http.Request, activity int6
 		if ctx.Err() == nil {
 			log.ErrorContext(ctx, "live: read activity", slog.Any("err", err))
 		}
-		writeError(w, http.StatusServiceUnavailable, msgDatabaseDown)
+		if _, ok := errors.AsType[*ShardError](err); ok {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, dbDown(err, "try again shortly."))
+		} else {
+			writeError(w, http.StatusServiceUnavailable, msgDatabaseDown)
+		}
 		return
 	}
 
@@ -161,7 +166,7 @@ func (s *Server) ServeLive(w http.ResponseWriter, r *http.Request, activity int6
 					return
 				}
 				log.WarnContext(ctx, "live: read activity", slog.Any("err", err))
-				out.message(MsgWarning, map[string]string{"warning": "The database did not answer; the numbers shown may be stale."})
+				out.message(MsgWarning, map[string]string{"warning": dbDown(err, "the numbers shown may be stale.")})
 			} else {
 				st.Skipped = skipped.Load()
 				out.message(MsgState, st)

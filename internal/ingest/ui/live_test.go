@@ -3,6 +3,7 @@ package ui
 import (
 	"bufio"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -597,5 +599,47 @@ func TestStreamEventKeepsOneLineOfJSON(t *testing.T) {
 		if got := o.buf.String(); got != tt.want {
 			t.Errorf("%s: wrote %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestLiveShowsTheShards: with shards, a state names the activity's shard
+// and lists every shard with whether it answers; a stream of an activity
+// whose shard does not answer is refused with a 503 naming the shard.
+func TestLiveShowsTheShards(t *testing.T) {
+	t.Parallel()
+	away, err := sql.Open("mysql", "root@tcp(127.0.0.1:1)/allot?timeout=1s") // nothing listens on port 1
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { away.Close() })
+	var live atomic.Pointer[sql.DB]
+	cfg := fastConfig()
+	cfg.Route = func(activity int64) (Shard, error) {
+		if activity == 2 {
+			return Shard{Name: "s1", DB: away}, nil
+		}
+		return Shard{Name: "s0", DB: live.Load()}, nil
+	}
+	cfg.Shards = func(context.Context) []ShardState { return []ShardState{{Name: "s0", Up: true}, {Name: "s1"}} }
+	f := newFixture(t, cfg)
+	live.Store(f.db.DB)
+	f.openActivity(1, 10, 0, 0)
+	st := f.dial(1).state(5 * time.Second)
+	if st.Shard != "s0" || len(st.Shards) != 2 || st.Shards[0] != (ShardState{"s0", true}) || st.Shards[1] != (ShardState{"s1", false}) {
+		t.Fatalf("state's shard %q and shards %+v, want s0 and [s0 up, s1 down]", st.Shard, st.Shards)
+	}
+	c, status := f.tryDial(2)
+	if status != http.StatusServiceUnavailable {
+		t.Fatalf("live of an activity on a shard away: status %d, want 503", status)
+	}
+	body, _ := io.ReadAll(c.resp.Body)
+	var e struct {
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil || !strings.Contains(e.Error, "shard s1 ") {
+		t.Errorf("live of an activity on a shard away: body %q, want a sentence naming s1", body)
+	}
+	if c.resp.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
 	}
 }

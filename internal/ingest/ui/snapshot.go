@@ -46,6 +46,11 @@ type State struct {
 	// Partition is the state of the allocator that applies the activity's
 	// partition; null when the broker could not tell.
 	Partition *Partition `json:"partition"`
+	// Shard is the MySQL shard that holds the activity ("" with one
+	// database), and Shards every shard with whether it answers (absent
+	// with one database).
+	Shard  string       `json:"shard,omitempty"`
+	Shards []ShardState `json:"shards,omitempty"`
 	// At is when the reads behind this snapshot began.
 	At time.Time `json:"at"`
 	// Skipped counts the events this stream dropped because its client read
@@ -150,16 +155,27 @@ func (s *Server) readState(ctx context.Context, activity int64, start time.Time)
 		s.cfg.Log.DebugContext(ctx, "live: read the partition's consumer",
 			slog.Int64("activity_id", activity), slog.Any("err", err))
 	}
-	as, found, err := store.GetActivity(ctx, s.cfg.DB, activity)
+	db := s.cfg.DB
+	if s.cfg.Route != nil {
+		sh, err := s.cfg.Route(activity)
+		if err != nil {
+			return st, &ShardError{Err: err}
+		}
+		db, st.Shard = sh.DB, sh.Name
+		if s.cfg.Shards != nil {
+			st.Shards = s.cfg.Shards(ctx)
+		}
+	}
+	as, found, err := store.GetActivity(ctx, db, activity)
 	if err != nil {
-		return st, err
+		return st, s.shardErr(st.Shard, err)
 	}
 	if !found {
 		return st, nil // no lag: requests for it are never applied to a row
 	}
-	row, found, err := store.GetActivityRow(ctx, s.cfg.DB, activity)
+	row, found, err := store.GetActivityRow(ctx, db, activity)
 	if err != nil {
-		return st, err
+		return st, s.shardErr(st.Shard, err)
 	}
 	st.Opened = true
 	st.Capacity, st.Confirmed, st.Waiting, st.Remaining = as.Capacity, as.Confirmed, as.Waiting, as.Remaining
@@ -176,6 +192,14 @@ func (s *Server) readState(ctx context.Context, activity int64, start time.Time)
 		st.Lag = &lag
 	}
 	return st, nil
+}
+
+// shardErr is err of a read on shard, named when shards are shown.
+func (s *Server) shardErr(shard string, err error) error {
+	if s.cfg.Shards == nil {
+		return err
+	}
+	return &ShardError{Shard: shard, Err: err}
 }
 
 // lastStored is the stream sequence of the newest request stored for

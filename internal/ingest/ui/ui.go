@@ -10,6 +10,7 @@
 package ui
 
 import (
+	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
@@ -35,8 +36,14 @@ const (
 
 // Config configures a Server. A zero field takes its default.
 type Config struct {
-	// DB is read for the activity's state; required.
+	// DB is read for the activity's state when Route is nil (one
+	// database); one of the two is required.
 	DB *sql.DB
+	// Route, when set, is the shard that holds an activity's state now.
+	Route func(activity int64) (Shard, error)
+	// Shards, when set, reports every shard and whether it answers; each
+	// state shows them.
+	Shards func(ctx context.Context) []ShardState
 	// JS reads ALLOT_EVENTS (ordered consumers) and the last request stored
 	// in ALLOT_REQUESTS for the lag; required.
 	JS jetstream.JetStream
@@ -70,7 +77,7 @@ type Config struct {
 }
 
 func (c Config) withDefaults() (Config, error) {
-	if c.DB == nil || c.JS == nil {
+	if (c.DB == nil && c.Route == nil) || c.JS == nil {
 		return c, errors.New("ui: Config needs a database and a JetStream handle")
 	}
 	if c.Log == nil {
@@ -95,6 +102,39 @@ func (c Config) withDefaults() (Config, error) {
 		c.Buffer = DefaultBuffer
 	}
 	return c, nil
+}
+
+// Shard is a shard an activity's state is read on: its name and pool.
+type Shard struct {
+	Name string
+	DB   *sql.DB
+}
+
+// ShardState is one shard as a state shows it: its name and whether it
+// answered its last ping.
+type ShardState struct {
+	Name string `json:"name"`
+	Up   bool   `json:"up"`
+}
+
+// ShardError is a state read that failed on the shard that holds the
+// activity (Shard "" when it could not be told).
+type ShardError struct {
+	Shard string
+	Err   error
+}
+
+func (e *ShardError) Error() string { return "shard " + e.Shard + ": " + e.Err.Error() }
+
+func (e *ShardError) Unwrap() error { return e.Err }
+
+// dbDown is the sentence of a failed state read: naming the shard when
+// the activity's shard is known.
+func dbDown(err error, single string) string {
+	if se, ok := errors.AsType[*ShardError](err); ok && se.Shard != "" {
+		return "The database shard " + se.Shard + " that holds this activity does not answer; " + single
+	}
+	return "The database did not answer; " + single
 }
 
 // Server serves the page, its assets and the live feed.

@@ -151,6 +151,7 @@
     sk.hidden = !st.skipped;
     sk.textContent = st.skipped ? fmt.format(st.skipped) + ' events not shown (this page read too slowly); the numbers stay exact' : '';
     showPartition(st.partition);
+    showShards(st.shard, st.shards);
 
     if (!st.opened) {
       showBanner('Activity ' + activity + ' is not open yet. This page fills in by itself as soon as it opens.', 'info');
@@ -214,6 +215,17 @@
     if (p.last_applied) parts.push('last applied ' + clock(parseTime(p.last_applied)));
     if (p.pinned_since) parts.push('held since ' + clock(parseTime(p.pinned_since)));
     $('allocator-hint').textContent = parts.join(' · ');
+  }
+
+  // showShards lists the MySQL shards and whether each answers, the
+  // activity's marked; hidden with one database.
+  function showShards(mine, shards) {
+    const el = $('shards');
+    el.hidden = !shards || shards.length === 0;
+    if (el.hidden) { el.textContent = ''; return; }
+    el.textContent = 'shards ' + shards.map((s) =>
+      (s.name === mine ? '[' + s.name + ']' : s.name) + ': ' + (s.up ? 'up' : 'down')).join(' · ');
+    el.dataset.down = shards.filter((s) => !s.up).map((s) => s.name).join(',');
   }
 
   // showHolds shows or hides the Held card; hold is the activity's hold.
