@@ -6,6 +6,7 @@
 //
 //	allotctl setup    # create or update every stream and bucket; idempotent
 //	allotctl shards   # print the partition -> shard map (docs/shards.md)
+//	allotctl shards move -partition P -to SHARD   # move a partition's state online
 //
 // setup creates ALLOT_HOLDS, ALLOT_REQUESTS (with ALLOT_PARTITIONS
 // partitions; a change of partitions is refused), ALLOT_EVENTS, ALLOT_DLQ and
@@ -74,6 +75,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "-version", "--version":
 		fs := flag.NewFlagSet(binary, flag.ContinueOnError)
 		return config.ParseFlags(fs, args[:1])
+	}
+	if len(args) > 1 && args[0] == "shards" && args[1] == "move" {
+		return runMove(ctx, args[2:], stdout, stderr)
 	}
 	for _, c := range commands {
 		if c.name == args[0] {

@@ -130,6 +130,16 @@ func Read(ctx context.Context, kv jetstream.KeyValue) ([]Placement, error) {
 	return out, nil
 }
 
+// Get returns partition p's placement; jetstream.ErrKeyNotFound (wrapped)
+// when the map has no entry for it.
+func Get(ctx context.Context, kv jetstream.KeyValue, p int) (Placement, error) {
+	e, err := kv.Get(ctx, Key(p))
+	if err != nil {
+		return Placement{}, fmt.Errorf("read %s %s: %w", Bucket, Key(p), err)
+	}
+	return decode(e)
+}
+
 // ErrStale means an Update lost: the entry changed since the revision it
 // was given. Read again and decide again.
 var ErrStale = errors.New("the shard map changed since it was read")
