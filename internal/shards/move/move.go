@@ -327,7 +327,7 @@ func (m *mover) copy(ctx context.Context) (map[string]sums, []int64, string, err
 	if same, _ := m.compare(ctx, dst, out); same {
 		return out, ids, fmt.Sprintf("%s holds the copy already (%d activities)", m.rec.To, len(ids)), nil
 	}
-	if _, err := m.clear(ctx, m.to, dst); err != nil {
+	if _, err := m.clear(ctx, m.to, dst, false); err != nil {
 		return nil, nil, "", err
 	}
 	var rows int64
@@ -379,13 +379,14 @@ func (m *mover) compare(ctx context.Context, s scope, want map[string]sums) (boo
 	return true, ""
 }
 
-// clear deletes the rows of s on db, the activity rows last (they name
-// the activities of the rest), and returns how many.
-func (m *mover) clear(ctx context.Context, db *sql.DB, s scope) (int64, error) {
+// clear deletes the rows of s on db (but the fence row, with keepFence),
+// the activity rows last (they name the activities of the rest), and
+// returns how many.
+func (m *mover) clear(ctx context.Context, db *sql.DB, s scope, keepFence bool) (int64, error) {
 	var n int64
 	for i := len(tables) - 1; i >= 0; i-- {
 		t := tables[i]
-		if t.name == "activity" {
+		if t.name == "activity" || keepFence && t.name == "allocator_partition" {
 			continue
 		}
 		k, err := s.clearTable(ctx, db, t)
@@ -513,26 +514,32 @@ func (m *mover) resume(ctx context.Context) (string, error) {
 	}
 }
 
-// clean deletes the partition's rows from the old shard, the fence row
-// first (a checkpoint or relay pass there finds nothing to work on), and
-// then the record: the move is done.
+// clean deletes the partition's rows from the old shard but its fence
+// row, which stays frozen (epoch NULL) and at 0, a tombstone: an allocator
+// still routed there by a stale map finds no epoch to commit at and, its
+// row being there, creates none (at epoch 1 it would, and apply the whole
+// partition again there). Then the record goes: the move is done.
 func (m *mover) clean(ctx context.Context) (string, error) {
+	p := m.o.Partition
+	if _, err := m.from.ExecContext(ctx, "INSERT INTO allocator_partition (partition_id, last_seq, epoch) VALUES (?, 0, NULL) "+
+		"ON DUPLICATE KEY UPDATE last_seq = IF(epoch IS NULL, 0, last_seq)", p); err != nil {
+		return "", fmt.Errorf("leave partition %d's fence tombstone on %s: %w", p, m.rec.From, err)
+	}
+	if at, err := store.PartitionEpoch(ctx, m.from, p); err != nil || at != 0 {
+		return "", fmt.Errorf("partition %d's fence row on %s is not frozen (epoch %d, %v): look at who thawed it", p, m.rec.From, at, err)
+	}
 	s, err := m.scopeOn(ctx, m.from, nil)
 	if err != nil {
 		return "", err
 	}
-	n, err := s.clearTable(ctx, m.from, tables[0])
-	if err != nil {
-		return "", err
-	}
-	k, err := m.clear(ctx, m.from, s)
+	n, err := m.clear(ctx, m.from, s, true)
 	if err != nil {
 		return "", err
 	}
 	if err := m.deleteRecord(ctx); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("%d rows of partition %d deleted from %s", n+k, m.o.Partition, m.rec.From), nil
+	return fmt.Sprintf("%d rows of partition %d deleted from %s (its fence row stays there, frozen at 0)", n, p, m.rec.From), nil
 }
 
 // undo gives the partition back to its old shard before the flip: its
@@ -585,7 +592,7 @@ func (m *mover) undo(ctx context.Context, pl shards.Placement, have bool) error 
 		if err != nil {
 			return "", err
 		}
-		n, err := m.clear(ctx, m.to, s)
+		n, err := m.clear(ctx, m.to, s, false)
 		if err != nil {
 			return "", err
 		}
