@@ -517,3 +517,114 @@ func counter(reg *prometheus.Registry, name string) float64 {
 	}
 	return n
 }
+
+// TestMoveResumesAfterEachStep: partition 0 moves back and forth under
+// load, each move stopped after another step (as a kill would) and run
+// again: until the flip the map keeps the partition on its old shard,
+// from the flip on it names the new one; run again, the move finishes,
+// nothing of the partition is left on the other shard, and in the end
+// every request is applied once, in order, the audit clean.
+func TestMoveResumesAfterEachStep(t *testing.T) {
+	const partitions = 2
+	e := newEnv(t, 2, partitions)
+	all := acts(8)
+	e.open(all)
+	stop := make(chan struct{})
+	loaded := e.load(all, stop)
+	e.settleSome(10)
+	for i, step := range []string{StepFreeze, StepCopy, StepVerify, StepFence, StepFlip, StepResume} {
+		from, to := i%2, (i+1)%2
+		dest := fmt.Sprintf("s%d", to)
+		if out, err := e.move(0, dest, step, nil); !errors.Is(err, errKilled) {
+			t.Fatalf("move to %s stopped after %s: %v\n%s", dest, step, err, out)
+		}
+		want := from
+		if step == StepFlip || step == StepResume {
+			want = to
+		}
+		if got := e.home(0); got != want {
+			t.Fatalf("stopped after %s: the map puts partition 0 on s%d, want s%d", step, got, want)
+		}
+		out, err := e.move(0, dest, "", nil)
+		if err != nil {
+			t.Fatalf("move to %s run again after %s: %v\n%s", dest, step, err, out)
+		}
+		t.Logf("run again after %s:\n%s", step, out)
+		if !bytes.Contains([]byte(out), []byte("resume  the move of partition 0")) {
+			t.Errorf("the move run again after %s does not say it resumes:\n%s", step, out)
+		}
+		if got := e.home(0); got != to {
+			t.Fatalf("after the move resumed from %s: partition 0 on s%d, want s%d", step, got, to)
+		}
+		if left := e.rowsOf(from, 0); len(left) != 0 {
+			t.Errorf("after the move resumed from %s: partition 0's rows left on s%d: %v", step, from, left)
+		}
+	}
+	close(stop)
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	e.check()
+}
+
+// TestMoveUndo: a move stopped before the flip is undone: the partition
+// applies on its old shard again, nothing of it is left on the other;
+// after the flip the undo is refused, and the move run again finishes.
+// A move to the shard the partition is on, to an unknown shard or of a
+// partition the stream does not have is refused as bad usage.
+func TestMoveUndo(t *testing.T) {
+	const partitions = 2
+	e := newEnv(t, 2, partitions)
+	all := acts(8)
+	e.open(all)
+	stop := make(chan struct{})
+	loaded := e.load(all, stop)
+	e.settleSome(10)
+
+	for _, to := range []string{"s0", "s9"} {
+		if _, err := e.move(0, to, "", nil); !errors.Is(err, ErrUsage) {
+			t.Errorf("move of partition 0 (on s0) to %s: %v, want ErrUsage", to, err)
+		}
+	}
+	if err := Run(context.Background(), Options{Partition: partitions, Partitions: partitions, To: "s1", Pools: e.pools, KV: e.kv, JS: e.js}); !errors.Is(err, ErrUsage) {
+		t.Errorf("move of partition %d of %d: %v, want ErrUsage", partitions, partitions, err)
+	}
+
+	for _, step := range []string{StepCopy, StepFence} {
+		if out, err := e.move(0, "s1", step, nil); !errors.Is(err, errKilled) {
+			t.Fatalf("move stopped after %s: %v\n%s", step, err, out)
+		}
+		out, err := e.move(0, "", "", nil)
+		if err != nil {
+			t.Fatalf("undo after %s: %v\n%s", step, err, out)
+		}
+		if e.home(0) != 0 {
+			t.Fatalf("undo after %s: partition 0 on s%d, want s0", step, e.home(0))
+		}
+		if left := e.rowsOf(1, 0); len(left) != 0 {
+			t.Errorf("undo after %s: partition 0's rows left on s1: %v", step, left)
+		}
+		if at, err := store.PartitionEpoch(context.Background(), e.dbs[0], 0); err != nil || at != 1 {
+			t.Errorf("undo after %s: partition 0's fence on s0 at epoch %d (%v), want 1", step, at, err)
+		}
+		e.settle() // applying on s0 again
+	}
+
+	if out, err := e.move(0, "s1", StepFlip, nil); !errors.Is(err, errKilled) {
+		t.Fatalf("move stopped after the flip: %v\n%s", err, out)
+	}
+	if _, err := e.move(0, "", "", nil); !errors.Is(err, ErrUsage) {
+		t.Errorf("undo after the flip: %v, want ErrUsage (refused)", err)
+	}
+	if out, err := e.move(0, "s1", "", nil); err != nil {
+		t.Fatalf("move run again after the flip: %v\n%s", err, out)
+	}
+	close(stop)
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	e.check()
+	if left := e.rowsOf(0, 0); len(left) != 0 {
+		t.Errorf("partition 0's rows left on s0: %v", left)
+	}
+}
