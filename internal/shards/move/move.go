@@ -320,6 +320,24 @@ func (m *mover) copy(ctx context.Context) (map[string]sums, []int64, string, err
 			return nil, nil, "", err
 		}
 	}
+	// Nothing below may run beside another move of the partition, nor
+	// after its flip: the record and the map say neither happened.
+	if err := m.updateRecord(ctx); err != nil {
+		return nil, nil, "", err
+	}
+	if pl, err := shards.Get(ctx, m.o.KV, m.o.Partition); err != nil || pl.Shard != m.rec.From || pl.Epoch != m.rec.Epoch {
+		return nil, nil, "", fmt.Errorf("the shard map no longer puts partition %d on %s at epoch %d (%+v, %v): run the move again", m.o.Partition, m.rec.From, m.rec.Epoch, pl.Entry, err)
+	}
+	// A fence row the fence step wrote there goes back to frozen: the
+	// copy compares, and is written, frozen.
+	if _, err := store.SetEpoch(ctx, m.to, m.o.Partition, m.rec.Epoch+1, 0); err != nil {
+		return nil, nil, "", err
+	}
+	if at, err := store.PartitionEpoch(ctx, m.to, m.o.Partition); err == nil && at != 0 {
+		return nil, nil, "", fmt.Errorf("partition %d's fence row on %s is at epoch %d, live: not a copy of this move's; look before moving it there", m.o.Partition, m.rec.To, at)
+	} else if err != nil && !errors.Is(err, store.ErrNoFence) {
+		return nil, nil, "", err
+	}
 	dst, err := m.scopeOn(ctx, m.to, ids)
 	if err != nil {
 		return nil, nil, "", err
@@ -587,6 +605,10 @@ func (m *mover) undo(ctx context.Context, pl shards.Placement, have bool) error 
 		}
 		if at, err := store.PartitionEpoch(ctx, m.from, p); err != nil || at != m.rec.Epoch {
 			return "", fmt.Errorf("partition %d's fence row on %s is not at epoch %d after the thaw (%d, %v)", p, m.rec.From, m.rec.Epoch, at, err)
+		}
+		// The fence step may have set the copy's row: frozen again first.
+		if _, err := store.SetEpoch(ctx, m.to, p, m.rec.Epoch+1, 0); err != nil {
+			return "", err
 		}
 		s, err := m.scopeOn(ctx, m.to, nil)
 		if err != nil {

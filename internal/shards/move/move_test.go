@@ -21,6 +21,7 @@ import (
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
 	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/devdb"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
@@ -39,6 +40,8 @@ type env struct {
 	pools      shards.Pools
 	partitions int
 	log        *slog.Logger
+	procs      []*devdb.DB
+	stopRun    func()
 
 	mu   sync.Mutex
 	reqs map[int64][]wire.Request // published, by activity, in order
@@ -52,8 +55,9 @@ func newEnv(t *testing.T, n, partitions int) *env {
 		reqs: map[int64][]wire.Request{}, last: map[int]uint64{}}
 	e.nc, e.js = ns.Connect(t)
 	var names []string
-	for i, base := range dbtest.Servers(t, n) {
-		db := dbtest.NewOn(t, base)
+	e.procs = dbtest.ServerProcs(t, n)
+	for i, proc := range e.procs {
+		db := dbtest.NewOn(t, proc.DSN)
 		e.dbs = append(e.dbs, db)
 		name := fmt.Sprintf("s%d", i)
 		names = append(names, name)
@@ -67,21 +71,36 @@ func newEnv(t *testing.T, n, partitions int) *env {
 	if e.kv, err = e.js.KeyValue(ctx, shards.Bucket); err != nil {
 		t.Fatal(err)
 	}
+	e.startAllocator()
+	t.Cleanup(e.stopAllocator)
+	return e
+}
+
+// startAllocator runs an allocator process (allocator.Run) over the
+// shards until stopAllocator.
+func (e *env) startAllocator() {
 	cfg := config.Defaults[allocator.Config]()
-	cfg.Partitions, cfg.MetricsAddr, cfg.BatchSize = partitions, "", 50
-	rctx, cancel := context.WithCancel(ctx)
+	cfg.Partitions, cfg.MetricsAddr, cfg.BatchSize = e.partitions, "", 50
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- allocator.Run(rctx, cfg, allocator.Deps{DB: e.pools["s0"], Shards: e.pools, NATS: e.nc, Log: e.log,
+		done <- allocator.Run(ctx, cfg, allocator.Deps{DB: e.pools["s0"], Shards: e.pools, NATS: e.nc, Log: e.log,
 			Test: allocator.TestHooks{AckWait: 2 * time.Second, IdleCheck: 100 * time.Millisecond}})
 	}()
-	t.Cleanup(func() {
+	e.stopRun = func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("allocator.Run: %v", err)
+			e.t.Errorf("allocator.Run: %v", err)
 		}
-	})
-	return e
+	}
+}
+
+// stopAllocator stops the allocator process.
+func (e *env) stopAllocator() {
+	if e.stopRun != nil {
+		e.stopRun()
+		e.stopRun = nil
+	}
 }
 
 // publish stores r, remembering it and its partition's last sequence.
@@ -618,6 +637,53 @@ func TestMoveUndo(t *testing.T) {
 	}
 	if out, err := e.move(0, "s1", "", nil); err != nil {
 		t.Fatalf("move run again after the flip: %v\n%s", err, out)
+	}
+	close(stop)
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	e.check()
+	if left := e.rowsOf(0, 0); len(left) != 0 {
+		t.Errorf("partition 0's rows left on s0: %v", left)
+	}
+}
+
+// TestMoveSurvivesRestarts: the allocator process is stopped and started
+// anew while partition 0 is frozen (it starts the frozen partition
+// waiting, the others applying), and the new shard's server is killed
+// after the copy: the move fails, P stays on s0; once the server is back
+// the move run again finishes, every request applied once, in order.
+func TestMoveSurvivesRestarts(t *testing.T) {
+	const partitions = 2
+	e := newEnv(t, 2, partitions)
+	all := acts(8)
+	e.open(all)
+	stop := make(chan struct{})
+	loaded := e.load(all, stop)
+	e.settleSome(10)
+	out, err := e.move(0, "s1", StepCopy, func(step string) {
+		if step == StepFreeze {
+			e.stopAllocator()
+			e.startAllocator()
+		}
+	})
+	if !errors.Is(err, errKilled) {
+		t.Fatalf("move stopped after the copy: %v\n%s", err, out)
+	}
+	if err := e.procs[1].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := e.move(0, "s1", "", nil); err == nil {
+		t.Fatalf("move with s1 killed: done, want an error\n%s", out)
+	}
+	if e.home(0) != 0 {
+		t.Fatalf("partition 0 on s%d after a failed move, want s0", e.home(0))
+	}
+	if err := e.procs[1].Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := e.move(0, "s1", "", nil); err != nil {
+		t.Fatalf("move run again with s1 back: %v\n%s", err, out)
 	}
 	close(stop)
 	if err := <-loaded; err != nil {
