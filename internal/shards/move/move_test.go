@@ -745,3 +745,56 @@ func TestTablesCoverTheSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestMoveInterruptedAnywhere: moves of partition 0, back and forth, each
+// cut off after a longer time than the one before (its context ends in
+// the middle of whatever it is doing: a copy, a delete, a compare-and-set)
+// and run again until one finishes: after every cut the map names one
+// shard and the partition's fence row there is the live one or the frozen
+// old one; in the end every request is applied once, in order.
+func TestMoveInterruptedAnywhere(t *testing.T) {
+	const partitions = 2
+	e := newEnv(t, 2, partitions)
+	all := acts(16)
+	e.open(all)
+	stop := make(chan struct{})
+	loaded := e.load(all, stop)
+	e.settleSome(200)
+	cut := 2 * time.Millisecond
+	for _, dest := range []string{"s1", "s0", "s1"} {
+		for done := false; !done; cut = cut * 3 / 2 {
+			ctx, cancel := context.WithTimeout(context.Background(), cut)
+			err := Run(ctx, Options{Partition: 0, Partitions: partitions, To: dest, Pools: e.pools, KV: e.kv, JS: e.js, Settle: time.Second})
+			cancel()
+			done = err == nil
+			if err != nil && ctx.Err() == nil {
+				t.Fatalf("move to %s cut after %s: %v", dest, cut, err)
+			}
+			home := e.home(0)
+			at, err := store.PartitionEpoch(context.Background(), e.dbs[home], 0)
+			if err != nil {
+				t.Fatalf("after a cut at %s: partition 0's home s%d has no fence row: %v", cut, home, err)
+			}
+			pl, _ := shards.Get(context.Background(), e.kv, 0)
+			if at != 0 && at != pl.Epoch {
+				t.Fatalf("after a cut at %s: partition 0's fence row on s%d at epoch %d, the map's is %d", cut, home, at, pl.Epoch)
+			}
+		}
+		if want := dest; fmt.Sprintf("s%d", e.home(0)) != want {
+			t.Fatalf("partition 0 on s%d after the move to %s", e.home(0), dest)
+		}
+		if _, err := e.kv.Get(context.Background(), shards.MoveKey(0)); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("the move's record is still there after the move to %s: %v", dest, err)
+		}
+		t.Logf("moved to %s; the last cut %s", dest, cut)
+		cut = 2 * time.Millisecond
+	}
+	close(stop)
+	if err := <-loaded; err != nil {
+		t.Fatal(err)
+	}
+	e.check()
+	if left := e.rowsOf(0, 0); len(left) != 0 {
+		t.Errorf("partition 0's rows left on s0: %v", left)
+	}
+}
