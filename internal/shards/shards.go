@@ -1,7 +1,8 @@
 // Package shards names the MySQL primaries a partition's state may live on
 // (ALLOT_MYSQL_SHARDS) and holds the partition → shard map kept in the KV
 // bucket ALLOT_SHARDS, and routes a partition to its shard (Router): the
-// allocator applies each partition there; the other processes still use
+// allocator applies each partition there, and package move moves a
+// partition to another shard; the other processes still use
 // ALLOT_MYSQL_DSN only; see docs/shards.md.
 package shards
 
