@@ -64,7 +64,7 @@ type Options struct {
 	JS    jetstream.JetStream
 	Out   io.Writer // a line per step
 	// Settle bounds how long the resume step waits to see the partition
-	// applied on its new shard before the old rows go (0: 10s).
+	// applied on its new shard before the old rows go (0: it looks once).
 	Settle time.Duration
 	// After, when set, runs after each step done; an error stops the
 	// move there, as a kill would (tests).
@@ -165,37 +165,41 @@ func Run(ctx context.Context, o Options) error {
 
 // beforeFlip runs the steps up to the flip, each from where it stands.
 func (m *mover) beforeFlip(ctx context.Context, pl shards.Placement) error {
-	fence, err := m.step(ctx, StepFreeze, m.freeze)
+	var (
+		fence uint64
+		src   map[string]sums
+		ids   []int64
+	)
+	err := m.step(ctx, StepFreeze, func(ctx context.Context) (detail string, err error) {
+		fence, detail, err = m.freeze(ctx)
+		return detail, err
+	})
 	if err != nil {
 		return err
 	}
-	var src map[string]sums
-	var ids []int64
-	if _, err := m.step(ctx, StepCopy, func(ctx context.Context) (string, error) {
-		var detail string
+	if err := m.step(ctx, StepCopy, func(ctx context.Context) (detail string, err error) {
 		src, ids, detail, err = m.copy(ctx)
 		return detail, err
 	}); err != nil {
 		return err
 	}
-	if _, err := m.step(ctx, StepVerify, func(ctx context.Context) (string, error) {
+	if err := m.step(ctx, StepVerify, func(ctx context.Context) (string, error) {
 		return m.verify(ctx, src, ids, fence)
 	}); err != nil {
 		return err
 	}
-	if _, err := m.step(ctx, StepFence, m.fence); err != nil {
+	if err := m.step(ctx, StepFence, m.fence); err != nil {
 		return err
 	}
-	_, err = m.step(ctx, StepFlip, func(ctx context.Context) (string, error) { return m.flip(ctx, pl) })
-	return err
+	return m.step(ctx, StepFlip, func(ctx context.Context) (string, error) { return m.flip(ctx, pl) })
 }
 
 // afterFlip waits for the allocators on the new shard and cleans the old.
 func (m *mover) afterFlip(ctx context.Context) error {
-	if _, err := m.step(ctx, StepResume, m.resume); err != nil {
+	if err := m.step(ctx, StepResume, m.resume); err != nil {
 		return err
 	}
-	if _, err := m.step(ctx, StepClean, m.clean); err != nil {
+	if err := m.step(ctx, StepClean, m.clean); err != nil {
 		return err
 	}
 	if !m.rec.FrozenAt.IsZero() && !m.rec.FlipAt.IsZero() {
@@ -206,30 +210,17 @@ func (m *mover) afterFlip(ctx context.Context) error {
 }
 
 // step runs one step, prints it with its time, and runs the After hook.
-// Its first result is the fence the freeze found (the others: 0).
-func (m *mover) step(ctx context.Context, name string, fn any) (uint64, error) {
+func (m *mover) step(ctx context.Context, name string, fn func(context.Context) (string, error)) error {
 	start := time.Now()
-	var (
-		detail string
-		fence  uint64
-		err    error
-	)
-	switch fn := fn.(type) {
-	case func(context.Context) (uint64, string, error):
-		fence, detail, err = fn(ctx)
-	case func(context.Context) (string, error):
-		detail, err = fn(ctx)
-	}
+	detail, err := fn(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	fmt.Fprintf(m.o.Out, "%-7s %s (%s)\n", name, detail, time.Since(start).Round(time.Millisecond))
 	if m.o.After != nil {
-		if err := m.o.After(name); err != nil {
-			return 0, err
-		}
+		return m.o.After(name)
 	}
-	return fence, nil
+	return nil
 }
 
 func (m *mover) pool(name string) (*sql.DB, error) {
@@ -510,10 +501,7 @@ func (m *mover) resume(ctx context.Context) (string, error) {
 	if err := m.to.QueryRowContext(ctx, "SELECT last_seq FROM allocator_partition WHERE partition_id = ?", p).Scan(&from); err != nil {
 		return "", fmt.Errorf("read partition %d's fence on %s: %w", p, m.rec.To, err)
 	}
-	settle := m.o.Settle
-	if settle <= 0 {
-		settle = 10 * time.Second
-	}
+	settle := max(m.o.Settle, 0)
 	deadline := time.Now().Add(settle)
 	for {
 		var at uint64
@@ -595,7 +583,7 @@ func (m *mover) undo(ctx context.Context, pl shards.Placement, have bool) error 
 	if m.to, err = m.pool(m.rec.To); err != nil {
 		return err
 	}
-	_, err = m.step(ctx, StepUndo, func(ctx context.Context) (string, error) {
+	return m.step(ctx, StepUndo, func(ctx context.Context) (string, error) {
 		m.rec.State = stateUndoing
 		if err := m.updateRecord(ctx); err != nil {
 			return "", err
@@ -603,7 +591,9 @@ func (m *mover) undo(ctx context.Context, pl shards.Placement, have bool) error 
 		if _, err := store.Thaw(ctx, m.from, p, m.rec.Epoch); err != nil {
 			return "", err
 		}
-		if at, err := store.PartitionEpoch(ctx, m.from, p); err != nil || at != m.rec.Epoch {
+		if at, err := store.PartitionEpoch(ctx, m.from, p); errors.Is(err, store.ErrNoFence) && m.rec.Epoch == 1 {
+			// Never applied there, and not frozen yet: an allocator creates it.
+		} else if err != nil || at != m.rec.Epoch {
 			return "", fmt.Errorf("partition %d's fence row on %s is not at epoch %d after the thaw (%d, %v)", p, m.rec.From, m.rec.Epoch, at, err)
 		}
 		// The fence step may have set the copy's row: frozen again first.
@@ -627,7 +617,6 @@ func (m *mover) undo(ctx context.Context, pl shards.Placement, have bool) error 
 		}
 		return fmt.Sprintf("partition %d back on %s at epoch %d, %d copied rows deleted from %s%s", p, m.rec.From, m.rec.Epoch, n, m.rec.To, frozen), nil
 	})
-	return err
 }
 
 // readRecord reads the move's record into m.rec; false when there is none.
