@@ -94,6 +94,7 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
+	fmt.Fprint(w, "  shards move -partition P -to SHARD\n           move a partition's state to another shard online (-undo before the flip)\n")
 }
 
 // setupWait bounds how long setup waits for JetStream to answer: a cluster
