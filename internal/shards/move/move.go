@@ -92,11 +92,10 @@ const (
 
 // mover runs one move.
 type mover struct {
-	o     Options
-	rec   record
-	from  *sql.DB
-	to    *sql.DB
-	start time.Time
+	o    Options
+	rec  record
+	from *sql.DB
+	to   *sql.DB
 }
 
 // Run moves (or undoes the move of) o.Partition; see the package comment.
@@ -112,7 +111,7 @@ func Run(ctx context.Context, o Options) error {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
-	m := &mover{o: o, start: time.Now()}
+	m := &mover{o: o}
 	pl, err := shards.Get(ctx, o.KV, o.Partition)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return usageError(fmt.Sprintf("partition %d has no entry in the shard map: run `allotctl setup`, which seeds it", o.Partition))
