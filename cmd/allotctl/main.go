@@ -6,6 +6,7 @@
 //
 //	allotctl setup    # create or update every stream and bucket; idempotent
 //	allotctl shards   # print the partition -> shard map (docs/shards.md)
+//	allotctl shards move -partition P -to SHARD   # move a partition's state online
 //
 // setup creates ALLOT_HOLDS, ALLOT_REQUESTS (with ALLOT_PARTITIONS
 // partitions; a change of partitions is refused), ALLOT_EVENTS, ALLOT_DLQ and
@@ -75,6 +76,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs := flag.NewFlagSet(binary, flag.ContinueOnError)
 		return config.ParseFlags(fs, args[:1])
 	}
+	if len(args) > 1 && args[0] == "shards" && args[1] == "move" {
+		return runMove(ctx, args[2:], stdout, stderr)
+	}
 	for _, c := range commands {
 		if c.name == args[0] {
 			return c.run(ctx, args[1:], stdout, stderr)
@@ -90,6 +94,7 @@ func usage(w io.Writer) {
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
+	fmt.Fprint(w, "  shards move -partition P -to SHARD\n           move a partition's state to another shard online (-undo before the flip)\n")
 }
 
 // setupWait bounds how long setup waits for JetStream to answer: a cluster

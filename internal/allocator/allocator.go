@@ -35,9 +35,10 @@ import (
 // ErrCrashed is returned by Wait after a hook simulated a crash.
 var ErrCrashed = errors.New("allocator stopped by a crash hook")
 
-// ErrMoved is returned by Wait when the shard map moved the partition to
-// another shard: nothing was committed at the old epoch; route it anew.
-var ErrMoved = errors.New("the partition moved to another shard")
+// ErrFenced is returned by Wait when the partition's fence row is not at
+// the map's epoch (store.ErrEpoch): frozen by a move, or moved. Nothing
+// was committed; package follow waits for the new route.
+var ErrFenced = errors.New("the partition is frozen or moved: its fence is not at this allocator's epoch")
 
 // Allocator applies one partition of the request stream.
 type Allocator struct {
@@ -219,7 +220,9 @@ func (a *Allocator) launch(ctx context.Context) error {
 		defer a.life.wg.Done()
 		if err := lifecycle.Run(runCtx, parts...); err != nil {
 			a.setErr(err)
-			a.deps.Log.ErrorContext(runCtx, "allocator stopped", slog.Any("err", err))
+			if !errors.Is(err, ErrFenced) {
+				a.deps.Log.ErrorContext(runCtx, "allocator stopped", slog.Any("err", err))
+			}
 		}
 	}()
 	return nil
@@ -305,13 +308,16 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		// Apply what is in hand even when stopping: shutdown drains the
 		// batch, it never leaves it half done.
-		if err := a.handleUntilDone(ctx, msgs); errors.Is(err, errGaveUp) {
+		if err := a.handleUntilDone(ctx, msgs); errors.Is(err, errGaveUp) || errors.Is(err, ErrFenced) {
 			// Hand the partition over at once, and the batch in hand with
 			// it: redelivered now to the next owner, not after AckWait.
 			p.Stop()
 			a.handOver(ctx)
 			for _, m := range msgs {
 				m.Nak() //nolint:errcheck // unacknowledged anyway: redelivered after AckWait
+			}
+			if errors.Is(err, ErrFenced) {
+				return err // follow waits for the partition's new route
 			}
 		} else if err != nil {
 			return err
@@ -420,8 +426,8 @@ func (a *Allocator) handleUntilDone(ctx context.Context, msgs []jetstream.Msg) e
 		if err == nil || errors.Is(err, ErrCrashed) {
 			return err
 		}
-		if errors.Is(err, store.ErrEpoch) && a.deps.Tenure.Moved() {
-			return fmt.Errorf("%w: %w", ErrMoved, err)
+		if errors.Is(err, store.ErrEpoch) {
+			return fmt.Errorf("%w: %w", ErrFenced, err)
 		}
 		if ctx.Err() != nil {
 			a.deps.Log.WarnContext(ctx, "stopping with a batch not applied; it will be applied later", slog.Any("err", err))

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/allot-dev/allot/internal/allocator/follow"
 	"github.com/allot-dev/allot/internal/allocator/health"
 	"github.com/allot-dev/allot/internal/allocator/members"
 	"github.com/allot-dev/allot/internal/allocator/pools"
@@ -118,51 +119,61 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health)
 		lifecycle.StopAfter(ran, lifecycle.Part{Name: "allocator membership", Run: m.Run}))
 }
 
-// runAll starts an allocator for every partition, waits until ctx ends or
-// one of them stops, then stops them all at once.
+// runAll starts an allocator for every partition on the route the map
+// names, then follows each partition's route (package follow: a partition
+// moved is stopped on its old shard and started on its new one, a frozen
+// one waits; the others go on), until ctx ends or a partition's allocator
+// fails, then stops them all at once.
 func runAll(ctx context.Context, cfg Config, deps Deps, router *shards.Router, h *health.Health) error {
-	var all []*Allocator
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := func(ctx context.Context, rt shards.Route, reg prometheus.Registerer) (follow.Runner, error) {
+		d := deps
+		d.Partition, d.DB, d.Tenure, d.Registerer = rt.Partition, rt.DB, router.Tenure(rt), reg
+		a, err := New(cfg, d)
+		if err != nil {
+			return nil, err
+		}
+		if err := bus.Retry(ctx, deps.Log, "allocator start", bus.StartAttempt, a.Start); err != nil {
+			return nil, err
+		}
+		return a, nil
+	}
+	var all []*follow.Partition
 	// All at once: each allocator's Stop may take its shutdown grace (the
 	// batch in hand, the relay's last pass); one after another, a process
 	// with several partitions would need a multiple of it and be killed
 	// half way.
 	stopAll := func() {
 		var wg sync.WaitGroup
-		for _, a := range all {
-			wg.Go(a.Stop)
+		for _, f := range all {
+			wg.Go(f.Stop)
 		}
 		wg.Wait()
 	}
 	for p := range cfg.Partitions {
-		d := deps
-		d.Partition = p
-		rt, err := router.Route(p) // the shard the map names, its pool and epoch
-		if err != nil {
-			stopAll()
-			return err
-		}
-		d.DB, d.Tenure = rt.DB, router.Tenure(rt)
-		a, err := New(cfg, d)
-		if err != nil {
-			stopAll()
-			return err
-		}
-		if err := bus.Retry(ctx, deps.Log, "allocator start", bus.StartAttempt, a.Start); err != nil {
+		f := &follow.Partition{P: p, Router: router, Start: start, Registerer: deps.Registerer, Log: deps.Log,
+			Restarted: func(shards.Route) {
+				if deps.OnStall != nil {
+					deps.OnStall(p, false) // a new allocator: not given up
+				}
+			}}
+		if err := f.First(ctx); err != nil {
 			stopAll()
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		all = append(all, a)
+		all = append(all, f)
 	}
 	deps.Log.InfoContext(ctx, "allocator running", slog.Int("partitions", len(all)),
 		slog.Int("batch_size", cfg.BatchSize), slog.Duration("batch_wait", cfg.BatchWait))
 	h.SetReady()
 	done := make(chan error, len(all))
-	var waits sync.WaitGroup
-	for _, a := range all {
-		waits.Go(func() { done <- a.Wait() })
+	var runs sync.WaitGroup
+	for _, f := range all {
+		runs.Go(func() { done <- f.Run(ctx) })
 	}
 	var err error
 	select {
@@ -170,8 +181,8 @@ func runAll(ctx context.Context, cfg Config, deps Deps, router *shards.Router, h
 		deps.Log.Info("allocator stopping: finishing the batches in hand")
 	case err = <-done:
 	}
-	stopAll()
-	waits.Wait() // each returns once its allocator has stopped
+	cancel() // each follower stops its allocator, all at once
+	runs.Wait()
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}

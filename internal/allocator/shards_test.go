@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -245,7 +249,7 @@ func TestDeadShardStopsOnlyItsPartitions(t *testing.T) {
 // the fence row is no longer at commits nothing, whether the map or the
 // row moved on; with both at the new epoch it applies. Once the map puts
 // the partition on another shard, the allocator still pointed at the old
-// one commits nothing there nor on the new one, and stops with ErrMoved.
+// one commits nothing there nor on the new one, and stops with ErrFenced.
 func TestStaleEpochCommitsNothing(t *testing.T) {
 	e := newShardEnv(t, 2, 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -347,8 +351,8 @@ func TestStaleEpochCommitsNothing(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := a.handleUntilDone(ctx, nil); !errors.Is(err, ErrMoved) {
-		t.Fatalf("the allocator on the old shard after a move: %v, want ErrMoved", err)
+	if err := a.handleUntilDone(ctx, nil); !errors.Is(err, ErrFenced) {
+		t.Fatalf("the allocator on the old shard after a move: %v, want ErrFenced", err)
 	}
 	if got, n := e.fence(0, 0), db.Count(t, "SELECT COUNT(*) FROM processed_request"); got != 2 || n != 2 {
 		t.Fatalf("old shard after the move: fence %d, %d results; want 2 and 2", got, n)
@@ -372,4 +376,79 @@ func waitEpoch(t *testing.T, r *shards.Router, p int, want uint64) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestFrozenPartitionWaitsAlone: partition 0's fence row is frozen (a
+// move's first step) under a running allocator: partition 1 keeps
+// applying, partition 0 applies nothing, and is not given up as stalled
+// (its stall timeout passes meanwhile); thawed (the move undone), it
+// catches up in the same process, every request once, in order.
+func TestFrozenPartitionWaitsAlone(t *testing.T) {
+	const partitions = 2
+	e := newShardEnv(t, 2, partitions)
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// giveUps is the partitions' count of give-ups, from /metrics.
+	giveUps := func() float64 {
+		resp, err := http.Get("http://" + ln.Addr().String() + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		n := 0.0
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, "allot_allocator_stall_giveups_total{") {
+				var v float64
+				fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+				n += v
+			}
+		}
+		return n
+	}
+	cfg := conf(func(c *Config) {
+		c.Partitions = partitions
+		c.BatchSize = 50
+		c.StallTimeout = time.Second
+	})
+	done := make(chan error, 1)
+	rctx, cancel := context.WithCancel(ctx)
+	go func() {
+		done <- Run(rctx, cfg, Deps{DB: e.pools["s0"], Shards: e.pools, NATS: e.nc, Log: e.log, MetricsListener: ln,
+			Test: TestHooks{AckWait: 2 * time.Second, IdleCheck: 100 * time.Millisecond}})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	last := map[int]uint64{}
+	reqs := e.burst(activities(10), partitions, last)
+	e.waitFences(last, time.Minute)
+	frozenAt := uint64(e.fence(0, 0))
+	if ok, err := store.SetEpoch(ctx, e.dbs[0], 0, 1, 0); err != nil || !ok {
+		t.Fatalf("freeze: %v, %v", ok, err)
+	}
+	more := e.burst(activities(20)[10:], partitions, last)
+	e.waitFences(map[int]uint64{1: last[1]}, time.Minute)
+	time.Sleep(2 * cfg.StallTimeout) // past the stall timeout, frozen
+	if got := e.fence(0, 0); uint64(got) != frozenAt {
+		t.Fatalf("frozen partition 0's fence moved from %d to %d", frozenAt, got)
+	}
+	if n := giveUps(); n != 0 {
+		t.Errorf("partition 0, frozen past its stall timeout, was given up %v times, want never", n)
+	}
+	if ok, err := store.Thaw(ctx, e.dbs[0], 0, 1); err != nil || !ok {
+		t.Fatalf("thaw: %v, %v", ok, err)
+	}
+	e.waitFences(last, time.Minute)
+	for a, rs := range more {
+		reqs[a] = rs
+	}
+	e.checkPlaced(reqs, partitions)
+
 }

@@ -23,6 +23,17 @@ const keyPrefix = "p."
 // Key is partition p's key in Bucket.
 func Key(p int) string { return keyPrefix + strconv.Itoa(p) }
 
+// movePrefix starts the key of a move's record (move.<partition>), which
+// `allotctl shards move` keeps in Bucket while it moves a partition: the
+// map's readers and watchers pass over it.
+const movePrefix = "move."
+
+// MoveKey is the key of partition p's move record in Bucket.
+func MoveKey(p int) string { return movePrefix + strconv.Itoa(p) }
+
+// isMove reports whether key is a move record's, not the map's.
+func isMove(key string) bool { return strings.HasPrefix(key, movePrefix) }
+
 // partitionOf reads a key back; ok is false for a key that is not p.<n>.
 func partitionOf(key string) (int, bool) {
 	s, ok := strings.CutPrefix(key, keyPrefix)
@@ -96,7 +107,9 @@ func Read(ctx context.Context, kv jetstream.KeyValue) ([]Placement, error) {
 	}
 	var keys []string
 	for k := range lister.Keys() {
-		keys = append(keys, k)
+		if !isMove(k) {
+			keys = append(keys, k)
+		}
 	}
 	var out []Placement
 	for _, k := range keys {
@@ -115,6 +128,16 @@ func Read(ctx context.Context, kv jetstream.KeyValue) ([]Placement, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
 	return out, nil
+}
+
+// Get returns partition p's placement; jetstream.ErrKeyNotFound (wrapped)
+// when the map has no entry for it.
+func Get(ctx context.Context, kv jetstream.KeyValue, p int) (Placement, error) {
+	e, err := kv.Get(ctx, Key(p))
+	if err != nil {
+		return Placement{}, fmt.Errorf("read %s %s: %w", Bucket, Key(p), err)
+	}
+	return decode(e)
 }
 
 // ErrStale means an Update lost: the entry changed since the revision it
@@ -201,6 +224,9 @@ func Watch(ctx context.Context, kv jetstream.KeyValue) (*Map, error) {
 }
 
 func (m *Map) apply(e jetstream.KeyValueEntry) {
+	if isMove(e.Key()) {
+		return // a move's record: not the map's
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e.Operation() != jetstream.KeyValuePut {

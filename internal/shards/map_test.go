@@ -147,3 +147,46 @@ func equal(a, b []string) bool {
 	}
 	return true
 }
+
+// TestMoveRecordsArePassedOver: a move's record (key move.<P>) in the
+// bucket is no entry of the map: Read lists the partitions only, a watch
+// started with one there, or seeing one written, reads no error, and Get
+// reads the partition's entry.
+func TestMoveRecordsArePassedOver(t *testing.T) {
+	_, kv := setUp(t, 2, "a", "b")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := kv.Put(ctx, shards.MoveKey(0), []byte(`{"from":"a","to":"b","epoch":1,"state":"moving"}`)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := shards.Watch(ctx, kv)
+	if err != nil {
+		t.Fatalf("watch with a move record there: %v", err)
+	}
+	if got := shardsOf(t, kv); !equal(got, []string{"a", "b"}) {
+		t.Errorf("Read with a move record there: %v, want [a b]", got)
+	}
+	changed := m.Changed()
+	if _, err := kv.Put(ctx, shards.MoveKey(1), []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, shards.Key(1), []byte(`{"shard":"a","epoch":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch saw no change")
+	}
+	for deadline := time.Now().Add(10 * time.Second); m.Epoch(1) != 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch has partition 1 at epoch %d, want 2", m.Epoch(1))
+		}
+	}
+	if err := m.Err(); err != nil {
+		t.Errorf("the watch after a move record was written: %v", err)
+	}
+	if pl, err := shards.Get(ctx, kv, 0); err != nil || pl.Shard != "a" || pl.Epoch != 1 {
+		t.Errorf("Get(0): %+v, %v; want a at 1", pl, err)
+	}
+}

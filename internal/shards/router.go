@@ -119,6 +119,15 @@ func (r *Router) Route(p int) (Route, error) {
 	return Route{Partition: p, Shard: name, DB: db, Epoch: epoch}, nil
 }
 
+// Changed is closed at the next change of the map (never without a map):
+// a partition's route may have changed.
+func (r *Router) Changed() <-chan struct{} {
+	if r.m == nil {
+		return nil
+	}
+	return r.m.Changed()
+}
+
 // place is p's shard and epoch now ("" and 0: nowhere).
 func (r *Router) place(p int) (string, uint64) {
 	if r.m != nil {

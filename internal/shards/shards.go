@@ -1,8 +1,9 @@
 // Package shards names the MySQL primaries a partition's state may live on
 // (ALLOT_MYSQL_SHARDS) and holds the partition → shard map kept in the KV
 // bucket ALLOT_SHARDS, and routes a partition to its shard (Router): the
-// allocator applies each partition there, ingest reads it there and the
-// audit checks each shard's partitions there; see docs/shards.md.
+// allocator applies each partition there, ingest reads it there, the
+// audit checks each shard's partitions there, and package move moves a
+// partition to another shard; see docs/shards.md.
 package shards
 
 import (

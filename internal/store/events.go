@@ -32,10 +32,13 @@ type RelayCursor struct {
 	Piece int
 }
 
-// EnsureRelay creates the relay cursor of partition p if it is missing.
+// EnsureRelay creates the relay cursor of partition p if it is missing,
+// unless p's fence row here is frozen (a partition moved away leaves it
+// so): an allocator routed here by a stale map leaves no row behind.
 func EnsureRelay(ctx context.Context, q DBTX, p int) error {
-	if _, err := q.ExecContext(ctx, "INSERT INTO event_relay (partition_id, last_seq) VALUES (?, 0) "+
-		"ON DUPLICATE KEY UPDATE partition_id = partition_id", p); err != nil {
+	if _, err := q.ExecContext(ctx, "INSERT INTO event_relay (partition_id, last_seq) SELECT ?, 0 FROM DUAL "+
+		"WHERE NOT EXISTS (SELECT 1 FROM allocator_partition WHERE partition_id = ? AND epoch IS NULL) "+
+		"ON DUPLICATE KEY UPDATE partition_id = partition_id", p, p); err != nil {
 		return fmt.Errorf("ensure relay %d: %w", p, err)
 	}
 	return nil

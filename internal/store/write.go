@@ -116,6 +116,41 @@ func SetEpoch(ctx context.Context, q DBTX, p int, from, to uint64) (bool, error)
 	return n == 1, nil
 }
 
+// Thaw sets partition p's frozen fence row (epoch NULL) to epoch, and
+// reports whether it was frozen: a move undone gives the partition back to
+// its shard.
+func Thaw(ctx context.Context, q DBTX, p int, epoch uint64) (bool, error) {
+	res, err := q.ExecContext(ctx, "UPDATE allocator_partition SET epoch = ? WHERE partition_id = ? AND epoch IS NULL", epoch, p)
+	if err != nil {
+		return false, fmt.Errorf("thaw partition %d: %w", p, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("thaw partition %d: %w", p, err)
+	}
+	return n == 1, nil
+}
+
+// ErrNoFence means a shard holds no fence row for the partition.
+var ErrNoFence = errors.New("the shard holds no fence row for the partition")
+
+// PartitionEpoch is the epoch partition p's fence row is at: 0 when it is
+// frozen (NULL), ErrNoFence when there is no row.
+func PartitionEpoch(ctx context.Context, q DBTX, p int) (uint64, error) {
+	var at sql.NullInt64
+	err := q.QueryRowContext(ctx, "SELECT epoch FROM allocator_partition WHERE partition_id = ?", p).Scan(&at)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("partition %d: %w", p, ErrNoFence)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the epoch of partition %d: %w", p, err)
+	}
+	if !at.Valid {
+		return 0, nil
+	}
+	return uint64(at.Int64), nil
+}
+
 // ErrStreamReplaced means the request stream is not the one MySQL's fence
 // counts in: it was deleted and created anew (a wiped NATS store, say).
 // Applying from it would skip new requests as if applied, so the allocator
