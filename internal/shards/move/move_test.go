@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -796,5 +797,46 @@ func TestMoveInterruptedAnywhere(t *testing.T) {
 	e.check()
 	if left := e.rowsOf(0, 0); len(left) != 0 {
 		t.Errorf("partition 0's rows left on s0: %v", left)
+	}
+}
+
+// TestMoveRefusesADivergentPartition: the partition's state on its old
+// shard disagrees with the stream (a confirmed count changed behind the
+// allocator's back, after the freeze): the copy is faithful, so the
+// checksums agree, but the audit of the partition on the new shard finds
+// the divergence and the move stops before the flip; undone, the
+// partition applies on its old shard again.
+func TestMoveRefusesADivergentPartition(t *testing.T) {
+	const partitions = 2
+	e := newEnv(t, 2, partitions)
+	all := acts(8)
+	e.open(all)
+	e.settle()
+	var victim int64
+	for _, a := range all {
+		if bus.PartitionOf(a, partitions) == 0 {
+			victim = a
+			break
+		}
+	}
+	out, err := e.move(0, "s1", "", func(step string) {
+		if step != StepFreeze {
+			return
+		}
+		if _, err := e.dbs[0].ExecContext(context.Background(), "UPDATE activity SET capacity = capacity + 1 WHERE id = ?", victim); err != nil {
+			t.Error(err)
+		}
+	})
+	if err == nil || !strings.Contains(err.Error(), "divergence") {
+		t.Fatalf("move of a partition whose state diverges: %v, want the audit's divergence\n%s", err, out)
+	}
+	if e.home(0) != 0 {
+		t.Fatalf("partition 0 on s%d after a refused move, want s0", e.home(0))
+	}
+	if out, err := e.move(0, "", "", nil); err != nil {
+		t.Fatalf("undo: %v\n%s", err, out)
+	}
+	if left := e.rowsOf(1, 0); len(left) != 0 {
+		t.Errorf("partition 0's rows left on s1 after the undo: %v", left)
 	}
 }
