@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/store"
 )
 
@@ -559,4 +560,34 @@ func activitiesOf(acts []activity, p, partitions int) []int64 {
 		}
 	}
 	return out
+}
+
+// TestMovePlaceCheck: the scenario's check of a placement objects to a
+// fence row on the map's shard at another epoch, to another shard's row
+// live at the map's epoch, and, once a move is over, to the map's shard's
+// row frozen or missing; it accepts a move under way (frozen on the map's
+// shard, the copy's row at the next epoch) and a shard that does not
+// answer.
+func TestMovePlaceCheck(t *testing.T) {
+	s := &stack{dbs: make([]*dbtest.DB, 2)}
+	for _, c := range []struct {
+		name string
+		pl   movePlace
+		live bool
+		bad  bool
+	}{
+		{"live on its shard", movePlace{shard: "s0", epoch: 1, rows: map[int]uint64{0: 1}}, true, false},
+		{"frozen, copied, fenced", movePlace{shard: "s0", epoch: 1, rows: map[int]uint64{0: 0, 1: 2}}, false, false},
+		{"flipped, old row frozen", movePlace{shard: "s1", epoch: 2, rows: map[int]uint64{0: 0, 1: 2}}, true, false},
+		{"its shard down", movePlace{shard: "s1", epoch: 2, rows: map[int]uint64{0: 0}, down: map[int]bool{1: true}}, true, false},
+		{"its row at another epoch", movePlace{shard: "s0", epoch: 1, rows: map[int]uint64{0: 2}}, false, true},
+		{"both live at the map's epoch", movePlace{shard: "s1", epoch: 2, rows: map[int]uint64{0: 2, 1: 2}}, false, true},
+		{"frozen after the move", movePlace{shard: "s1", epoch: 2, rows: map[int]uint64{0: 0, 1: 0}}, true, true},
+		{"no row after the move", movePlace{shard: "s1", epoch: 2, rows: map[int]uint64{0: 0}}, true, true},
+		{"a shard not in the stack", movePlace{shard: "s7", epoch: 2}, false, true},
+	} {
+		if err := c.pl.check(s, c.live); (err != nil) != c.bad {
+			t.Errorf("%s: %v, want an objection %t", c.name, err, c.bad)
+		}
+	}
 }
