@@ -436,16 +436,21 @@ func (s *stack) moveKillAllotctlUndo(w *moveWatch, r *faultResult, acts []int64)
 		return err
 	}
 	in := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(acts)), ","), "[]")
-	err := poll(30*time.Second, "the copy's first activity row on s1", func() (bool, error) {
+	// Polled as fast as it answers: the copy takes tens of milliseconds.
+	for deadline := time.Now().Add(30 * time.Second); ; {
 		if !mv.alive() {
-			return false, fmt.Errorf("%w: %s", errDied, mv.current().output.String())
+			return fmt.Errorf("the move ended before its copy reached the activities:\n%s", mv.current().output.String())
 		}
 		var n int64
-		err := s.dbs[1].QueryRow("SELECT COUNT(*) FROM activity WHERE id IN (" + in + ")").Scan(&n)
-		return n > 0, err
-	})
-	if err != nil {
-		return err
+		if err := s.dbs[1].QueryRow("SELECT COUNT(*) FROM activity WHERE id IN (" + in + ")").Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the move's copy put no activity of partition %d on s1 within 30s:\n%s", w.p, mv.current().output.String())
+		}
 	}
 	pid := mv.pid()
 	if err := mv.kill(); err != nil {
