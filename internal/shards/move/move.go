@@ -9,7 +9,9 @@
 // Every step is idempotent and found again from durable state (the map,
 // the fence rows and the move's record, key move.<P> of the map's
 // bucket), so a move interrupted anywhere is finished by running it again,
-// or undone (Undo) before the flip.
+// or undone (Undo) before the flip. A run holds the record with a lease it
+// renews (lease.go): a second run while it is live is refused
+// (ErrLeased), one after it ended unrenewed takes the move over.
 package move
 
 import (
