@@ -168,3 +168,64 @@ func TestMoveLeaseReleased(t *testing.T) {
 		t.Fatalf("partition 0 on s%d, want s1", e.home(0))
 	}
 }
+
+// TestMoveLeaseLost: a run whose record is changed under it (another run
+// took it over) sees it at its next renewal and stops with its lease
+// lost, its step cut; the run that holds the record then finishes the
+// move.
+func TestMoveLeaseLost(t *testing.T) {
+	const lease = 600 * time.Millisecond
+	e := newEnv(t, 2, 2)
+	e.open(acts(4))
+	e.settle()
+	ctx := context.Background()
+	frozen, hold := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, Options{Partition: 0, Partitions: 2, To: "s1", Pools: e.pools, KV: e.kv, JS: e.js, Settle: time.Second,
+			Lease: lease, Owner: "the first run", After: func(step string) error {
+				if step == StepFreeze {
+					close(frozen)
+					<-hold
+				}
+				return nil
+			}})
+	}()
+	select {
+	case <-frozen:
+	case err := <-done:
+		t.Fatalf("the first run ended before its freeze: %v", err)
+	}
+	// Another run's takeover, as its record write would leave it (lapsed
+	// at once, so that the test's run can take it in turn).
+	en, err := e.kv.Get(ctx, shards.MoveKey(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r record
+	if err := json.Unmarshal(en.Value(), &r); err != nil {
+		t.Fatal(err)
+	}
+	r.Owner, r.LeaseUntil = "another run", time.Now().UTC()
+	v, _ := json.Marshal(r)
+	if _, err := e.kv.Update(ctx, shards.MoveKey(0), v, en.Revision()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(lease) // past the first run's next renewal
+	close(hold)
+	if err := <-done; !errors.Is(err, errLeaseLost) {
+		t.Fatalf("the first run after its record was taken over: %v, want its lease lost", err)
+	}
+	if e.home(0) != 0 {
+		t.Fatalf("partition 0 on s%d after the first run lost its lease before the flip, want s0", e.home(0))
+	}
+	var out strings.Builder
+	if err := Run(ctx, Options{Partition: 0, Partitions: 2, To: "s1", Pools: e.pools, KV: e.kv, JS: e.js, Out: &out,
+		Settle: time.Second, Lease: lease}); err != nil {
+		t.Fatalf("the move run again: %v\n%s", err, out.String())
+	}
+	if e.home(0) != 1 {
+		t.Fatalf("partition 0 on s%d, want s1", e.home(0))
+	}
+	e.check()
+}
