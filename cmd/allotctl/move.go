@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/allot-dev/allot/internal/bus"
@@ -20,7 +21,7 @@ import (
 // it moves partition P's MySQL state to SHARD online (package move,
 // docs/shards.md), printing each step and its time. 0 done, 1 failed
 // (run it again to resume it, or -undo before the flip), 2 bad usage or
-// configuration.
+// configuration, or refused because another run holds the move's lease.
 func runMove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(binary+" shards move", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -28,6 +29,7 @@ func runMove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	to := fs.String("to", "", "the shard of ALLOT_MYSQL_SHARDS to move it to")
 	undo := fs.Bool("undo", false, "undo the partition's move under way (before it flipped the map): the partition back on its old shard")
 	settle := fs.Duration("settle", 10*time.Second, "how long to wait to see the partition applied on its new shard before its old rows are deleted")
+	lease := fs.Duration("lease", move.DefaultLease, "how long the run holds the move without renewing it (renewed every third of that); a run killed keeps the next one out this long")
 	if code := config.ParseFlags(fs, args); code >= 0 {
 		return code
 	}
@@ -46,6 +48,9 @@ func runMove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	case *settle < 0:
 		fmt.Fprintf(stderr, "%s: -settle must be 0 or more, got %s\n", binary, *settle)
+		return 2
+	case *lease < time.Second:
+		fmt.Fprintf(stderr, "%s: -lease must be at least 1s, got %s\n", binary, *lease)
 		return 2
 	}
 	var c shardsCfg
@@ -85,15 +90,24 @@ func runMove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer pools.Close()
 	start := time.Now()
 	err = move.Run(ctx, move.Options{Partition: *partition, Partitions: partitions, To: *to, Undo: *undo,
-		Pools: pools, KV: kv, JS: js, Out: stdout, Settle: *settle})
+		Pools: pools, KV: kv, JS: js, Out: stdout, Settle: *settle, Lease: *lease, Owner: owner()})
 	switch {
 	case err == nil:
 		fmt.Fprintf(stdout, "took %s\n", time.Since(start).Round(time.Millisecond))
 		return 0
-	case errors.Is(err, move.ErrUsage):
+	case errors.Is(err, move.ErrUsage), errors.Is(err, move.ErrLeased):
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
 		return 2
 	}
 	fmt.Fprintf(stderr, "%s: %v; run the same command again to resume the move, or with -undo (before the flip) to undo it\n", binary, err)
 	return 1
+}
+
+// owner names this run in the move's lease: allotctl, its pid and host.
+func owner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "an unknown host"
+	}
+	return fmt.Sprintf("%s pid %d on %s", binary, os.Getpid(), host)
 }

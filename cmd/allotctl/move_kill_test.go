@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,8 +31,10 @@ import (
 // (SIGKILL) after a longer time at each try, and started again, until a
 // run finishes by itself: after every kill the map names one shard for the
 // partition, whose fence row there is the live one or the frozen old one;
-// in the end the partition is on s1, each of its activities' rows there
-// only, every request applied once.
+// a run started while the killed one's lease (-lease 1s) is live is
+// refused with exit 2 naming the killed process, and one started after it
+// ended takes the move over; in the end the partition is on s1, each of
+// its activities' rows there only, every request applied once.
 func TestShardsMoveKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary")
@@ -100,10 +104,12 @@ func TestShardsMoveKilled(t *testing.T) {
 	}
 	waitApplied(0)
 
-	kills := 0
+	kills, refused, killed := 0, 0, map[int]bool{}
 	for wait := 20 * time.Millisecond; ; wait = wait * 3 / 2 {
-		cmd := exec.Command(bin, "shards", "move", "-partition", "0", "-to", "s1", "-settle", "500ms")
+		cmd := exec.Command(bin, "shards", "move", "-partition", "0", "-to", "s1", "-settle", "500ms", "-lease", "1s")
 		cmd.Env = env
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -121,9 +127,22 @@ func TestShardsMoveKilled(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if !errors.As(err, &ee) || ee.ExitCode() != -1 {
-			t.Fatalf("allotctl shards move (not killed) failed: %v", err)
+		if errors.As(err, &ee) && ee.ExitCode() == 2 && strings.Contains(stderr.String(), "lease ends at") {
+			// A killed run's lease: it names that process; wait.
+			var pid int
+			_, by, _ := strings.Cut(stderr.String(), "being run by ")
+			if _, err := fmt.Sscanf(by, "allotctl pid %d on", &pid); err != nil || !killed[pid] {
+				t.Errorf("refused by the lease of %q, want a killed run's (%v)", stderr.String(), killed)
+			}
+			refused++
+			wait = wait * 2 / 3
+			time.Sleep(200 * time.Millisecond)
+			continue
 		}
+		if !errors.As(err, &ee) || ee.ExitCode() != -1 {
+			t.Fatalf("allotctl shards move (not killed) failed: %v\n%s", err, stderr.String())
+		}
+		killed[cmd.Process.Pid] = true
 		pl, err := shards.Get(ctx, kv, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -137,7 +156,10 @@ func TestShardsMoveKilled(t *testing.T) {
 			t.Fatal("the move never finished")
 		}
 	}
-	t.Logf("the move finished after %d kills", kills)
+	t.Logf("the move finished after %d kills, %d runs refused by a killed run's lease", kills, refused)
+	if refused == 0 {
+		t.Error("no run was refused by the lease of a killed one: no kill landed after the record was taken")
+	}
 	if pl, err := shards.Get(ctx, kv, 0); err != nil || pl.Shard != "s1" || pl.Epoch != 2 {
 		t.Fatalf("the map after the move: %+v, %v; want s1 at 2", pl, err)
 	}

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/allot-dev/allot/internal/audit"
 	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/dbtest"
+	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -36,25 +39,10 @@ func (s *stack) settle() {
 		if err != nil {
 			return false, err
 		}
-		fences := map[int]uint64{}
-		rows, err := s.db.QueryContext(ctx, "SELECT partition_id, last_seq FROM allocator_partition")
+		fences, partitions, err := s.fences(ctx)
 		if err != nil {
 			return false, err
 		}
-		for rows.Next() {
-			var p int
-			var last uint64
-			if err := rows.Scan(&p, &last); err != nil {
-				rows.Close()
-				return false, err
-			}
-			fences[p] = last
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return false, err
-		}
-		partitions := max(len(fences), 1)
 		for p := range partitions {
 			m, err := st.GetLastMsgForSubject(ctx, bus.PartitionFilter(p, partitions))
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -67,22 +55,91 @@ func (s *stack) settle() {
 				return false, fmt.Errorf("partition %d applied up to seq %d of %d", p, fences[p], m.Sequence)
 			}
 		}
-		var behind uint64
-		err = s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM
+		for i, db := range s.dbs {
+			var behind uint64
+			err = db.QueryRowContext(ctx, `SELECT COUNT(*) FROM
 			(SELECT partition_id, MAX(seq * 65536 + batch_index) AS last FROM processed_request GROUP BY partition_id) p
 				LEFT JOIN event_relay r ON r.partition_id = p.partition_id
 				WHERE r.last_seq IS NULL OR r.last_seq * 65536 + r.last_index < p.last`).Scan(&behind)
-		if err != nil {
-			return false, err
-		}
-		if behind > 0 {
-			return false, fmt.Errorf("%d relay cursors behind", behind)
+			if err != nil {
+				return false, err
+			}
+			if behind > 0 {
+				return false, fmt.Errorf("%d relay cursors behind on shard s%d", behind, i)
+			}
 		}
 		return true, nil
 	})
 	if err != nil {
 		s.t.Error(err)
 	}
+}
+
+// fences reads each partition's fence and the number of partitions:
+// with one database its allocator_partition rows; with shards, each
+// partition's row on the shard the map names for it.
+func (s *stack) fences(ctx context.Context) (map[int]uint64, int, error) {
+	fences := map[int]uint64{}
+	if len(s.dbs) < 2 {
+		rows, err := s.db.QueryContext(ctx, "SELECT partition_id, last_seq FROM allocator_partition")
+		if err != nil {
+			return nil, 0, err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var p int
+			var last uint64
+			if err := rows.Scan(&p, &last); err != nil {
+				return nil, 0, err
+			}
+			fences[p] = last
+		}
+		return fences, max(len(fences), 1), rows.Err()
+	}
+	places, err := s.placements(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, pl := range places {
+		i, err := s.shardIndex(pl.Shard)
+		if err != nil {
+			return nil, 0, err
+		}
+		var last uint64
+		err = s.dbs[i].QueryRowContext(ctx, "SELECT last_seq FROM allocator_partition WHERE partition_id = ?", pl.Partition).Scan(&last)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return nil, 0, err
+		}
+		fences[pl.Partition] = last
+	}
+	return fences, len(places), nil
+}
+
+// placements reads the shard map.
+func (s *stack) placements(ctx context.Context) ([]shards.Placement, error) {
+	kv, err := s.js.KeyValue(ctx, shards.Bucket)
+	if err != nil {
+		return nil, err
+	}
+	return shards.Read(ctx, kv)
+}
+
+// shardIndex is the index in s.dbs of the shard named name (s0, s1, …).
+func (s *stack) shardIndex(name string) (int, error) {
+	var i int
+	if _, err := fmt.Sscanf(name, "s%d", &i); err != nil || i < 0 || i >= len(s.dbs) {
+		return 0, fmt.Errorf("shard %q is not one of the stack's %d", name, len(s.dbs))
+	}
+	return i, nil
+}
+
+// pools are the shards' pools by name, for the audit.
+func (s *stack) pools() shards.Pools {
+	p := shards.Pools{}
+	for i, db := range s.dbs {
+		p[fmt.Sprintf("s%d", i)] = db.DB
+	}
+	return p
 }
 
 // summary is what one scenario found; line() is the printed form.
@@ -148,7 +205,10 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	rows := s.results(ctx)
 	byID := make(map[string]resultRow, len(rows))
 	for _, r := range rows {
-		byID[r.requestID] = r // unique: uk_processed_request
+		if _, twice := byID[r.requestID]; twice {
+			t.Errorf("request %s has a result on two shards (at seq %d)", r.requestID, r.seq)
+		}
+		byID[r.requestID] = r // unique on a shard: uk_processed_request
 	}
 	accepted := make(map[string]bool, len(all))
 	var lostIDs []string
@@ -232,13 +292,15 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	// "duplicated" counts is what applying a request twice would leave:
 	// a signup history with an effect twice, counters and rows that
 	// disagree with it. CheckInvariants reports each one.
-	s.db.CheckInvariants(t)
-	if problems, err := s.db.Effects(ctx); err != nil {
-		t.Errorf("effects: %v", err)
-	} else {
-		sum.duplicated = len(problems)
+	for _, db := range s.dbs {
+		db.CheckInvariants(t)
+		if problems, err := db.Effects(ctx); err != nil {
+			t.Errorf("effects: %v", err)
+		} else {
+			sum.duplicated += len(problems)
+		}
+		sum.rejected += int(db.Count(t, "SELECT COUNT(*) FROM rejected_message"))
 	}
-	sum.rejected = int(s.db.Count(t, "SELECT COUNT(*) FROM rejected_message"))
 	if sum.rejected != wantRejected {
 		t.Errorf("rejected_message holds %d rows, want %d; %s", sum.rejected, wantRejected, s.rejectedSample(ctx))
 	}
@@ -247,7 +309,11 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	sum.events, sum.eventsRaw = s.checkEvents(ctx, rows)
 
 	// The audit replays the stream and agrees with MySQL.
-	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{DB: s.db.DB, JS: s.js})
+	deps := audit.Deps{DB: s.db.DB, JS: s.js}
+	if len(s.dbs) > 1 {
+		deps = audit.Deps{Shards: s.pools(), JS: s.js}
+	}
+	rep, err := audit.Run(ctx, audit.Config{}, deps)
 	if err != nil {
 		t.Errorf("audit: %v", err)
 	} else {
@@ -270,10 +336,23 @@ func (s *stack) verify(n int, name string, answers []answer, wantRejected int, s
 	return sum
 }
 
-// results reads every processed_request row.
+// results reads every processed_request row, of every shard.
 func (s *stack) results(ctx context.Context) []resultRow {
 	s.t.Helper()
-	q, err := s.db.QueryContext(ctx, "SELECT request_id, seq, batch_index, activity_id, outcome, COALESCE(events, '') FROM processed_request ORDER BY seq, batch_index")
+	var rows []resultRow
+	for _, db := range s.dbs {
+		rows = append(rows, s.resultsOn(ctx, db)...)
+	}
+	sort.SliceStable(rows, func(i, j int) bool {
+		return rows[i].seq < rows[j].seq || rows[i].seq == rows[j].seq && rows[i].index < rows[j].index
+	})
+	return rows
+}
+
+// resultsOn reads the processed_request rows of one database.
+func (s *stack) resultsOn(ctx context.Context, db *dbtest.DB) []resultRow {
+	s.t.Helper()
+	q, err := db.QueryContext(ctx, "SELECT request_id, seq, batch_index, activity_id, outcome, COALESCE(events, '') FROM processed_request ORDER BY seq, batch_index")
 	if err != nil {
 		s.t.Fatal(err)
 	}

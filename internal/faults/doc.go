@@ -27,6 +27,7 @@
 // tests run with it (go test -race); ALLOT_FAULTS_RACE=1 or 0 forces it
 // on or off. MariaDB/MySQL must run at ALLOT_TEST_MYSQL_DSN (default
 // root@127.0.0.1:3306), as for every other test; scenario 9 also runs a
-// private server (mariadbd, or MySQL 8's mysqld) and, on CI (CI=true),
-// fails rather than skips without one.
+// private server (mariadbd, or MySQL 8's mysqld), scenario 15 two of
+// them as shards, and, on CI (CI=true), they fail rather than skip
+// without one.
 package faults

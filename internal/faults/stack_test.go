@@ -30,6 +30,11 @@ type stack struct {
 	t   *testing.T
 	db  *dbtest.DB
 	cfg stackConfig
+	// dbs are the shards' databases, s0, s1, … (cfg.shards), each on its
+	// server in shardProcs; one shard, dbs is db alone and shardProcs nil.
+	dbs        []*dbtest.DB
+	shardProcs []*proc
+	shardBases []string // each server's DSN without a database
 
 	natsd *proc
 	// nodes are every natsd of a cluster (cfg.cluster), natsd among them;
@@ -81,6 +86,12 @@ type stackConfig struct {
 	// natsPermissions runs the real nats-server with deploy/nats's users
 	// and permissions, each process connecting as its role (permissions_test.go).
 	natsPermissions bool
+	// shards, when 2 or more, runs the stack on that many private
+	// MariaDB (or MySQL) servers, one database each, named s0, s1, … in
+	// ALLOT_MYSQL_SHARDS for every process; setup seeds the map
+	// (partition p on shard p mod shards). Give ALLOT_PARTITIONS in
+	// allocEnv and ingestEnv alike.
+	shards int
 }
 
 func newStack(t *testing.T, cfg stackConfig) *stack {
@@ -90,12 +101,27 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 		cfg.allocators = 1
 	}
 	s := &stack{t: t, cfg: cfg, killedForGood: map[*proc]bool{}}
-	if cfg.privateMySQL {
+	var shardList []string
+	switch {
+	case cfg.shards > 1:
+		for i := range cfg.shards {
+			p, base := startMariaDB(t)
+			db := dbtest.NewOn(t, base)
+			s.shardProcs = append(s.shardProcs, p)
+			s.shardBases = append(s.shardBases, base)
+			s.dbs = append(s.dbs, db)
+			shardList = append(shardList, fmt.Sprintf("s%d=%s", i, db.DSN))
+		}
+		s.db = s.dbs[0]
+	case cfg.privateMySQL:
 		var base string
 		s.mysqld, base = startMariaDB(t)
 		s.db = dbtest.NewOn(t, base)
-	} else {
+	default:
 		s.db = dbtest.New(t)
+	}
+	if len(s.dbs) == 0 {
+		s.dbs = []*dbtest.DB{s.db}
 	}
 
 	// roleURL is the NATS URL a process of role connects with.
@@ -123,6 +149,9 @@ func newStack(t *testing.T, cfg stackConfig) *stack {
 	common := []string{
 		"ALLOT_MYSQL_DSN=" + s.db.DSN,
 		"ALLOT_LOG_LEVEL=info",
+	}
+	if len(shardList) > 0 {
+		common = append(common, "ALLOT_MYSQL_SHARDS="+strings.Join(shardList, ","))
 	}
 	// The setup step first, as a deploy runs it: the binaries only check
 	// the streams and buckets. It takes the settings the scenario gives

@@ -9,7 +9,9 @@
 // Every step is idempotent and found again from durable state (the map,
 // the fence rows and the move's record, key move.<P> of the map's
 // bucket), so a move interrupted anywhere is finished by running it again,
-// or undone (Undo) before the flip.
+// or undone (Undo) before the flip. A run holds the record with a lease it
+// renews (lease.go): a second run while it is live is refused
+// (ErrLeased), one after it ended unrenewed takes the move over.
 package move
 
 import (
@@ -20,6 +22,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,6 +72,14 @@ type Options struct {
 	// After, when set, runs after each step done; an error stops the
 	// move there, as a kill would (tests).
 	After func(step string) error
+	// Lease is how long the run holds the move's record without renewing
+	// it (DefaultLease when 0); it renews it every third of that. A
+	// second run while the lease is live is refused (ErrLeased); a run
+	// after it ended unrenewed (the first was killed) takes over.
+	Lease time.Duration
+	// Owner names the run in the record and in a refusal (default: its
+	// pid and host).
+	Owner string
 }
 
 // record is the move's record, key shards.MoveKey(P): where from, where
@@ -80,6 +91,10 @@ type record struct {
 	State    string    `json:"state"` // moving, flipping, undoing
 	FrozenAt time.Time `json:"frozen_at,omitzero"`
 	FlipAt   time.Time `json:"flipped_at,omitzero"`
+	// Owner and LeaseUntil are the lease of the run that holds the
+	// record: none when Owner is empty or LeaseUntil has passed.
+	Owner      string    `json:"owner,omitempty"`
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
 
 	rev uint64
 }
@@ -93,9 +108,15 @@ const (
 // mover runs one move.
 type mover struct {
 	o    Options
-	rec  record
 	from *sql.DB
 	to   *sql.DB
+
+	// mu guards the record's writes, the lease's renewal among them:
+	// rec.rev, rec.LeaseUntil and rec.Owner are read and written under
+	// it, the other fields written under it.
+	mu      sync.Mutex
+	rec     record
+	deleted bool // the record is gone: the move is done or undone
 }
 
 // Run moves (or undoes the move of) o.Partition; see the package comment.
@@ -123,17 +144,25 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	if have {
+		if err := m.leased(time.Now()); err != nil {
+			return err
+		}
+	}
 	if o.Undo {
-		return m.undo(ctx, pl, have)
+		if !have {
+			return m.undo(ctx, pl, have)
+		}
+		if err := m.take(ctx, false); err != nil {
+			return err
+		}
+		return m.holding(ctx, func(ctx context.Context) error { return m.undo(ctx, pl, have) })
 	}
 	if !have {
 		if pl.Shard == o.To {
 			return usageError(fmt.Sprintf("partition %d is on shard %s already", o.Partition, o.To))
 		}
 		m.rec = record{From: pl.Shard, To: o.To, Epoch: pl.Epoch, State: stateMoving}
-		if err := m.createRecord(ctx); err != nil {
-			return err
-		}
 	} else {
 		switch {
 		case m.rec.To != o.To:
@@ -141,8 +170,20 @@ func Run(ctx context.Context, o Options) error {
 		case m.rec.State == stateUndoing:
 			return usageError(fmt.Sprintf("the move of partition %d to %s is being undone: run it with -undo to finish the undo", o.Partition, m.rec.To))
 		}
+	}
+	if err := m.take(ctx, !have); err != nil {
+		return err
+	}
+	if have {
 		fmt.Fprintf(o.Out, "resume  the move of partition %d from %s to %s (state %s)\n", o.Partition, m.rec.From, m.rec.To, m.rec.State)
 	}
+	return m.holding(ctx, func(ctx context.Context) error { return m.run(ctx, pl) })
+}
+
+// run moves the partition, the record created or taken over.
+func (m *mover) run(ctx context.Context, pl shards.Placement) error {
+	o := m.o
+	var err error
 	if m.from, err = m.pool(m.rec.From); err != nil {
 		return err
 	}
@@ -237,8 +278,7 @@ func (m *mover) pool(name string) (*sql.DB, error) {
 func (m *mover) freeze(ctx context.Context) (uint64, string, error) {
 	p, e := m.o.Partition, m.rec.Epoch
 	if m.rec.FrozenAt.IsZero() {
-		m.rec.FrozenAt = time.Now().UTC()
-		if err := m.updateRecord(ctx); err != nil {
+		if err := m.updateRecord(ctx, func(r *record) { r.FrozenAt = time.Now().UTC() }); err != nil {
 			return 0, "", err
 		}
 	}
@@ -312,7 +352,7 @@ func (m *mover) copy(ctx context.Context) (map[string]sums, []int64, string, err
 	}
 	// Nothing below may run beside another move of the partition, nor
 	// after its flip: the record and the map say neither happened.
-	if err := m.updateRecord(ctx); err != nil {
+	if err := m.updateRecord(ctx, nil); err != nil {
 		return nil, nil, "", err
 	}
 	if pl, err := shards.Get(ctx, m.o.KV, m.o.Partition); err != nil || pl.Shard != m.rec.From || pl.Epoch != m.rec.Epoch {
@@ -461,16 +501,14 @@ func (m *mover) fence(ctx context.Context) (string, error) {
 // (compare-and-set from the revision read at the start). The record says
 // flipping first: from then on the move is finished, never undone.
 func (m *mover) flip(ctx context.Context, pl shards.Placement) (string, error) {
-	m.rec.State = stateFlipping
-	if err := m.updateRecord(ctx); err != nil {
+	if err := m.updateRecord(ctx, func(r *record) { r.State = stateFlipping }); err != nil {
 		return "", err
 	}
 	next := shards.Entry{Shard: m.rec.To, Epoch: m.rec.Epoch + 1}
 	if _, err := shards.Update(ctx, m.o.KV, m.o.Partition, next, pl.Revision); err != nil {
 		return "", err
 	}
-	m.rec.FlipAt = time.Now().UTC()
-	if err := m.updateRecord(ctx); err != nil {
+	if err := m.updateRecord(ctx, func(r *record) { r.FlipAt = time.Now().UTC() }); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("the map puts partition %d on %s at epoch %d", m.o.Partition, next.Shard, next.Epoch), nil
@@ -482,8 +520,7 @@ func (m *mover) flip(ctx context.Context, pl shards.Placement) (string, error) {
 func (m *mover) resume(ctx context.Context) (string, error) {
 	p := m.o.Partition
 	if m.rec.FlipAt.IsZero() { // flipped, but killed before it was recorded
-		m.rec.FlipAt = time.Now().UTC()
-		if err := m.updateRecord(ctx); err != nil {
+		if err := m.updateRecord(ctx, func(r *record) { r.FlipAt = time.Now().UTC() }); err != nil {
 			return "", err
 		}
 	}
@@ -574,8 +611,7 @@ func (m *mover) undo(ctx context.Context, pl shards.Placement, have bool) error 
 		return err
 	}
 	return m.step(ctx, StepUndo, func(ctx context.Context) (string, error) {
-		m.rec.State = stateUndoing
-		if err := m.updateRecord(ctx); err != nil {
+		if err := m.updateRecord(ctx, func(r *record) { r.State = stateUndoing }); err != nil {
 			return "", err
 		}
 		if _, err := store.Thaw(ctx, m.from, p, m.rec.Epoch); err != nil {
@@ -618,6 +654,7 @@ func (m *mover) readRecord(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("read %s %s: %w", shards.Bucket, shards.MoveKey(m.o.Partition), err)
 	}
+	m.rec = record{}
 	if err := json.Unmarshal(e.Value(), &m.rec); err != nil || m.rec.From == "" || m.rec.To == "" {
 		return false, fmt.Errorf("bucket %s key %s holds %q, not a move record: delete it", shards.Bucket, shards.MoveKey(m.o.Partition), e.Value())
 	}
@@ -631,6 +668,8 @@ func (m *mover) errRecordChanged(err error) error {
 }
 
 func (m *mover) createRecord(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	v, _ := json.Marshal(m.rec)
 	rev, err := m.o.KV.Create(ctx, shards.MoveKey(m.o.Partition), v)
 	if err != nil {
@@ -640,20 +679,45 @@ func (m *mover) createRecord(ctx context.Context) error {
 	return nil
 }
 
-func (m *mover) updateRecord(ctx context.Context) error {
+// updateRecord changes the record with change (nil: as it is, which
+// checks that no other run changed it) by compare-and-set; it renews the
+// lease while at it.
+func (m *mover) updateRecord(ctx context.Context, change func(*record)) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old := m.rec
+	if change != nil {
+		change(&m.rec)
+	}
+	if m.rec.Owner != "" {
+		m.rec.LeaseUntil = time.Now().Add(m.lease()).UTC()
+	}
+	if err := m.writeLocked(ctx); err != nil {
+		m.rec = old
+		return m.errRecordChanged(err)
+	}
+	return nil
+}
+
+// writeLocked writes the record from the revision it was read or last
+// written at; m.mu is held.
+func (m *mover) writeLocked(ctx context.Context) error {
 	v, _ := json.Marshal(m.rec)
 	rev, err := m.o.KV.Update(ctx, shards.MoveKey(m.o.Partition), v, m.rec.rev)
 	if err != nil {
-		return m.errRecordChanged(err)
+		return err
 	}
 	m.rec.rev = rev
 	return nil
 }
 
 func (m *mover) deleteRecord(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	err := m.o.KV.Delete(ctx, shards.MoveKey(m.o.Partition), jetstream.LastRevision(m.rec.rev))
 	if err != nil {
 		return m.errRecordChanged(err)
 	}
+	m.deleted = true
 	return nil
 }

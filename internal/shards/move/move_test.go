@@ -34,6 +34,7 @@ import (
 // (allocator.Run) over them.
 type env struct {
 	t          *testing.T
+	ns         *natstest.Server
 	nc         *nats.Conn
 	js         jetstream.JetStream
 	kv         jetstream.KeyValue
@@ -54,6 +55,7 @@ func newEnv(t *testing.T, n, partitions int) *env {
 	ns := natstest.New(t)
 	e := &env{t: t, pools: shards.Pools{}, partitions: partitions, log: slog.New(slog.DiscardHandler),
 		reqs: map[int64][]wire.Request{}, last: map[int]uint64{}}
+	e.ns = ns
 	e.nc, e.js = ns.Connect(t)
 	var names []string
 	e.procs = dbtest.ServerProcs(t, n)
