@@ -53,6 +53,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) error {
 		}
 	} else {
 		up = shardup.New(deps.Shards, cfg.StallTimeout/2, deps.Log)
+		up.Tried = deps.Test.ShardTried
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildinfo.Collector())

@@ -27,6 +27,10 @@ var Backoff = struct{ Min, Max time.Duration }{500 * time.Millisecond, 10 * time
 
 // Shards are the shards' pools and which of them are migrated.
 type Shards struct {
+	// Tried, when set, runs after each try of a shard that did not
+	// answer (for tests).
+	Tried func(shard string)
+
 	pools shards.Pools
 	log   *slog.Logger
 	ready map[string]chan struct{} // closed once the shard is migrated
@@ -108,6 +112,9 @@ func (s *Shards) bring(ctx context.Context, name string, db *sql.DB) error {
 			since = time.Now()
 			s.log.WarnContext(ctx, "MySQL shard does not answer: its partitions wait for it, the others go on; trying it again in the background",
 				slog.String("shard", name), slog.Any("err", err))
+		}
+		if s.Tried != nil {
+			s.Tried(name)
 		}
 		select {
 		case <-ctx.Done():
