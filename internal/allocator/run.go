@@ -120,8 +120,14 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health,
 			m.GiveUp(p, stalled)
 		}
 	}
+	// A partition waiting for its shard at start is given up to the
+	// peers (one that reaches the shard takes it), not to /readyz.
+	waits := func(int) {}
+	if m != nil {
+		waits = func(p int) { m.GiveUp(p, true) }
+	}
 	if m == nil {
-		return runAll(ctx, cfg, deps, router, h, up)
+		return runAll(ctx, cfg, deps, router, h, up, waits)
 	}
 	deps.Prefers = m.Prefers
 	ran := make(chan struct{})
@@ -129,7 +135,7 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health,
 		// No name: the allocator's errors are returned as they always were.
 		lifecycle.Part{Run: func(ctx context.Context) error {
 			defer close(ran)
-			return runAll(ctx, cfg, deps, router, h, up)
+			return runAll(ctx, cfg, deps, router, h, up, waits)
 		}},
 		// The membership leaves once the partitions have stopped, so that
 		// the others take them over at once.
@@ -137,12 +143,13 @@ func runPartitions(ctx context.Context, cfg Config, deps Deps, h *health.Health,
 }
 
 // runAll starts an allocator for every partition on the route the map
-// names, each as soon as its shard is ready (up nil: one shard, ready),
-// then follows each partition's route (package follow: a partition moved
-// is stopped on its old shard and started on its new one, a frozen one
-// waits; the others go on), until ctx ends or a partition's allocator
-// fails, then stops them all at once.
-func runAll(ctx context.Context, cfg Config, deps Deps, router *shards.Router, h *health.Health, up *shardup.Shards) error {
+// names, each as soon as its shard is ready (up nil: one shard; waits runs
+// for a partition that waits for its shard), then follows each
+// partition's route (package follow: a partition moved is stopped on its
+// old shard and started on its new one, a frozen one waits; the others go
+// on), until ctx ends or a partition's allocator fails, then stops them
+// all at once.
+func runAll(ctx context.Context, cfg Config, deps Deps, router *shards.Router, h *health.Health, up *shardup.Shards, waits func(p int)) error {
 	start := func(ctx context.Context, rt shards.Route, reg prometheus.Registerer) (follow.Runner, error) {
 		d := deps
 		d.Partition, d.DB, d.Tenure, d.Registerer = rt.Partition, rt.DB, router.Tenure(rt), reg
@@ -155,15 +162,9 @@ func runAll(ctx context.Context, cfg Config, deps Deps, router *shards.Router, h
 		}
 		return a, nil
 	}
-	all := make([]*follow.Partition, cfg.Partitions)
-	for p := range all {
-		all[p] = &follow.Partition{P: p, Router: router, Start: start, Registerer: deps.Registerer, Log: deps.Log,
-			Restarted: func(shards.Route) {
-				if deps.OnStall != nil {
-					deps.OnStall(p, false) // a new allocator: not given up
-				}
-			}}
-	}
+	all := follow.Partitions(cfg.Partitions, follow.Partition{Router: router, Start: start, Registerer: deps.Registerer, Log: deps.Log},
+		func(p int) { deps.OnStall(p, false) }, // a new allocator: not given up
+		waits)
 	var ready follow.Ready
 	if up != nil {
 		ready = up.Ready

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/devdb"
@@ -624,4 +626,56 @@ func (l *lines) count(s string) int {
 		}
 	}
 	return n
+}
+
+// TestPeerTakesAShardDownAtStart: two allocator processes; process A
+// cannot reach s1 from its start (its route refuses), B can. A gives s1's
+// partitions up to its peers while it waits, so B applies them: every
+// request of every partition is applied once, in order. A's route back,
+// A starts them too and nothing is applied twice.
+func TestPeerTakesAShardDownAtStart(t *testing.T) {
+	const partitions = 4
+	e := newShardEnv(t, 2, partitions)
+	cfg, err := mysql.ParseDSN(e.dbs[1].DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy.Refuse()
+	cfg.Addr = proxy.Addr()
+	viaProxy, err := store.OpenLater(cfg.FormatDSN(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	var tries atomic.Int64 // A's of s1
+	run := func(pools shards.Pools, tried func(string)) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- Run(ctx, conf(func(c *Config) { c.Partitions = partitions; c.MetricsAddr = ""; c.BatchSize = 50 }),
+				Deps{DB: pools["s0"], Shards: pools, NATS: e.nc, Log: e.log,
+					Test: TestHooks{AckWait: 2 * time.Second, IdleCheck: 100 * time.Millisecond, ShardTried: tried}})
+		}()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	run(shards.Pools{"s0": e.pools["s0"], "s1": viaProxy}, func(string) { tries.Add(1) })
+	run(e.pools, nil)
+	testenv.WaitFor(t, 30*time.Second, "A tried s1", func() bool { return tries.Load() >= 1 })
+
+	last := map[int]uint64{}
+	reqs := e.burst(activities(20), partitions, last)
+	e.waitFences(last, time.Minute)
+	proxy.Forward()
+	more := e.burst(activities(40)[20:], partitions, last)
+	e.waitFences(last, time.Minute)
+	for a, rs := range more {
+		reqs[a] = rs
+	}
+	e.checkPlaced(reqs, partitions)
 }

@@ -5,7 +5,27 @@ import (
 	"errors"
 	"slices"
 	"sync"
+
+	"github.com/allot-dev/allot/internal/shards"
 )
+
+// Partitions are n partitions 0..n-1 like proto, each with restarted as
+// its Restarted and waiting as its Waiting (either may be nil).
+func Partitions(n int, proto Partition, restarted, waiting func(p int)) []*Partition {
+	out := make([]*Partition, n)
+	for p := range out {
+		f := proto
+		f.P = p
+		if restarted != nil {
+			f.Restarted = func(shards.Route) { restarted(p) }
+		}
+		if waiting != nil {
+			f.Waiting = func() { waiting(p) }
+		}
+		out[p] = &f
+	}
+	return out
+}
 
 // All launches every partition of parts at once, each on its own (Launch:
 // one whose shard is slow or down does not hold up the others' start),

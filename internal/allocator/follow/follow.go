@@ -46,8 +46,11 @@ type Partition struct {
 	// Poll is how often a frozen partition's fence row is read (0: 500ms).
 	Poll time.Duration
 	// Restarted, when set, runs after an allocator was started on a new
-	// route (or the same one, thawed).
+	// route (or the same one, thawed), or after Launch waited.
 	Restarted func(rt shards.Route)
+	// Waiting, when set, runs when Launch starts to wait for the
+	// partition's shard (once per wait, not per try).
+	Waiting func()
 
 	first Runner // Launch's
 	route shards.Route
@@ -63,11 +66,20 @@ type Ready func(shard string) <-chan struct{}
 // the partition first waits for its shard to be ready, and a start that
 // fails while its shard does not answer is tried again with backoff (one
 // log line when it fails, one when it starts): a shard that is down stops
-// only its partitions, also at start. waiting runs (maybe more than once)
+// only its partitions, also at start. waiting (and Waiting, once) runs
 // when the partition waits for its shard. Launch returns nil without an
 // allocator when ctx ends first.
 func (f *Partition) Launch(ctx context.Context, ready Ready, waiting func()) error {
-	backoff, failed := f.poll(), false
+	backoff, failed, waited := f.poll(), false, false
+	wait := func() {
+		if waiting != nil {
+			waiting()
+		}
+		if !waited && f.Waiting != nil {
+			f.Waiting()
+		}
+		waited = true
+	}
 	for {
 		rt, err := f.Router.Route(f.P)
 		if err != nil {
@@ -75,7 +87,7 @@ func (f *Partition) Launch(ctx context.Context, ready Ready, waiting func()) err
 		}
 		if ready != nil {
 			if ch := ready(rt.Shard); !closed(ch) {
-				waiting()
+				wait()
 				select {
 				case <-ctx.Done():
 					return nil
@@ -91,6 +103,9 @@ func (f *Partition) Launch(ctx context.Context, ready Ready, waiting func()) err
 				f.Log.InfoContext(ctx, "partition started: its shard answers again", slog.Int("partition", f.P),
 					slog.String("shard", rt.Shard), slog.Uint64("epoch", rt.Epoch))
 			}
+			if waited && f.Restarted != nil {
+				f.Restarted(rt)
+			}
 			f.first, f.route = r, rt
 			return nil
 		}
@@ -105,7 +120,7 @@ func (f *Partition) Launch(ctx context.Context, ready Ready, waiting func()) err
 			f.Log.WarnContext(ctx, "partition could not start: its shard does not answer; trying again", slog.Int("partition", f.P),
 				slog.String("shard", rt.Shard), slog.Any("err", err))
 		}
-		waiting()
+		wait()
 		select {
 		case <-ctx.Done():
 			return nil
