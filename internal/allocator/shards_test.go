@@ -679,3 +679,34 @@ func TestPeerTakesAShardDownAtStart(t *testing.T) {
 	}
 	e.checkPlaced(reqs, partitions)
 }
+
+// TestHungShardDoesNotHoldUpTheOthers: s1's route hangs (nothing passes,
+// nothing is refused) from before the start: s0's partitions start and
+// apply a burst all the same; the route back, s1's partitions catch up.
+func TestHungShardDoesNotHoldUpTheOthers(t *testing.T) {
+	const partitions = 2
+	e := newShardEnv(t, 2, partitions)
+	cfg, err := mysql.ParseDSN(e.dbs[1].DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy.Hang()
+	cfg.Addr = proxy.Addr()
+	viaProxy, err := store.OpenLater(cfg.FormatDSN(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	e.pools = shards.Pools{"s0": e.pools["s0"], "s1": viaProxy}
+	e.run(conf(func(c *Config) { c.Partitions = partitions; c.MetricsAddr = ""; c.BatchSize = 50 }))
+	last := map[int]uint64{}
+	reqs := e.burst(activities(10), partitions, last)
+	e.waitFences(map[int]uint64{0: last[0]}, time.Minute)
+	if got := e.fence(1, 1); got != 0 && got != -1 {
+		t.Fatalf("partition 1 at %d on s1 while its route hangs", got)
+	}
+	proxy.Forward()
+	e.waitFences(last, time.Minute)
+	e.checkPlaced(reqs, partitions)
+}
