@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/allocator/health"
 	"github.com/allot-dev/allot/internal/buildinfo"
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/config"
@@ -97,7 +99,7 @@ func registeredMetrics(t *testing.T) *recorder {
 		t.Fatal(err)
 	}
 	// What each binary's Run adds to the constructors' metrics.
-	rec.MustRegister(buildinfo.Collector())
+	rec.MustRegister(buildinfo.Collector(), health.New(map[string]*sql.DB{"default": db.DB}, nc).ShardUp())
 	if len(rec.labels) < 10 {
 		t.Fatalf("only %d metrics recorded: the recorder no longer reads Desc", len(rec.labels))
 	}

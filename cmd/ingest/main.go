@@ -82,7 +82,7 @@ func run(ctx context.Context) int {
 			// A shard down stops only its activities' reads, also when
 			// ingest starts meanwhile: its pool connects once it answers.
 			log.WarnContext(ctx, "a MySQL shard does not answer at start: its activities' reads answer 503 until it does", slog.Any("err", err))
-			return openLater(dsn, c.MySQLMaxConns)
+			return store.OpenLater(dsn, c.MySQLMaxConns)
 		}
 		if err != nil {
 			return nil, mysqlError(dsn, err)
@@ -116,34 +116,6 @@ func run(ctx context.Context) int {
 		return 1
 	}
 	return 0
-}
-
-// openLater is a pool of dsn, with store.Open's settings, that connects
-// when it is first used: the pool of a shard that does not answer at
-// start. Ingest only reads through it.
-func openLater(dsn string, maxConns int) (*sql.DB, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, fmt.Errorf("parse mysql dsn: %w", err)
-	}
-	cfg.InterpolateParams, cfg.ParseTime = true, true
-	if cfg.Params == nil {
-		cfg.Params = make(map[string]string, 1)
-	}
-	cfg.Params["sql_mode"] = store.StrictSQLMode
-	cfg.MaxAllowedPacket = 0
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 5 * time.Second
-	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysql connector: %w", err)
-	}
-	db := sql.OpenDB(connector)
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxLifetime(30 * time.Minute)
-	return db, nil
 }
 
 // fail prints err as the one line of a fail-fast exit.

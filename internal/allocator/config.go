@@ -140,6 +140,8 @@ type TestHooks struct {
 	PieceBytes int
 	// BucketSize bounds the waiters of a waitlist bucket (0: waitlist.BucketSize).
 	BucketSize int64
+	// ShardTried runs after each try of a shard that did not answer.
+	ShardTried func(shard string)
 }
 
 // ackWait and idleCheck are the timings tests may shorten.

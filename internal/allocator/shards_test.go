@@ -5,11 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/dbtest"
@@ -17,7 +23,9 @@ import (
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
+	"github.com/allot-dev/allot/migrations"
 )
 
 // shardEnv is a JetStream server and n private MariaDB servers, one
@@ -32,12 +40,23 @@ type shardEnv struct {
 
 func newShardEnv(t *testing.T, n, partitions int) *shardEnv {
 	t.Helper()
+	return newShardEnvEmpty(t, n, partitions, -1)
+}
+
+// newShardEnvEmpty is newShardEnv with shard s<empty>'s database not
+// migrated (-1: every one is).
+func newShardEnvEmpty(t *testing.T, n, partitions, empty int) *shardEnv {
+	t.Helper()
 	e := &shardEnv{env: &env{t: t, ns: natstest.New(t), log: discardLog()}, pools: shards.Pools{}}
 	e.nc, e.js = e.ns.Connect(t)
 	e.procs = dbtest.ServerProcs(t, n)
 	var names []string
 	for i, s := range e.procs {
-		db := dbtest.NewOn(t, s.DSN)
+		open := dbtest.NewOn
+		if i == empty {
+			open = dbtest.NewEmptyOn
+		}
+		db := open(t, s.DSN)
 		e.dbs = append(e.dbs, db)
 		name := fmt.Sprintf("s%d", i)
 		names = append(names, name)
@@ -451,4 +470,243 @@ func TestFrozenPartitionWaitsAlone(t *testing.T) {
 	}
 	e.checkPlaced(reqs, partitions)
 
+}
+
+// TestStartsWithAShardDown: of three shards, s1 (never migrated) is
+// killed before the allocator starts. The allocator starts anyway: the
+// other shards' partitions apply a burst, /readyz answers 200 naming s1
+// down, allot_allocator_shard_up reads 0 for s1. Restarted, s1 is
+// migrated in the background and its partitions catch up in the same
+// process, every request applied once, in order; the gauge reads 1. The
+// log says s1 is down once and back once, however many times it was
+// tried.
+func TestStartsWithAShardDown(t *testing.T) {
+	const partitions = 6
+	e := newShardEnvEmpty(t, 3, partitions, 1)
+	logs := &lines{}
+	e.log = slog.New(slog.NewTextHandler(logs, nil))
+	if err := e.procs[1].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + ln.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var tries atomic.Int64 // of s1, while it does not answer
+	tried := func(shard string) {
+		if shard == "s1" {
+			tries.Add(1)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, conf(func(c *Config) { c.Partitions = partitions; c.BatchSize = 50 }),
+			Deps{DB: e.pools["s0"], Shards: e.pools, NATS: e.nc, Log: e.log, MetricsListener: ln,
+				Test: TestHooks{AckWait: 2 * time.Second, IdleCheck: 100 * time.Millisecond, ShardTried: tried}})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+
+	last := map[int]uint64{}
+	reqs := e.burst(activities(30), partitions, last)
+	alive := map[int]uint64{}
+	for p, seq := range last {
+		if e.shardOf(p) != 1 {
+			alive[p] = seq
+		}
+	}
+	if len(alive) != 4 || len(last) != partitions {
+		t.Fatalf("the burst reaches partitions %v, %v on s0 and s2; want all six, four", last, alive)
+	}
+	e.waitFences(alive, time.Minute)
+	testenv.WaitFor(t, 30*time.Second, "/readyz 200 naming s1 down", func() bool {
+		code, body := get("/readyz")
+		return code == http.StatusOK && strings.Contains(body, `"s1":"down"`) && strings.Contains(body, `"s0":"up"`)
+	})
+	_, metrics := get("/metrics")
+	for _, want := range []string{`allot_allocator_shard_up{shard="s0"} 1`, `allot_allocator_shard_up{shard="s1"} 0`, `allot_allocator_shard_up{shard="s2"} 1`} {
+		if !strings.Contains(metrics, want+"\n") {
+			t.Errorf("/metrics lacks %q while s1 is down", want)
+		}
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Run returned while s1 was down: %v", err)
+	default:
+	}
+
+	// Tried a few times, said once.
+	testenv.WaitFor(t, 30*time.Second, "three tries of s1", func() bool { return tries.Load() >= 3 })
+	if err := e.procs[1].Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	more := e.burst(activities(40)[30:], partitions, last)
+	e.waitFences(last, 2*time.Minute)
+	files, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := e.dbs[1].Count(t, "SELECT COUNT(*) FROM schema_migration"); n != int64(len(files)) {
+		t.Errorf("s1 has %d migrations recorded, want %d", n, len(files))
+	}
+	for a, rs := range more {
+		reqs[a] = rs
+	}
+	e.checkPlaced(reqs, partitions)
+	testenv.WaitFor(t, 10*time.Second, "allot_allocator_shard_up 1 for s1", func() bool {
+		_, metrics := get("/metrics")
+		return strings.Contains(metrics, `allot_allocator_shard_up{shard="s1"} 1`+"\n")
+	})
+	if code, body := get("/readyz"); code != http.StatusOK || strings.Contains(body, "down") {
+		t.Errorf("/readyz with every shard back: %d %s", code, body)
+	}
+	for msg, want := range map[string]int{"MySQL shard does not answer": 1, "MySQL shard answers again: migrated": 1} {
+		if n := logs.count(msg); n != want {
+			t.Errorf("the log says %q %d times, want %d:\n%s", msg, n, want, logs)
+		}
+	}
+}
+
+// TestShardThatFailsToMigrateStopsTheStart: a shard that answers but
+// whose migration fails stops the allocator, with an error naming it (a
+// schema it cannot bring up to date is no outage to wait out).
+func TestShardThatFailsToMigrateStopsTheStart(t *testing.T) {
+	e := newShardEnvEmpty(t, 2, 2, 1)
+	// schema_migration as a view without its column: its read fails.
+	if _, err := e.dbs[1].Exec("CREATE VIEW schema_migration AS SELECT 1 AS x"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := Run(ctx, conf(func(c *Config) { c.Partitions = 2; c.MetricsAddr = "" }),
+		Deps{DB: e.pools["s0"], Shards: e.pools, NATS: e.nc, Log: e.log, Test: TestHooks{AckWait: 2 * time.Second}})
+	if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "shard s1: ") {
+		t.Fatalf("Run with s1's migration failing: %v, want an error naming shard s1", err)
+	}
+}
+
+// lines is a log sink safe for concurrent writes.
+type lines struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// count is the number of lines holding s.
+func (l *lines) count(s string) int {
+	n := 0
+	for _, line := range strings.Split(l.String(), "\n") {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPeerTakesAShardDownAtStart: two allocator processes; process A
+// cannot reach s1 from its start (its route refuses), B can. A gives s1's
+// partitions up to its peers while it waits, so B applies them: every
+// request of every partition is applied once, in order. A's route back,
+// A starts them too and nothing is applied twice.
+func TestPeerTakesAShardDownAtStart(t *testing.T) {
+	const partitions = 4
+	e := newShardEnv(t, 2, partitions)
+	cfg, err := mysql.ParseDSN(e.dbs[1].DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy.Refuse()
+	cfg.Addr = proxy.Addr()
+	viaProxy, err := store.OpenLater(cfg.FormatDSN(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	var tries atomic.Int64 // A's of s1
+	run := func(pools shards.Pools, tried func(string)) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- Run(ctx, conf(func(c *Config) { c.Partitions = partitions; c.MetricsAddr = ""; c.BatchSize = 50 }),
+				Deps{DB: pools["s0"], Shards: pools, NATS: e.nc, Log: e.log,
+					Test: TestHooks{AckWait: 2 * time.Second, IdleCheck: 100 * time.Millisecond, ShardTried: tried}})
+		}()
+		t.Cleanup(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	run(shards.Pools{"s0": e.pools["s0"], "s1": viaProxy}, func(string) { tries.Add(1) })
+	run(e.pools, nil)
+	testenv.WaitFor(t, 30*time.Second, "A tried s1", func() bool { return tries.Load() >= 1 })
+
+	last := map[int]uint64{}
+	reqs := e.burst(activities(20), partitions, last)
+	e.waitFences(last, time.Minute)
+	proxy.Forward()
+	more := e.burst(activities(40)[20:], partitions, last)
+	e.waitFences(last, time.Minute)
+	for a, rs := range more {
+		reqs[a] = rs
+	}
+	e.checkPlaced(reqs, partitions)
+}
+
+// TestHungShardDoesNotHoldUpTheOthers: s1's route hangs (nothing passes,
+// nothing is refused) from before the start: s0's partitions start and
+// apply a burst all the same; the route back, s1's partitions catch up.
+func TestHungShardDoesNotHoldUpTheOthers(t *testing.T) {
+	const partitions = 2
+	e := newShardEnv(t, 2, partitions)
+	cfg, err := mysql.ParseDSN(e.dbs[1].DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.NewProxy(t, cfg.Addr)
+	proxy.Hang()
+	cfg.Addr = proxy.Addr()
+	viaProxy, err := store.OpenLater(cfg.FormatDSN(), 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { viaProxy.Close() })
+	e.pools = shards.Pools{"s0": e.pools["s0"], "s1": viaProxy}
+	e.run(conf(func(c *Config) { c.Partitions = partitions; c.MetricsAddr = ""; c.BatchSize = 50 }))
+	last := map[int]uint64{}
+	reqs := e.burst(activities(10), partitions, last)
+	e.waitFences(map[int]uint64{0: last[0]}, time.Minute)
+	if got := e.fence(1, 1); got != 0 && got != -1 {
+		t.Fatalf("partition 1 at %d on s1 while its route hangs", got)
+	}
+	proxy.Forward()
+	e.waitFences(last, time.Minute)
+	e.checkPlaced(reqs, partitions)
 }

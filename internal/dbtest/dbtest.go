@@ -59,6 +59,12 @@ func NewEmpty(t testing.TB) *DB {
 	return create(t, baseDSN(), false)
 }
 
+// NewEmptyOn is NewEmpty on the server of base (a DSN of Servers).
+func NewEmptyOn(t testing.TB, base string) *DB {
+	t.Helper()
+	return create(t, base, false)
+}
+
 func create(t testing.TB, base string, migrate bool) *DB {
 	t.Helper()
 	cfg, err := mysql.ParseDSN(base)

@@ -24,16 +24,60 @@ type DBTX interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// ErrUnreachable is returned by Open when MySQL does not answer.
+// ErrUnreachable is returned by Open and Check when MySQL does not answer.
 var ErrUnreachable = errors.New("mysql is unreachable")
 
 // Open connects to the database named in dsn with a pool of maxConns and
 // checks that it answers. Placeholders are interpolated client side so that
 // a statement costs one round trip instead of three.
 func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
+	db, addr, err := newPool(dsn, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	if err := check(ctx, db, " at "+addr); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// OpenLater is a pool of dsn with Open's settings that connects when it is
+// first used: the pool of a server that does not answer yet (a shard down
+// while a process starts). Check it once the server answers, as Open does.
+func OpenLater(dsn string, maxConns int) (*sql.DB, error) {
+	db, _, err := newPool(dsn, maxConns)
+	return db, err
+}
+
+// Check checks that db's server answers (within 10s) and notes its
+// max_allowed_packet, which bounds the statements sent to every server:
+// what Open does, for a pool of OpenLater. A server that does not answer
+// is an ErrUnreachable.
+func Check(ctx context.Context, db *sql.DB) error { return check(ctx, db, "") }
+
+// check is Check; at (" at host:port", or "") follows ErrUnreachable in
+// its error.
+func check(ctx context.Context, db *sql.DB, at string) error {
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(pingCtx); err != nil {
+		return fmt.Errorf("%w%s: %w", ErrUnreachable, at, err)
+	}
+	var packet int64
+	if err := db.QueryRowContext(pingCtx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
+		return fmt.Errorf("read max_allowed_packet: %w", err)
+	}
+	notePacket(packet)
+	return nil
+}
+
+// newPool is a pool of dsn with allot's settings, not connected yet, and
+// the server's address.
+func newPool(dsn string, maxConns int) (*sql.DB, string, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("parse mysql dsn: %w", err)
+		return nil, "", fmt.Errorf("parse mysql dsn: %w", err)
 	}
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
@@ -51,25 +95,13 @@ func Open(ctx context.Context, dsn string, maxConns int) (*sql.DB, error) {
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("mysql connector: %w", err)
+		return nil, "", fmt.Errorf("mysql connector: %w", err)
 	}
 	db := sql.OpenDB(connector)
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	db.SetConnMaxLifetime(30 * time.Minute)
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := db.PingContext(pingCtx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("%w at %s: %w", ErrUnreachable, cfg.Addr, err)
-	}
-	var packet int64
-	if err := db.QueryRowContext(pingCtx, "SELECT @@max_allowed_packet").Scan(&packet); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("read max_allowed_packet: %w", err)
-	}
-	notePacket(packet)
-	return db, nil
+	return db, cfg.Addr, nil
 }
 
 // StrictSQLMode is the sql_mode of every connection Open makes. It holds on

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/allot-dev/allot/internal/allocator/shardup"
 	"github.com/allot-dev/allot/internal/shards"
 	"github.com/allot-dev/allot/internal/store"
 )
@@ -45,36 +46,102 @@ type Partition struct {
 	// Poll is how often a frozen partition's fence row is read (0: 500ms).
 	Poll time.Duration
 	// Restarted, when set, runs after an allocator was started on a new
-	// route (or the same one, thawed).
+	// route (or the same one, thawed), or after Launch waited.
 	Restarted func(rt shards.Route)
+	// Waiting, when set, runs when Launch starts to wait for the
+	// partition's shard (once per wait, not per try).
+	Waiting func()
 
-	first Runner // First's
+	first Runner // Launch's
 	route shards.Route
 }
 
-// First starts the partition's first allocator on the route the map
-// names now; Run follows it from there.
-func (f *Partition) First(ctx context.Context) error {
-	rt, err := f.Router.Route(f.P)
-	if err != nil {
-		return err
+// Ready is when a shard may be used: its channel is closed once the shard
+// is migrated (shardup.Shards.Ready).
+type Ready func(shard string) <-chan struct{}
+
+// Launch starts the partition's first allocator on the route the map
+// names; Run follows it from there. With ready nil (one shard) a start
+// that fails is returned, as is a route the map does not give. With ready,
+// the partition first waits for its shard to be ready, and a start that
+// fails while its shard does not answer is tried again with backoff (one
+// log line when it fails, one when it starts): a shard that is down stops
+// only its partitions, also at start. waiting (and Waiting, once) runs
+// when the partition waits for its shard. Launch returns nil without an
+// allocator when ctx ends first.
+func (f *Partition) Launch(ctx context.Context, ready Ready, waiting func()) error {
+	backoff, failed, waited := f.poll(), false, false
+	wait := func() {
+		if waiting != nil {
+			waiting()
+		}
+		if !waited && f.Waiting != nil {
+			f.Waiting()
+		}
+		waited = true
 	}
-	if f.first, err = f.startOn(ctx, rt); err != nil {
-		return err
+	for {
+		rt, err := f.Router.Route(f.P)
+		if err != nil {
+			return err
+		}
+		if ready != nil {
+			if ch := ready(rt.Shard); !closed(ch) {
+				wait()
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-ch:
+				case <-f.Router.Changed(): // routed elsewhere, maybe
+				}
+				continue
+			}
+		}
+		r, err := f.startOn(ctx, rt)
+		if err == nil {
+			if failed {
+				f.Log.InfoContext(ctx, "partition started: its shard answers again", slog.Int("partition", f.P),
+					slog.String("shard", rt.Shard), slog.Uint64("epoch", rt.Epoch))
+			}
+			if waited && f.Restarted != nil {
+				f.Restarted(rt)
+			}
+			f.first, f.route = r, rt
+			return nil
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if ready == nil || shardup.Answers(ctx, rt.DB) {
+			return err
+		}
+		if !failed {
+			failed = true
+			f.Log.WarnContext(ctx, "partition could not start: its shard does not answer; trying again", slog.Int("partition", f.P),
+				slog.String("shard", rt.Shard), slog.Any("err", err))
+		}
+		wait()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-f.Router.Changed():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, shardup.Backoff.Max)
 	}
-	f.route = rt
-	return nil
 }
 
-// Stop stops the allocator First started (for a process that fails to
-// start its other partitions; Run stops its own).
-func (f *Partition) Stop() {
-	if f.first != nil {
-		f.first.Stop()
+// closed reports whether ch is closed (a nil ch is not).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
-// Run follows the partition from the allocator First started until ctx
+// Run follows the partition from the allocator Launch started until ctx
 // ends (it stops the allocator then and returns nil) or an allocator stops
 // for another reason than its fence (its error, nil when it stopped
 // cleanly by itself). An allocator that finds its fence row at another
