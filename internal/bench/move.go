@@ -1,0 +1,496 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+
+	"github.com/allot-dev/allot/internal/allocator"
+	"github.com/allot-dev/allot/internal/audit"
+	"github.com/allot-dev/allot/internal/bus"
+	"github.com/allot-dev/allot/internal/shards"
+	"github.com/allot-dev/allot/internal/shards/move"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// MoveConfig describes the measurement of one partition's move between
+// shards (package move, as `allotctl shards move` runs it) while the other
+// partitions drain a backlog.
+type MoveConfig struct {
+	Partitions int    // of the request stream, at least 2
+	Partition  int    // the partition moved
+	To         string // the shard it is moved to
+	// Activities 1 to Activities, of Capacity seats, are opened first.
+	Activities int
+	Capacity   int64
+	// Signups joins, each of a user of its own, spread over the moved
+	// partition's activities, are applied before anything else: its
+	// signups at the move.
+	Signups int
+	// Requests joins spread over the other partitions' activities make
+	// each of the two measured drains, the first without a move, the
+	// second with it.
+	Requests int
+	// Waiting joins to the moved partition's activities are published
+	// once it is frozen: they wait in the stream, and are applied on its
+	// new shard after the flip (the move's resume step sees them there).
+	Waiting int
+	Batch   int // requests of one activity per message, as in DrainConfig
+	// Allocator is the allocators' configuration (the zero Config: the
+	// defaults).
+	Allocator allocator.Config
+	// Settle bounds the move's resume step (move.Options.Settle; 0: 10s).
+	Settle time.Duration
+}
+
+// MoveStep is one step of the move as its report printed it.
+type MoveStep struct {
+	Name   string
+	Detail string
+	Took   time.Duration
+}
+
+// MoveResult is what a move measured, and what was checked after it.
+type MoveResult struct {
+	From, To string
+	// Signups are the moved partition's signup rows (activity_signup) on
+	// its shard before the move's drain started.
+	Signups int64
+	Steps   []MoveStep
+	Frozen  time.Duration // the move's own figure: from the freeze to the flip
+	Took    time.Duration // the whole move, from its start to its return
+	Report  string        // what the move printed
+	// Without is the other partitions' drain of the first backlog: their
+	// requests, from the allocators' start until their fences passed the
+	// last of them. During is theirs in the second, with the move started
+	// with the allocators: the requests applied from the allocators' start
+	// until the move ended, or until they were all applied if that came
+	// first (OthersDone).
+	Without, During DrainResult
+	OthersDone      bool          // the others' second backlog was applied before the move ended
+	OthersDrained   time.Duration // how long the others' second backlog took
+	Requests        int64         // every request published (opens and joins)
+	Results         map[string]int64
+	// Audit is the verdict of the audit of every shard after the move.
+	Audit string
+}
+
+// MoveShards measures the move of cfg.Partition to cfg.To over the shards
+// of pools (named in order by names; every pool migrated and empty of
+// allot state, nc's server empty), with the stream and the map set up as
+// `allotctl setup` does and one allocator per partition following the map
+// (package follow), as the allocator process runs them:
+//
+//  1. the opens and cfg.Signups joins to the partition's activities are
+//     applied: its state at the move;
+//  2. a backlog of cfg.Requests joins over the other partitions'
+//     activities is drained and timed: the drain without a move;
+//  3. a second such backlog is drained with the move (move.Run, in
+//     process) started as the allocators start; the others are timed
+//     until the move has returned (or their backlog is applied), and
+//     cfg.Waiting joins to the moved partition, published once it is
+//     frozen, are applied on its new shard.
+//
+// Then it checks that every request was applied once, on the shard the map
+// names for its partition, that no row of the moved partition's
+// activities is left on another shard than cfg.To, and that the audit of
+// every shard is clean; any of these failing is an error.
+func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nats.Conn, log *slog.Logger, cfg MoveConfig) (MoveResult, error) {
+	switch {
+	case cfg.Partitions < 2:
+		return MoveResult{}, errors.New("bench: a move needs at least 2 partitions, one moved and others draining")
+	case cfg.Partition < 0 || cfg.Partition >= cfg.Partitions:
+		return MoveResult{}, fmt.Errorf("bench: partition %d is not one of %d", cfg.Partition, cfg.Partitions)
+	case !slices.Contains(names, cfg.To):
+		return MoveResult{}, fmt.Errorf("bench: shard %q is not one of %v", cfg.To, names)
+	case cfg.Signups < 0 || cfg.Requests < 1 || cfg.Activities < 1:
+		return MoveResult{}, errors.New("bench: a move needs at least one activity and one request per drain, and no negative signups")
+	}
+	p := cfg.Partition
+	var mine, all []int64
+	for a := int64(1); a <= int64(cfg.Activities); a++ {
+		all = append(all, a)
+		if bus.PartitionOf(a, cfg.Partitions) == p {
+			mine = append(mine, a)
+		}
+	}
+	if len(mine) == 0 || len(mine) == len(all) {
+		return MoveResult{}, fmt.Errorf("bench: partition %d must have some of the %d activities, not all or none", p, cfg.Activities)
+	}
+	sr, err := newShardRun(ctx, pools, names, nc, log, cfg.Partitions, cfg.Allocator)
+	if err != nil {
+		return MoveResult{}, err
+	}
+	defer sr.close()
+	from, err := sr.router.Route(p)
+	if err != nil {
+		return MoveResult{}, err
+	}
+	if from.Shard == cfg.To {
+		return MoveResult{}, fmt.Errorf("bench: partition %d is on shard %s already", p, cfg.To)
+	}
+	res := MoveResult{From: from.Shard, To: cfg.To}
+	others := slices.DeleteFunc(sr.all(), func(q int) bool { return q == p })
+	pub := &publisher{sr: sr, batch: cfg.Batch, perPartition: make([]int64, cfg.Partitions)}
+
+	// 1. The moved partition's state.
+	ph, err := pub.publish(ctx, all, cfg.Capacity, mine, cfg.Signups)
+	if err != nil {
+		return res, err
+	}
+	if _, err := sr.drain(ctx, ph, nil); err != nil {
+		return res, fmt.Errorf("the moved partition's signups: %w", err)
+	}
+
+	// 2. The drain without a move.
+	var theirs []int64
+	for _, a := range all {
+		if !slices.Contains(mine, a) {
+			theirs = append(theirs, a)
+		}
+	}
+	if ph, err = pub.publish(ctx, nil, 0, theirs, cfg.Requests); err != nil {
+		return res, err
+	}
+	without, err := sr.drain(ctx, ph, others)
+	if err != nil {
+		return res, fmt.Errorf("the drain without a move: %w", err)
+	}
+	res.Without = DrainResult{Decisions: int(ph.of(others)), Elapsed: without}
+	if err := from.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM activity_signup WHERE activity_id IN ("+placeholders(len(mine))+")",
+		anys(mine)...).Scan(&res.Signups); err != nil {
+		return res, err
+	}
+
+	// 3. The drain with the move.
+	if ph, err = pub.publish(ctx, nil, 0, theirs, cfg.Requests); err != nil {
+		return res, err
+	}
+	kv, err := sr.js.KeyValue(ctx, shards.Bucket)
+	if err != nil {
+		return res, err
+	}
+	var (
+		out       lockedBuffer
+		moveErr   error
+		moveEnd   time.Time
+		fences    = make([]uint64, cfg.Partitions)
+		moveDone  = make(chan struct{})
+		waitErr   = make(chan error, 1)
+		published = false
+	)
+	// Requests for the moved partition arrive once it is frozen: they wait
+	// in the stream and are applied on its new shard after the flip.
+	arrive := func(step string) error {
+		if step == move.StepFreeze && cfg.Waiting > 0 && !published {
+			published = true
+			go func() {
+				_, err := pub.publish(ctx, nil, 0, mine, cfg.Waiting)
+				waitErr <- err
+			}()
+		}
+		return nil
+	}
+	// A move that fails ends the drain: its partition would wait for ever.
+	dctx, failed := context.WithCancelCause(ctx)
+	defer failed(nil)
+	start := time.Now()
+	run, err := sr.start(dctx)
+	if err != nil {
+		return res, err
+	}
+	defer run.stop()
+	go func() {
+		defer close(moveDone)
+		moveStart := time.Now()
+		moveErr = move.Run(ctx, move.Options{Partition: p, Partitions: cfg.Partitions, To: cfg.To, Pools: pools, KV: kv, JS: sr.js,
+			Out: &out, Settle: cfg.Settle, After: arrive})
+		moveEnd = time.Now()
+		res.Took = moveEnd.Sub(moveStart)
+		if moveErr != nil {
+			failed(moveErr)
+			return
+		}
+		for _, q := range others {
+			if f, _, err := sr.fence(ctx, q); err == nil {
+				fences[q] = f
+			}
+		}
+	}()
+	err = run.wait(dctx, others, ph.last)
+	drained := time.Since(start)
+	<-moveDone
+	res.Report = out.String()
+	if moveErr != nil {
+		return res, fmt.Errorf("the move of partition %d to %s: %w\n%s", p, cfg.To, moveErr, res.Report)
+	}
+	if err != nil {
+		return res, fmt.Errorf("the drain with the move: %w", err)
+	}
+	if published {
+		if err := <-waitErr; err != nil {
+			return res, fmt.Errorf("the requests to the frozen partition: %w", err)
+		}
+	}
+	last, err := partitionLastSeqs(ctx, sr.js, cfg.Partitions)
+	if err != nil {
+		return res, err
+	}
+	if err := run.wait(ctx, sr.all(), last); err != nil {
+		return res, fmt.Errorf("the moved partition's requests on %s: %w", cfg.To, err)
+	}
+	run.stop()
+	if res.Steps, res.Frozen, err = parseMoveReport(res.Report); err != nil {
+		return res, err
+	}
+	res.OthersDrained = drained
+	res.OthersDone = !start.Add(drained).After(moveEnd)
+	if res.OthersDone {
+		res.During = DrainResult{Decisions: int(ph.of(others)), Elapsed: drained}
+	} else {
+		var n int64
+		for _, q := range others {
+			rt, err := sr.router.Route(q)
+			if err != nil {
+				return res, err
+			}
+			var k int64
+			if err := rt.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM processed_request WHERE partition_id = ? AND seq > ? AND seq <= ?",
+				q, ph.before, fences[q]).Scan(&k); err != nil {
+				return res, err
+			}
+			n += k
+		}
+		res.During = DrainResult{Decisions: int(n), Elapsed: moveEnd.Sub(start)}
+	}
+	if err := checkMoved(ctx, sr, pub, mine, &res); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// checkMoved checks, the allocators stopped, that every request was
+// applied once on the shard its partition is on, that the moved
+// partition's rows are on its new shard only, and that the audit of every
+// shard is clean.
+func checkMoved(ctx context.Context, sr *shardRun, pub *publisher, mine []int64, res *MoveResult) error {
+	res.Results = map[string]int64{}
+	for p, want := range pub.perPartition {
+		rt, err := sr.router.Route(p)
+		if err != nil {
+			return err
+		}
+		for name, db := range sr.pools {
+			var n, ids int64
+			if err := db.QueryRowContext(ctx, "SELECT COUNT(*), COUNT(DISTINCT request_id) FROM processed_request WHERE partition_id = ?", p).Scan(&n, &ids); err != nil {
+				return fmt.Errorf("count partition %d's results on %s: %w", p, name, err)
+			}
+			res.Results[name] += n
+			if name != rt.Shard && n != 0 {
+				return fmt.Errorf("shard %s holds %d results of partition %d, which is on %s", name, n, p, rt.Shard)
+			}
+			if name == rt.Shard && (n != want || ids != want) {
+				return fmt.Errorf("partition %d on %s has %d results of %d request ids, want %d requests applied once", p, name, n, ids, want)
+			}
+		}
+		res.Requests += want
+	}
+	in := placeholders(len(mine))
+	for name, db := range sr.pools {
+		if name == res.To {
+			continue
+		}
+		for t, col := range map[string]string{"activity": "id", "activity_signup": "activity_id", "waitlist_bucket": "activity_id"} {
+			var n int64
+			if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM "+t+" WHERE "+col+" IN ("+in+")", anys(mine)...).Scan(&n); err != nil {
+				return fmt.Errorf("count %s on %s: %w", t, name, err)
+			}
+			if n != 0 {
+				return fmt.Errorf("shard %s still holds %d %s rows of the moved partition's activities", name, n, t)
+			}
+		}
+	}
+	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{Shards: sr.pools, JS: sr.js})
+	if err != nil {
+		return fmt.Errorf("audit of every shard after the move: %w", err)
+	}
+	if len(rep.Divergences) > 0 {
+		d := rep.Divergences[0]
+		return fmt.Errorf("the audit after the move found %d divergence(s), the first %s of activity %d on shard %s: %s, want %s",
+			len(rep.Divergences), d.Kind, d.ActivityID, d.Shard, d.Actual, d.Expected)
+	}
+	res.Audit = fmt.Sprintf("clean: %d activities, %d results compared, on %d shards", rep.ActivitiesChecked, rep.Compared, len(sr.pools))
+	return nil
+}
+
+// drain starts the allocators, waits until every partition's fence has
+// passed ph's last message, and stops them; it returns how long the
+// partitions of timed (all when nil) took from the allocators' start.
+func (s *shardRun) drain(ctx context.Context, ph phase, timed []int) (time.Duration, error) {
+	if timed == nil {
+		timed = s.all()
+	}
+	start := time.Now()
+	run, err := s.start(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer run.stop()
+	if err := run.wait(ctx, timed, ph.last); err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	return took, run.wait(ctx, s.all(), ph.last)
+}
+
+// publisher publishes the backlogs of a move's measurement, each user
+// joining once, and counts each partition's requests.
+type publisher struct {
+	sr           *shardRun
+	batch        int
+	user         int64
+	perPartition []int64
+}
+
+// phase is one backlog published: the stream's last sequence before it,
+// each partition's last message, and each partition's requests in it.
+type phase struct {
+	before uint64
+	last   []uint64
+	counts []int64
+}
+
+// of is the requests of the partitions ps.
+func (ph phase) of(ps []int) int64 {
+	var n int64
+	for _, p := range ps {
+		n += ph.counts[p]
+	}
+	return n
+}
+
+// publish stores an open (of capacity) of each of opens, then n joins
+// spread over to in turn, each by a user of its own.
+func (pb *publisher) publish(ctx context.Context, opens []int64, capacity int64, to []int64, n int) (phase, error) {
+	st, err := pb.sr.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		return phase{}, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return phase{}, err
+	}
+	ph := phase{before: info.State.LastSeq, counts: make([]int64, pb.sr.partitions)}
+	now := time.Now().UTC()
+	bl := &backlog{js: pb.sr.js, batch: max(pb.batch, 1), open: map[int64][][]byte{}}
+	add := func(r wire.Request) error {
+		ph.counts[bus.PartitionOf(r.ActivityID, pb.sr.partitions)]++
+		return bl.add(r)
+	}
+	for _, a := range opens {
+		c := capacity
+		if err := add(wire.Request{RequestID: uuid.Must(uuid.NewV7()).String(), Op: wire.OpOpen, ActivityID: a, Capacity: &c, ReceivedAt: now}); err != nil {
+			return phase{}, err
+		}
+	}
+	for i := range n {
+		pb.user++
+		if err := add(wire.Request{RequestID: uuid.Must(uuid.NewV7()).String(), Op: wire.OpJoin, ActivityID: to[i%len(to)], UserID: pb.user, ReceivedAt: now}); err != nil {
+			return phase{}, err
+		}
+	}
+	if err := bl.flush(); err != nil {
+		return phase{}, err
+	}
+	if err := bl.wait(); err != nil {
+		return phase{}, err
+	}
+	for p, c := range ph.counts {
+		pb.perPartition[p] += c
+	}
+	if ph.last, err = partitionLastSeqs(ctx, pb.sr.js, pb.sr.partitions); err != nil {
+		return phase{}, err
+	}
+	return ph, nil
+}
+
+// parseMoveReport reads the steps and their times, and the time the
+// partition was frozen, from what the move printed: a line per step,
+// "<step> <detail> (<time>)", and "done … it was frozen for <time>".
+func parseMoveReport(report string) ([]MoveStep, time.Duration, error) {
+	steps := []string{move.StepFreeze, move.StepCopy, move.StepVerify, move.StepFence, move.StepFlip, move.StepResume, move.StepClean}
+	var (
+		out    []MoveStep
+		frozen time.Duration
+	)
+	sc := bufio.NewScanner(strings.NewReader(report))
+	for sc.Scan() {
+		line := sc.Text()
+		name, rest, _ := strings.Cut(line, " ")
+		rest = strings.TrimSpace(rest)
+		if name == "done" {
+			_, f, ok := strings.Cut(rest, "frozen for ")
+			d, err := time.ParseDuration(strings.TrimSpace(f))
+			if !ok || err != nil {
+				return nil, 0, fmt.Errorf("the move's report says %q: no frozen time in it", line)
+			}
+			frozen = d
+			continue
+		}
+		i := strings.LastIndex(rest, " (")
+		if !slices.Contains(steps, name) || i < 0 || !strings.HasSuffix(rest, ")") {
+			continue
+		}
+		d, err := time.ParseDuration(rest[i+2 : len(rest)-1])
+		if err != nil {
+			continue
+		}
+		out = append(out, MoveStep{Name: name, Detail: rest[:i], Took: d})
+	}
+	got := make([]string, len(out))
+	for i, s := range out {
+		got[i] = s.Name
+	}
+	if !slices.Equal(got, steps) || frozen == 0 {
+		return nil, 0, fmt.Errorf("the move's report has the steps %v and frozen time %s, want %v and a frozen time:\n%s", got, frozen, steps, report)
+	}
+	return out, frozen, nil
+}
+
+// lockedBuffer is a buffer safe to write from the move's goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func placeholders(n int) string { return strings.TrimSuffix(strings.Repeat("?,", n), ",") }
+
+func anys(ids []int64) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
