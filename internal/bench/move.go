@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -30,7 +31,9 @@ type MoveConfig struct {
 	Partitions int    // of the request stream, at least 2
 	Partition  int    // the partition moved
 	To         string // the shard it is moved to
-	// Activities 1 to Activities, of Capacity seats, are opened first.
+	// Activities: the moved partition's of 1 to Activities, of Capacity
+	// seats, are opened first; each drain (and the warm-up) opens the
+	// other partitions' of the next Activities ids.
 	Activities int
 	Capacity   int64
 	// Signups joins, each of a user of its own, spread over the moved
@@ -51,6 +54,8 @@ type MoveConfig struct {
 	Allocator allocator.Config
 	// Settle bounds the move's resume step (move.Options.Settle; 0: 10s).
 	Settle time.Duration
+	// Progress, when set, gets a line at the end of each phase.
+	Progress io.Writer
 }
 
 // MoveStep is one step of the move as its report printed it.
@@ -62,7 +67,8 @@ type MoveStep struct {
 
 // MoveResult is what a move measured, and what was checked after it.
 type MoveResult struct {
-	From, To string
+	Partition int
+	From, To  string
 	// Signups are the moved partition's signup rows (activity_signup) on
 	// its shard before the move's drain started.
 	Signups int64
@@ -72,16 +78,21 @@ type MoveResult struct {
 	Report  string        // what the move printed
 	// Without is the other partitions' drain of the first backlog: their
 	// requests, from the allocators' start until their fences passed the
-	// last of them. During is theirs in the second, with the move started
-	// with the allocators: the requests applied from the allocators' start
+	// last of them; WithoutAfter the same of a third backlog, after the
+	// move. During is theirs in the second, with the move started with
+	// the allocators: the requests applied from the allocators' start
 	// until the move ended, or until they were all applied if that came
 	// first (OthersDone).
-	Without, During DrainResult
-	OthersDone      bool          // the others' second backlog was applied before the move ended
-	OthersDrained   time.Duration // how long the others' second backlog took
-	Requests        int64         // every request published (opens and joins)
-	Results         map[string]int64
-	// Audit is the verdict of the audit of every shard after the move.
+	Without, During, WithoutAfter DrainResult
+	OthersDone                    bool // the others' second backlog was applied before the move ended
+	// OthersUntil is, when OthersDone, the step the move was at when the
+	// others' backlog ran out (by the steps' printed times).
+	OthersUntil   string
+	OthersDrained time.Duration // how long the others' second backlog took
+	Requests      int64         // every request published (opens and joins)
+	Results       map[string]int64
+	// Audit is the verdict of the audit of the moved partition over every
+	// shard, after the move.
 	Audit string
 }
 
@@ -92,19 +103,22 @@ type MoveResult struct {
 // (package follow), as the allocator process runs them:
 //
 //  1. the opens and cfg.Signups joins to the partition's activities are
-//     applied: its state at the move;
-//  2. a backlog of cfg.Requests joins over the other partitions'
-//     activities is drained and timed: the drain without a move;
+//     applied: its state at the move (with a tenth of a drain of the
+//     others, not timed: a warm-up);
+//  2. a backlog of opens and cfg.Requests joins over activities of the
+//     other partitions is drained and timed: the drain without a move;
 //  3. a second such backlog is drained with the move (move.Run, in
 //     process) started as the allocators start; the others are timed
 //     until the move has returned (or their backlog is applied), and
 //     cfg.Waiting joins to the moved partition, published once it is
-//     frozen, are applied on its new shard.
+//     frozen, are applied on its new shard;
+//  4. a third such backlog is drained and timed, after the move.
 //
 // Then it checks that every request was applied once, on the shard the map
 // names for its partition, that no row of the moved partition's
 // activities is left on another shard than cfg.To, and that the audit of
-// every shard is clean; any of these failing is an error.
+// the moved partition over every shard is clean; any of these failing is
+// an error.
 func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nats.Conn, log *slog.Logger, cfg MoveConfig) (MoveResult, error) {
 	switch {
 	case cfg.Partitions < 2:
@@ -117,14 +131,8 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 		return MoveResult{}, errors.New("bench: a move needs at least one activity and one request per drain, and no negative signups")
 	}
 	p := cfg.Partition
-	var mine, all []int64
-	for a := int64(1); a <= int64(cfg.Activities); a++ {
-		all = append(all, a)
-		if bus.PartitionOf(a, cfg.Partitions) == p {
-			mine = append(mine, a)
-		}
-	}
-	if len(mine) == 0 || len(mine) == len(all) {
+	mine := activitiesOf(cfg, 0, func(q int) bool { return q == p })
+	if len(mine) == 0 || len(mine) == cfg.Activities {
 		return MoveResult{}, fmt.Errorf("bench: partition %d must have some of the %d activities, not all or none", p, cfg.Activities)
 	}
 	sr, err := newShardRun(ctx, pools, names, nc, log, cfg.Partitions, cfg.Allocator)
@@ -139,27 +147,30 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	if from.Shard == cfg.To {
 		return MoveResult{}, fmt.Errorf("bench: partition %d is on shard %s already", p, cfg.To)
 	}
-	res := MoveResult{From: from.Shard, To: cfg.To}
+	res := MoveResult{Partition: p, From: from.Shard, To: cfg.To}
 	others := slices.DeleteFunc(sr.all(), func(q int) bool { return q == p })
 	pub := &publisher{sr: sr, batch: cfg.Batch, perPartition: make([]int64, cfg.Partitions)}
 
 	// 1. The moved partition's state.
-	ph, err := pub.publish(ctx, all, cfg.Capacity, mine, cfg.Signups)
+	ph, err := pub.publish(ctx, mine, cfg.Capacity, mine, cfg.Signups)
 	if err != nil {
+		return res, err
+	}
+	// With them, a tenth of a drain of the others, not measured: the
+	// first drain timed is not their first.
+	theirs := func(k int) []int64 { return activitiesOf(cfg, k, func(q int) bool { return q != p }) }
+	if ph, err = pub.publish(ctx, theirs(4), cfg.Capacity, theirs(4), max(cfg.Requests/10, 1)); err != nil {
 		return res, err
 	}
 	if _, err := sr.drain(ctx, ph, nil); err != nil {
 		return res, fmt.Errorf("the moved partition's signups: %w", err)
 	}
+	cfg.progress("partition %d's %d signups applied on %s", p, cfg.Signups, from.Shard)
 
 	// 2. The drain without a move.
-	var theirs []int64
-	for _, a := range all {
-		if !slices.Contains(mine, a) {
-			theirs = append(theirs, a)
-		}
-	}
-	if ph, err = pub.publish(ctx, nil, 0, theirs, cfg.Requests); err != nil {
+	// Each drain opens activities of its own, so that the three are
+	// alike (the waitlists of one do not grow the next's).
+	if ph, err = pub.publish(ctx, theirs(1), cfg.Capacity, theirs(1), cfg.Requests); err != nil {
 		return res, err
 	}
 	without, err := sr.drain(ctx, ph, others)
@@ -167,14 +178,19 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 		return res, fmt.Errorf("the drain without a move: %w", err)
 	}
 	res.Without = DrainResult{Decisions: int(ph.of(others)), Elapsed: without}
+	cfg.progress("the drain without a move: %d requests in %s", ph.of(others), without.Round(time.Millisecond))
 	if err := from.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM activity_signup WHERE activity_id IN ("+placeholders(len(mine))+")",
 		anys(mine)...).Scan(&res.Signups); err != nil {
 		return res, err
 	}
 
 	// 3. The drain with the move.
-	if ph, err = pub.publish(ctx, nil, 0, theirs, cfg.Requests); err != nil {
+	if ph, err = pub.publish(ctx, theirs(2), cfg.Capacity, theirs(2), cfg.Requests); err != nil {
 		return res, err
+	}
+	settle := cfg.Settle
+	if settle == 0 {
+		settle = 10 * time.Second // allotctl shards move's -settle
 	}
 	kv, err := sr.js.KeyValue(ctx, shards.Bucket)
 	if err != nil {
@@ -183,6 +199,7 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	var (
 		out       lockedBuffer
 		moveErr   error
+		moveStart time.Time
 		moveEnd   time.Time
 		fences    = make([]uint64, cfg.Partitions)
 		moveDone  = make(chan struct{})
@@ -212,9 +229,9 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	defer run.stop()
 	go func() {
 		defer close(moveDone)
-		moveStart := time.Now()
+		moveStart = time.Now()
 		moveErr = move.Run(ctx, move.Options{Partition: p, Partitions: cfg.Partitions, To: cfg.To, Pools: pools, KV: kv, JS: sr.js,
-			Out: &out, Settle: cfg.Settle, After: arrive})
+			Out: &out, Settle: settle, After: arrive})
 		moveEnd = time.Now()
 		res.Took = moveEnd.Sub(moveStart)
 		if moveErr != nil {
@@ -257,6 +274,13 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	res.OthersDone = !start.Add(drained).After(moveEnd)
 	if res.OthersDone {
 		res.During = DrainResult{Decisions: int(ph.of(others)), Elapsed: drained}
+		at, sum := start.Add(drained).Sub(moveStart), time.Duration(0)
+		for _, st := range res.Steps {
+			if sum += st.Took; sum >= at {
+				res.OthersUntil = st.Name
+				break
+			}
+		}
 	} else {
 		var n int64
 		for _, q := range others {
@@ -273,16 +297,51 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 		}
 		res.During = DrainResult{Decisions: int(n), Elapsed: moveEnd.Sub(start)}
 	}
+	cfg.progress("the drain with the move: the others' %d requests in %s, the move %s", ph.of(others), drained.Round(time.Millisecond), res.Took.Round(time.Millisecond))
+
+	// 4. The drain without a move again, after it: the two bracket the
+	// drain with the move, so that a drift of the machine shows.
+	if ph, err = pub.publish(ctx, theirs(3), cfg.Capacity, theirs(3), cfg.Requests); err != nil {
+		return res, err
+	}
+	after, err := sr.drain(ctx, ph, others)
+	if err != nil {
+		return res, fmt.Errorf("the drain after the move: %w", err)
+	}
+	res.WithoutAfter = DrainResult{Decisions: int(ph.of(others)), Elapsed: after}
+	cfg.progress("the drain after the move: %d requests in %s", ph.of(others), after.Round(time.Millisecond))
+	t := time.Now()
 	if err := checkMoved(ctx, sr, pub, mine, &res); err != nil {
 		return res, err
 	}
+	cfg.progress("checked every request and audited every shard in %s", time.Since(t).Round(time.Millisecond))
 	return res, nil
+}
+
+func (c MoveConfig) progress(format string, args ...any) {
+	if c.Progress != nil {
+		fmt.Fprintf(c.Progress, "  "+format+"\n", args...)
+	}
+}
+
+// activitiesOf is the activities k*cfg.Activities+1 to
+// (k+1)*cfg.Activities of the partitions keep keeps: k 0 the moved
+// partition's, 1 to 3 the others' of each drain, 4 the warm-up's.
+func activitiesOf(cfg MoveConfig, k int, keep func(partition int) bool) []int64 {
+	var out []int64
+	for a := int64(k*cfg.Activities) + 1; a <= int64((k+1)*cfg.Activities); a++ {
+		if keep(bus.PartitionOf(a, cfg.Partitions)) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // checkMoved checks, the allocators stopped, that every request was
 // applied once on the shard its partition is on, that the moved
-// partition's rows are on its new shard only, and that the audit of every
-// shard is clean.
+// partition's rows are on its new shard only, and that the audit of the
+// moved partition over every shard (its rows on its shard, none misplaced
+// on another) is clean.
 func checkMoved(ctx context.Context, sr *shardRun, pub *publisher, mine []int64, res *MoveResult) error {
 	res.Results = map[string]int64{}
 	for p, want := range pub.perPartition {
@@ -320,16 +379,18 @@ func checkMoved(ctx context.Context, sr *shardRun, pub *publisher, mine []int64,
 			}
 		}
 	}
-	rep, err := audit.Run(ctx, audit.Config{}, audit.Deps{Shards: sr.pools, JS: sr.js})
+	// The audit of the moved partition over every shard: its rows on its
+	// shard against the stream, and none of them on another (misplaced).
+	rep, err := audit.Run(ctx, audit.Config{Partitions: []int{res.Partition}}, audit.Deps{Shards: sr.pools, JS: sr.js})
 	if err != nil {
-		return fmt.Errorf("audit of every shard after the move: %w", err)
+		return fmt.Errorf("the audit after the move: %w", err)
 	}
 	if len(rep.Divergences) > 0 {
 		d := rep.Divergences[0]
 		return fmt.Errorf("the audit after the move found %d divergence(s), the first %s of activity %d on shard %s: %s, want %s",
 			len(rep.Divergences), d.Kind, d.ActivityID, d.Shard, d.Actual, d.Expected)
 	}
-	res.Audit = fmt.Sprintf("clean: %d activities, %d results compared, on %d shards", rep.ActivitiesChecked, rep.Compared, len(sr.pools))
+	res.Audit = fmt.Sprintf("of partition %d over the %d shards clean: %d activities, %d results compared", res.Partition, len(sr.pools), rep.ActivitiesChecked, rep.Compared)
 	return nil
 }
 
