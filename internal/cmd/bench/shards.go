@@ -1,11 +1,13 @@
 package main
 
 // The shard benchmark (make bench-shards): the main run's drain of joins
-// over 1,000 activities, applied on 1 MySQL shard and on 3, in one run.
-// The shards are private mariadbd (or mysqld) servers on this machine, so
-// they share its cores and its disk: the figures show what routing costs
-// and what separate redo logs give on one machine, not what separate
-// machines would gain (docs/performance.md, "Shards").
+// over 1,000 activities, applied on 1 MySQL shard and on 3, in one run;
+// then, on the 3, the move of a partition with 100,000 signups to another
+// shard (package move, as `allotctl shards move` runs it) while the other
+// partitions drain. The shards are private mariadbd (or mysqld) servers on
+// this machine, so they share its cores and its disk: the figures show
+// what routing and a move cost on one machine, not what separate machines
+// would give (docs/performance.md, "Shards").
 
 import (
 	"cmp"
