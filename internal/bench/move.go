@@ -314,7 +314,7 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	if err := checkMoved(ctx, sr, pub, mine, &res); err != nil {
 		return res, err
 	}
-	cfg.progress("checked every request and audited every shard in %s", time.Since(t).Round(time.Millisecond))
+	cfg.progress("checked every request, audited partition %d over every shard, in %s", p, time.Since(t).Round(time.Millisecond))
 	return res, nil
 }
 

@@ -207,7 +207,7 @@ func moveBench(ctx context.Context, o opts, log *slog.Logger, servers []string) 
 	for _, name := range slices.Sorted(maps.Keys(res.Results)) {
 		counts = append(counts, fmt.Sprintf("%s %d", name, res.Results[name]))
 	}
-	fmt.Printf("checked: %d requests, each applied once, on its partition's shard (results: %s); partition 0's rows on %s only; audit of every shard %s\n",
+	fmt.Printf("checked: %d requests, each applied once, on its partition's shard (results: %s); partition 0's rows on %s only; audit %s\n",
 		res.Requests, strings.Join(counts, ", "), res.To, res.Audit)
 	return nil
 }
