@@ -41,9 +41,9 @@ type MoveConfig struct {
 	// signups at the move.
 	Signups int
 	// Requests joins spread over the other partitions' activities make
-	// each of the two measured drains, the first without a move, the
-	// second with it.
-	Requests int
+	// each of the drains without a move, before it and after it;
+	// DuringRequests the drain with the move (enough to outlast it).
+	Requests, DuringRequests int
 	// Waiting joins to the moved partition's activities are published
 	// once it is frozen: they wait in the stream, and are applied on its
 	// new shard after the flip (the move's resume step sees them there).
@@ -76,21 +76,17 @@ type MoveResult struct {
 	Frozen  time.Duration // the move's own figure: from the freeze to the flip
 	Took    time.Duration // the whole move, from its start to its return
 	Report  string        // what the move printed
-	// Without is the other partitions' drain of the first backlog: their
-	// requests, from the allocators' start until their fences passed the
-	// last of them; WithoutAfter the same of a third backlog, after the
-	// move. During is theirs in the second, with the move started with
-	// the allocators: the requests applied from the allocators' start
-	// until the move ended, or until they were all applied if that came
-	// first (OthersDone).
+	// Without, During and WithoutAfter are the other partitions' drains
+	// of the three backlogs, before, with and after the move: their
+	// requests applied from the allocators' start while each of them
+	// still had requests waiting, that is until the first of them had
+	// applied its last (or, with the move, until the move ended, if that
+	// came first: Covered).
 	Without, During, WithoutAfter DrainResult
-	OthersDone                    bool // the others' second backlog was applied before the move ended
-	// OthersUntil is, when OthersDone, the step the move was at when the
-	// others' backlog ran out (by the steps' printed times).
-	OthersUntil   string
-	OthersDrained time.Duration // how long the others' second backlog took
-	Requests      int64         // every request published (opens and joins)
-	Results       map[string]int64
+	Covered                       bool   // During lasted the whole move
+	Until                         string // else the step the move was at when During ended (by the steps' printed times)
+	Requests                      int64  // every request published (opens and joins)
+	Results                       map[string]int64
 	// Audit is the verdict of the audit of the moved partition over every
 	// shard, after the move.
 	Audit string
@@ -107,12 +103,12 @@ type MoveResult struct {
 //     others, not timed: a warm-up);
 //  2. a backlog of opens and cfg.Requests joins over activities of the
 //     other partitions is drained and timed: the drain without a move;
-//  3. a second such backlog is drained with the move (move.Run, in
-//     process) started as the allocators start; the others are timed
-//     until the move has returned (or their backlog is applied), and
+//  3. a backlog of cfg.DuringRequests is drained with the move (move.Run,
+//     in process) started as the allocators start; the others are timed
+//     until the move has returned (or the first of them has run out), and
 //     cfg.Waiting joins to the moved partition, published once it is
 //     frozen, are applied on its new shard;
-//  4. a third such backlog is drained and timed, after the move.
+//  4. a backlog like the first is drained and timed, after the move.
 //
 // Then it checks that every request was applied once, on the shard the map
 // names for its partition, that no row of the moved partition's
@@ -127,7 +123,7 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 		return MoveResult{}, fmt.Errorf("bench: partition %d is not one of %d", cfg.Partition, cfg.Partitions)
 	case !slices.Contains(names, cfg.To):
 		return MoveResult{}, fmt.Errorf("bench: shard %q is not one of %v", cfg.To, names)
-	case cfg.Signups < 0 || cfg.Requests < 1 || cfg.Activities < 1:
+	case cfg.Signups < 0 || cfg.Requests < 1 || cfg.DuringRequests < 1 || cfg.Activities < 1:
 		return MoveResult{}, errors.New("bench: a move needs at least one activity and one request per drain, and no negative signups")
 	}
 	p := cfg.Partition
@@ -170,22 +166,17 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	// 2. The drain without a move.
 	// Each drain opens activities of its own, so that the three are
 	// alike (the waitlists of one do not grow the next's).
-	if ph, err = pub.publish(ctx, theirs(1), cfg.Capacity, theirs(1), cfg.Requests); err != nil {
-		return res, err
-	}
-	without, err := sr.drain(ctx, ph, others)
-	if err != nil {
+	if res.Without, err = sr.timedDrain(ctx, pub, theirs(1), cfg, cfg.Requests, others); err != nil {
 		return res, fmt.Errorf("the drain without a move: %w", err)
 	}
-	res.Without = DrainResult{Decisions: int(ph.of(others)), Elapsed: without}
-	cfg.progress("the drain without a move: %d requests in %s", ph.of(others), without.Round(time.Millisecond))
+	cfg.progress("the drain without a move: %d requests in %s", res.Without.Decisions, res.Without.Elapsed.Round(time.Millisecond))
 	if err := from.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM activity_signup WHERE activity_id IN ("+placeholders(len(mine))+")",
 		anys(mine)...).Scan(&res.Signups); err != nil {
 		return res, err
 	}
 
 	// 3. The drain with the move.
-	if ph, err = pub.publish(ctx, theirs(2), cfg.Capacity, theirs(2), cfg.Requests); err != nil {
+	if ph, err = pub.publish(ctx, theirs(2), cfg.Capacity, theirs(2), cfg.DuringRequests); err != nil {
 		return res, err
 	}
 	settle := cfg.Settle
@@ -200,8 +191,6 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 		out       lockedBuffer
 		moveErr   error
 		moveStart time.Time
-		moveEnd   time.Time
-		fences    = make([]uint64, cfg.Partitions)
 		moveDone  = make(chan struct{})
 		waitErr   = make(chan error, 1)
 		published = false
@@ -232,20 +221,15 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 		moveStart = time.Now()
 		moveErr = move.Run(ctx, move.Options{Partition: p, Partitions: cfg.Partitions, To: cfg.To, Pools: pools, KV: kv, JS: sr.js,
 			Out: &out, Settle: settle, After: arrive})
-		moveEnd = time.Now()
-		res.Took = moveEnd.Sub(moveStart)
+		res.Took = time.Since(moveStart)
 		if moveErr != nil {
 			failed(moveErr)
-			return
-		}
-		for _, q := range others {
-			if f, _, err := sr.fence(ctx, q); err == nil {
-				fences[q] = f
-			}
 		}
 	}()
-	err = run.wait(dctx, others, ph.last)
-	drained := time.Since(start)
+	w, err := run.saturated(dctx, others, ph.last, moveDone)
+	if err == nil {
+		err = run.wait(dctx, others, ph.last)
+	}
 	<-moveDone
 	res.Report = out.String()
 	if moveErr != nil {
@@ -270,46 +254,28 @@ func MoveShards(ctx context.Context, pools shards.Pools, names []string, nc *nat
 	if res.Steps, res.Frozen, err = parseMoveReport(res.Report); err != nil {
 		return res, err
 	}
-	res.OthersDrained = drained
-	res.OthersDone = !start.Add(drained).After(moveEnd)
-	if res.OthersDone {
-		res.During = DrainResult{Decisions: int(ph.of(others)), Elapsed: drained}
-		at, sum := start.Add(drained).Sub(moveStart), time.Duration(0)
+	n, err := sr.applied(ctx, ph, others, w.fences)
+	if err != nil {
+		return res, err
+	}
+	res.During = DrainResult{Decisions: int(n), Elapsed: w.end.Sub(start)}
+	if res.Covered = w.stopped; !res.Covered {
+		at, sum := w.end.Sub(moveStart), time.Duration(0)
 		for _, st := range res.Steps {
 			if sum += st.Took; sum >= at {
-				res.OthersUntil = st.Name
+				res.Until = st.Name
 				break
 			}
 		}
-	} else {
-		var n int64
-		for _, q := range others {
-			rt, err := sr.router.Route(q)
-			if err != nil {
-				return res, err
-			}
-			var k int64
-			if err := rt.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM processed_request WHERE partition_id = ? AND seq > ? AND seq <= ?",
-				q, ph.before, fences[q]).Scan(&k); err != nil {
-				return res, err
-			}
-			n += k
-		}
-		res.During = DrainResult{Decisions: int(n), Elapsed: moveEnd.Sub(start)}
 	}
-	cfg.progress("the drain with the move: the others' %d requests in %s, the move %s", ph.of(others), drained.Round(time.Millisecond), res.Took.Round(time.Millisecond))
+	cfg.progress("the drain with the move: %d requests in %s, the move %s", res.During.Decisions, res.During.Elapsed.Round(time.Millisecond), res.Took.Round(time.Millisecond))
 
 	// 4. The drain without a move again, after it: the two bracket the
 	// drain with the move, so that a drift of the machine shows.
-	if ph, err = pub.publish(ctx, theirs(3), cfg.Capacity, theirs(3), cfg.Requests); err != nil {
-		return res, err
-	}
-	after, err := sr.drain(ctx, ph, others)
-	if err != nil {
+	if res.WithoutAfter, err = sr.timedDrain(ctx, pub, theirs(3), cfg, cfg.Requests, others); err != nil {
 		return res, fmt.Errorf("the drain after the move: %w", err)
 	}
-	res.WithoutAfter = DrainResult{Decisions: int(ph.of(others)), Elapsed: after}
-	cfg.progress("the drain after the move: %d requests in %s", ph.of(others), after.Round(time.Millisecond))
+	cfg.progress("the drain after the move: %d requests in %s", res.WithoutAfter.Decisions, res.WithoutAfter.Elapsed.Round(time.Millisecond))
 	t := time.Now()
 	if err := checkMoved(ctx, sr, pub, mine, &res); err != nil {
 		return res, err
@@ -392,6 +358,97 @@ func checkMoved(ctx context.Context, sr *shardRun, pub *publisher, mine []int64,
 	}
 	res.Audit = fmt.Sprintf("of partition %d over the %d shards clean: %d activities, %d results compared", res.Partition, len(sr.pools), rep.ActivitiesChecked, rep.Compared)
 	return nil
+}
+
+// timedDrain publishes the opens of ids and n joins over them, drains
+// them, and returns the requests of the partitions ps applied while each
+// of them still had requests waiting (saturated), and in how long.
+func (s *shardRun) timedDrain(ctx context.Context, pub *publisher, ids []int64, cfg MoveConfig, n int, ps []int) (DrainResult, error) {
+	ph, err := pub.publish(ctx, ids, cfg.Capacity, ids, n)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	start := time.Now()
+	run, err := s.start(ctx)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	defer run.stop()
+	w, err := run.saturated(ctx, ps, ph.last, nil)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	if err := run.wait(ctx, s.all(), ph.last); err != nil {
+		return DrainResult{}, err
+	}
+	k, err := s.applied(ctx, ph, ps, w.fences)
+	return DrainResult{Decisions: int(k), Elapsed: w.end.Sub(start)}, err
+}
+
+// window is the end of a drain's measured part: when the first of its
+// partitions applied its last request (from then on they do not all have
+// requests waiting), or stop came first (stopped); and each partition's
+// fence then.
+type window struct {
+	end     time.Time
+	fences  []uint64
+	stopped bool
+}
+
+// saturated waits until the first of the partitions ps has passed last,
+// or stop is closed, and returns the window.
+func (a *allocators) saturated(ctx context.Context, ps []int, last []uint64, stop <-chan struct{}) (window, error) {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		stopped := false
+		select {
+		case <-stop:
+			stopped = true
+		default:
+		}
+		w := window{end: time.Now(), fences: make([]uint64, len(last)), stopped: stopped}
+		done := stopped
+		for _, q := range ps {
+			f, _, err := a.s.fence(ctx, q)
+			if err != nil {
+				return window{}, err
+			}
+			w.fences[q] = f
+			done = done || f >= last[q]
+		}
+		if done {
+			return w, nil
+		}
+		if time.Now().After(deadline) {
+			return window{}, fmt.Errorf("drain stalled at fences %v of %v", w.fences, last)
+		}
+		select {
+		case err := <-a.errs:
+			return window{}, err
+		case <-ctx.Done():
+			return window{}, ctx.Err()
+		case <-stop:
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// applied is the requests of ph of the partitions ps applied up to fences.
+func (s *shardRun) applied(ctx context.Context, ph phase, ps []int, fences []uint64) (int64, error) {
+	var n int64
+	for _, q := range ps {
+		rt, err := s.router.Route(q)
+		if err != nil {
+			return 0, err
+		}
+		var k int64
+		if err := rt.DB.QueryRowContext(ctx, "SELECT COUNT(*) FROM processed_request WHERE partition_id = ? AND seq > ? AND seq <= ?",
+			q, ph.before, fences[q]).Scan(&k); err != nil {
+			return 0, fmt.Errorf("count partition %d's results on %s: %w", q, rt.Shard, err)
+		}
+		n += k
+	}
+	return n, nil
 }
 
 // drain starts the allocators, waits until every partition's fence has

@@ -153,7 +153,9 @@ func (s *shardRun) start(ctx context.Context) (*allocators, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := a.Start(ctx); err != nil {
+		// As the allocator process starts one: a broker slow to answer
+		// is tried again.
+		if err := bus.Retry(ctx, s.log, "allocator start", bus.StartAttempt, a.Start); err != nil {
 			return nil, err
 		}
 		return a, nil
