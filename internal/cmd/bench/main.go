@@ -107,7 +107,7 @@ func main() {
 	flag.IntVar(&o.shardPartitions, "shard-partitions", 6, "partitions of the request stream in the shard benchmark, the same at every shard count (partition p on shard p mod N)")
 	flag.IntVar(&o.moveSignups, "move-signups", 100_000, "signups of the partition the shard benchmark moves between shards (allotctl shards move, in process) while the others drain (0: no move)")
 	flag.IntVar(&o.moveRequests, "move-requests", 300_000, "joins of the other partitions in each of their drains without a move (before it and after it) in the shard benchmark")
-	flag.IntVar(&o.moveDuring, "move-requests-during", 1_000_000, "joins of the other partitions in their drain with the move (enough to outlast it)")
+	flag.IntVar(&o.moveDuring, "move-requests-during", 2_000_000, "joins of the other partitions in their drain with the move (enough to outlast it)")
 	flag.IntVar(&o.moveWaiting, "move-waiting", 1000, "joins to the moved partition published once it is frozen (they wait, then are applied on its new shard)")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
