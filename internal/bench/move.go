@@ -83,10 +83,10 @@ type MoveResult struct {
 	// applied its last (or, with the move, until the move ended, if that
 	// came first: Covered).
 	Without, During, WithoutAfter DrainResult
-	Covered                       bool   // During lasted the whole move
-	Until                         string // else the step the move was at when During ended (by the steps' printed times)
-	Requests                      int64  // every request published (opens and joins)
-	Results                       map[string]int64
+	Covered                       bool             // During lasted the whole move
+	Until                         string           // else the step the move was at when During ended (by the steps' printed times)
+	Requests                      int64            // every request published (opens and joins)
+	Results                       map[string]int64 // results (processed_request rows) by shard, after it
 	// Audit is the verdict of the audit of the moved partition over every
 	// shard, after the move.
 	Audit string
