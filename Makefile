@@ -75,7 +75,7 @@ bench-memory: build ## each process's resident memory over 1,000,000 requests to
 bench-tracing: build ## the HTTP burst and the allocator drain with tracing off and on (every span sampled, exported to an in-process OTLP receiver), alternating, in one run
 	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN) -tracing
 
-bench-shards: build ## the allocator drain of 100,000 joins over 1,000 activities on 1 and on 3 MySQL shards (3 private mariadbd servers sharing this machine's cores and disk), side by side, in one run
+bench-shards: build ## the allocator drain of 100,000 joins over 1,000 activities on 1 and on 3 MySQL shards (3 private mariadbd servers sharing this machine's cores and disk), side by side, in one run; then the move of a partition with 100,000 signups between the 3 while the others drain
 	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN) -shards-only -n 100000
 
 test-faults: devdb ## the fault-injection suite alone: real processes killed, frozen, restarted mid-burst (also part of make test)

@@ -134,7 +134,7 @@ func (b *backlog) add(r wire.Request) error {
 	}
 	if b.batch <= 1 || r.Op == wire.OpOpen {
 		// An open goes alone, ahead of its activity's requests.
-		return b.publish(wire.RequestSubject(r.ActivityID), data, r.RequestID, 1)
+		return b.publish(wire.RequestSubject(r.ActivityID), data, r.RequestID, 0)
 	}
 	b.open[r.ActivityID] = append(b.open[r.ActivityID], data)
 	if len(b.open[r.ActivityID]) < b.batch {
@@ -159,10 +159,11 @@ func (b *backlog) flushActivity(a int64) error {
 	if len(reqs) == 0 {
 		return nil
 	}
+	// A batch, even of one request: its body is an array.
 	return b.publish(wire.RequestSubject(a), wire.EncodeBatch(reqs), uuid.Must(uuid.NewV7()).String(), len(reqs))
 }
 
-// publish stores one message of n requests (n > 1: a batch).
+// publish stores one message: a single request (n 0) or a batch of n.
 func (b *backlog) publish(subject string, data []byte, msgID string, n int) error {
 	if b.sent++; b.sent%2000 == 0 {
 		select {
@@ -173,7 +174,7 @@ func (b *backlog) publish(subject string, data []byte, msgID string, n int) erro
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = data
-	if n > 1 {
+	if n > 0 {
 		msg.Header.Set(wire.BatchHeader, strconv.Itoa(n))
 	}
 	_, err := b.js.PublishMsgAsync(msg, jetstream.WithMsgID(msgID))

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +146,103 @@ func TestDrainShardsSmall(t *testing.T) {
 	}
 	if total != requests+activities {
 		t.Fatalf("%d results in all, want %d", total, requests+activities)
+	}
+}
+
+// TestMoveShardsSmall keeps the move's measurement honest: over two
+// servers, partition 0 (on s0) is moved to s1 while the others drain; its
+// report's seven steps are read, the requests that arrived while it was
+// frozen are applied on s1, and afterwards every request is applied once,
+// partition 0's results all on s1, none left on s0.
+func TestMoveShardsSmall(t *testing.T) {
+	t.Parallel()
+	bases := dbtest.Servers(t, 2)
+	dbs := []*dbtest.DB{dbtest.NewOn(t, bases[0]), dbtest.NewOn(t, bases[1])}
+	pools := shards.Pools{"s0": dbs[0].DB, "s1": dbs[1].DB}
+	ns := natstest.New(t)
+	nc, _ := ns.Connect(t)
+	const partitions, activities, signups, requests, during, waiting = 4, 40, 300, 400, 600, 50
+	res, err := MoveShards(context.Background(), pools, []string{"s0", "s1"}, nc, slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MoveConfig{Partitions: partitions, Partition: 0, To: "s1", Activities: activities, Capacity: 5,
+			Signups: signups, Requests: requests, DuringRequests: during, Waiting: waiting, Batch: 7, Settle: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("move:\n%s", res.Report)
+	if res.From != "s0" || res.To != "s1" {
+		t.Fatalf("moved from %s to %s, want s0 to s1", res.From, res.To)
+	}
+	var names []string
+	for _, s := range res.Steps {
+		names = append(names, s.Name)
+	}
+	if want := []string{"freeze", "copy", "verify", "fence", "flip", "resume", "clean"}; !slices.Equal(names, want) {
+		t.Fatalf("steps %v, want %v", names, want)
+	}
+	if res.Frozen <= 0 || res.Took < res.Frozen {
+		t.Fatalf("frozen for %s of a move of %s", res.Frozen, res.Took)
+	}
+	if !strings.Contains(res.Steps[5].Detail, "applied on s1") {
+		t.Fatalf("resume step %q: the requests that waited were not applied on s1", res.Steps[5].Detail)
+	}
+	if res.Signups != signups {
+		t.Fatalf("partition 0 held %d signups at the move, want %d", res.Signups, signups)
+	}
+	// Partition 0's activities are of 1 to 40, the others' of each
+	// drain the others of the next 40 ids.
+	var mine []any
+	theirs := make([]int, 5) // by drain, and the warm-up's
+	for a := int64(1); a <= 5*activities; a++ {
+		k := int((a - 1) / activities)
+		switch {
+		case k > 0 && bus.PartitionOf(a, partitions) != 0:
+			theirs[k]++
+		case k == 0 && bus.PartitionOf(a, partitions) == 0:
+			mine = append(mine, a)
+		}
+	}
+	opens := int64(len(mine) + theirs[1] + theirs[2] + theirs[3] + theirs[4])
+	if want := opens + signups + 2*requests + during + requests/10 + waiting; res.Requests != want {
+		t.Fatalf("%d requests counted, want %d", res.Requests, want)
+	}
+	in := strings.TrimSuffix(strings.Repeat("?,", len(mine)), ",")
+	for _, q := range []string{"SELECT COUNT(*) FROM processed_request WHERE partition_id = 0",
+		"SELECT COUNT(*) FROM activity_signup WHERE activity_id IN (" + in + ")"} {
+		args := mine
+		if !strings.Contains(q, "IN") {
+			args = nil
+		}
+		if n := dbs[0].Count(t, q, args...); n != 0 {
+			t.Fatalf("s0 still holds %d rows of partition 0 (%s)", n, q)
+		}
+	}
+	if n, want := dbs[1].Count(t, "SELECT COUNT(*) FROM processed_request WHERE partition_id = 0"), int64(len(mine)+signups+waiting); n != want {
+		t.Fatalf("s1 holds %d results of partition 0, want %d", n, want)
+	}
+	if n := dbs[1].Count(t, "SELECT COUNT(*) FROM activity_signup WHERE activity_id IN ("+in+")", mine...); n != signups+waiting {
+		t.Fatalf("s1 holds %d signups of partition 0, want %d", n, signups+waiting)
+	}
+	var total int64
+	for _, db := range dbs {
+		total += db.Count(t, "SELECT COUNT(*) FROM processed_request")
+	}
+	if total != res.Requests {
+		t.Fatalf("%d results on both shards, want %d", total, res.Requests)
+	}
+	// Each drain is measured while every other partition had requests
+	// waiting: some of its requests, never more than it had.
+	for i, d := range []struct {
+		r   DrainResult
+		max int
+	}{{res.Without, requests + theirs[1]}, {res.During, during + theirs[2]}, {res.WithoutAfter, requests + theirs[3]}} {
+		if d.r.Decisions <= 0 || d.r.Decisions > d.max || d.r.Elapsed <= 0 {
+			t.Fatalf("drain %d of the others: %d requests in %s, of %d", i+1, d.r.Decisions, d.r.Elapsed, d.max)
+		}
+	}
+	if !res.Covered && res.Until == "" {
+		t.Fatal("the drain with the move neither lasted the move nor says at which step it ended")
+	}
+	if res.Audit == "" {
+		t.Fatal("no audit after the move")
 	}
 }

@@ -68,6 +68,10 @@ type opts struct {
 	openItems         string
 	shardsOnly        bool
 	shardPartitions   int
+	moveSignups       int
+	moveRequests      int
+	moveDuring        int
+	moveWaiting       int
 }
 
 func main() {
@@ -99,8 +103,12 @@ func main() {
 	flag.StringVar(&o.openRates, "open-rate", "4000,6000", "claims per second of each open-loop run (a comma-separated list, paired with -open-duration and -open-items)")
 	flag.StringVar(&o.openDurations, "open-duration", "5s,10s", "duration of each open-loop run")
 	flag.StringVar(&o.openItems, "open-items", "100,500", "items of each open-loop run")
-	flag.BoolVar(&o.shardsOnly, "shards-only", false, "run only the shard benchmark: the drain of joins over 1,000 activities applied on 1 and on 3 MySQL shards (private mariadbd servers on this machine), alternating, -repeat rounds")
+	flag.BoolVar(&o.shardsOnly, "shards-only", false, "run only the shard benchmark: the drain of joins over 1,000 activities applied on 1 and on 3 MySQL shards (private mariadbd servers on this machine), alternating, -repeat rounds; then a partition's move between the 3 while the others drain (-move-signups)")
 	flag.IntVar(&o.shardPartitions, "shard-partitions", 6, "partitions of the request stream in the shard benchmark, the same at every shard count (partition p on shard p mod N)")
+	flag.IntVar(&o.moveSignups, "move-signups", 100_000, "signups of the partition the shard benchmark moves between shards (allotctl shards move, in process) while the others drain (0: no move)")
+	flag.IntVar(&o.moveRequests, "move-requests", 300_000, "joins of the other partitions in each of their drains without a move (before it and after it) in the shard benchmark")
+	flag.IntVar(&o.moveDuring, "move-requests-during", 2_000_000, "joins of the other partitions in their drain with the move (enough to outlast it)")
+	flag.IntVar(&o.moveWaiting, "move-waiting", 1000, "joins to the moved partition published once it is frozen (they wait, then are applied on its new shard)")
 	flag.IntVar(&o.memActivities, "mem-activities", 200_000, "activities of the memory benchmark")
 	flag.Parse()
 	o.dsn = binaries.Getenv[binaries.Bench]().MySQLDSN

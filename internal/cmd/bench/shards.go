@@ -1,11 +1,13 @@
 package main
 
 // The shard benchmark (make bench-shards): the main run's drain of joins
-// over 1,000 activities, applied on 1 MySQL shard and on 3, in one run.
-// The shards are private mariadbd (or mysqld) servers on this machine, so
-// they share its cores and its disk: the figures show what routing costs
-// and what separate redo logs give on one machine, not what separate
-// machines would gain (docs/performance.md, "Shards").
+// over 1,000 activities, applied on 1 MySQL shard and on 3, in one run;
+// then, on the 3, the move of a partition with 100,000 signups to another
+// shard (package move, as `allotctl shards move` runs it) while the other
+// partitions drain. The shards are private mariadbd (or mysqld) servers on
+// this machine, so they share its cores and its disk: the figures show
+// what routing and a move cost on one machine, not what separate machines
+// would give (docs/performance.md, "Shards").
 
 import (
 	"cmp"
@@ -105,17 +107,7 @@ func drainOnShards(ctx context.Context, o opts, log *slog.Logger, servers []stri
 	return res, err
 }
 
-// shardsBench is -shards-only.
-//
-// A second measurement belongs here once `allotctl shards move` exists (it
-// does not yet, and is not imitated): on the same 3 servers (onShards),
-// give one partition 100,000 signups (a drain of joins to its activities),
-// then drain a new backlog of the other partitions with bench.DrainShards
-// whose DrainConfig.AfterStart runs `<o.bin>/allotctl shards move
-// -partition P -to <another shard>` as an operator would, and report the
-// time the partition was frozen (its fence row's epoch NULL on the old
-// shard until the map names the new one) and the other partitions'
-// requests/s during the move next to the 3-shard drain's.
+// shardsBench is -shards-only: the drains, then (-move-signups) the move.
 func shardsBench(ctx context.Context, o opts) error {
 	if o.shardPartitions < slices.Max(shardCounts) {
 		return fmt.Errorf("-shard-partitions must be at least %d, one partition per shard of the largest run", slices.Max(shardCounts))
@@ -167,8 +159,66 @@ func shardsBench(ctx context.Context, o opts) error {
 	first, last := shardCounts[0], shardCounts[len(shardCounts)-1]
 	fmt.Printf("ratio %d shards / %d shard: %.2f (every server on this machine, sharing its cores and its disk)\n",
 		last, first, med[last].PerSecond()/med[first].PerSecond())
-	fmt.Println("moving a partition between shards: not measured (`allotctl shards move` is not built)")
+	if o.moveSignups <= 0 {
+		return nil
+	}
+	return moveBench(ctx, o, log, servers)
+}
+
+// moveBench measures, on the 3 servers, the move of partition 0 (on s0)
+// to s1 with its -move-signups signups, while the other partitions drain
+// -move-requests joins, next to their drain of as many without a move
+// (bench.MoveShards), and prints the move's own report.
+func moveBench(ctx context.Context, o opts, log *slog.Logger, servers []string) error {
+	k := slices.Max(shardCounts)
+	cfg := bench.MoveConfig{Partitions: o.shardPartitions, Partition: 0, To: "s1", Activities: 1000, Capacity: 10,
+		Signups: o.moveSignups, Requests: o.moveRequests, DuringRequests: o.moveDuring, Waiting: o.moveWaiting, Batch: o.drainBatch, Allocator: o.allocator(), Progress: os.Stderr}
+	fmt.Fprintf(os.Stderr, "bench: moving partition 0 with %d signups from s0 to s1 while the others drain %d joins (%d before and after)\n", cfg.Signups, cfg.DuringRequests, cfg.Requests)
+	var res bench.MoveResult
+	err := onShards(ctx, o, log, servers, k, func(pools shards.Pools, names []string, nc *nats.Conn) error {
+		var err error
+		res, err = bench.MoveShards(ctx, pools, names, nc, log, cfg)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("move: %w", err)
+	}
+	fmt.Printf("\n== shards: a move of partition 0 (%d signups) from %s to %s while the other %d partitions drain, %d MySQL shards of this machine (%s) ==\n",
+		res.Signups, res.From, res.To, o.shardPartitions-1, k, loadAverage())
+	for _, line := range strings.Split(strings.TrimRight(res.Report, "\n"), "\n") {
+		fmt.Println("  " + line)
+	}
+	fmt.Printf("partition 0 was frozen for %s; the whole move took %s (steps: %s)\n",
+		res.Frozen, res.Took.Round(time.Millisecond), stepTimes(res.Steps))
+	fmt.Println("the other partitions' drains, each measured while all of them had requests waiting:")
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "drain\trequests/s\tdetail\t")
+	fmt.Fprintf(tw, "without a move, before it\t%.0f\t%d requests in %s\t\n", res.Without.PerSecond(), res.Without.Decisions, res.Without.Elapsed.Round(time.Millisecond))
+	during := fmt.Sprintf("%d requests in %s, the whole move", res.During.Decisions, res.During.Elapsed.Round(time.Millisecond))
+	if !res.Covered {
+		during = fmt.Sprintf("%d requests in %s, until one ran out, in the move's %s step", res.During.Decisions, res.During.Elapsed.Round(time.Millisecond), res.Until)
+	}
+	fmt.Fprintf(tw, "during the move\t%.0f\t%s\t\n", res.During.PerSecond(), during)
+	fmt.Fprintf(tw, "without a move, after it\t%.0f\t%d requests in %s\t\n", res.WithoutAfter.PerSecond(), res.WithoutAfter.Decisions, res.WithoutAfter.Elapsed.Round(time.Millisecond))
+	tw.Flush()
+	without := (res.Without.PerSecond() + res.WithoutAfter.PerSecond()) / 2
+	fmt.Printf("ratio during / without (the mean of before and after, %.0f): %.2f\n", without, res.During.PerSecond()/without)
+	var counts []string
+	for _, name := range slices.Sorted(maps.Keys(res.Results)) {
+		counts = append(counts, fmt.Sprintf("%s %d", name, res.Results[name]))
+	}
+	fmt.Printf("checked: %d requests, each applied once, on its partition's shard (results: %s); partition 0's rows on %s only; audit %s\n",
+		res.Requests, strings.Join(counts, ", "), res.To, res.Audit)
 	return nil
+}
+
+// stepTimes prints steps as "freeze 12ms, copy 2.1s, …".
+func stepTimes(steps []bench.MoveStep) string {
+	out := make([]string, len(steps))
+	for i, s := range steps {
+		out[i] = s.Name + " " + s.Took.String()
+	}
+	return strings.Join(out, ", ")
 }
 
 // byShard prints a shard → partitions map as "s0: 0,3  s1: 1,4".
