@@ -53,26 +53,11 @@ func runMove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "%s: -lease must be at least 1s, got %s\n", binary, *lease)
 		return 2
 	}
-	var c shardsCfg
-	if err := config.Load(&c); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
+	c, js, kv, closeNATS, code := openShardMap(ctx, stderr)
+	if code >= 0 {
+		return code
 	}
-	log := c.Logger(stderr, binary)
-	nc, js, err := connect(c.Common, log)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
-	defer nc.Close()
-	kv, err := bus.CheckBucket(ctx, js, bus.ShardsBucketConfig(1))
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		if bus.IsSetupError(err) {
-			return 2
-		}
-		return 1
-	}
+	defer closeNATS()
 	_, partitions, err := bus.CheckRequestStream(ctx, js, 0)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)

@@ -28,6 +28,34 @@ const shardsWait = 30 * time.Second
 
 type shardsCfg struct{ config.Common }
 
+// openShardMap is how the shard commands start: the configuration, a
+// connection to NATS and the map's bucket, checked. On failure it prints
+// one line and returns the exit code (2 bad configuration, an unreachable
+// broker or a map not set up; 1 the map could not be read), else -1 and
+// the connection's close.
+func openShardMap(ctx context.Context, stderr io.Writer) (shardsCfg, jetstream.JetStream, jetstream.KeyValue, func(), int) {
+	var c shardsCfg
+	if err := config.Load(&c); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return c, nil, nil, nil, 2
+	}
+	nc, js, err := connect(c.Common, c.Logger(stderr, binary))
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		return c, nil, nil, nil, 2
+	}
+	kv, err := bus.CheckBucket(ctx, js, bus.ShardsBucketConfig(1))
+	if err != nil {
+		nc.Close()
+		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
+		if bus.IsSetupError(err) {
+			return c, nil, nil, nil, 2
+		}
+		return c, nil, nil, nil, 1
+	}
+	return c, js, kv, nc.Close, -1
+}
+
 func (c *shardsCfg) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
@@ -56,28 +84,13 @@ func runShards(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if code := config.ParseFlags(fs, args); code >= 0 {
 		return code
 	}
-	var c shardsCfg
-	if err := config.Load(&c); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
-	log := c.Logger(stderr, binary)
-	nc, js, err := connect(c.Common, log)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		return 2
-	}
-	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, shardsWait)
 	defer cancel()
-	kv, err := bus.CheckBucket(ctx, js, bus.ShardsBucketConfig(1))
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", binary, err)
-		if bus.IsSetupError(err) {
-			return 2
-		}
-		return 1
+	c, js, kv, closeNATS, code := openShardMap(ctx, stderr)
+	if code >= 0 {
+		return code
 	}
+	defer closeNATS()
 	m, err := shards.Read(ctx, kv)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", binary, err)

@@ -6,12 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/allot-dev/allot/internal/allocator"
 	"github.com/allot-dev/allot/internal/dbtest"
@@ -85,19 +83,7 @@ func StartShards(t testing.TB, n int, acfg allocator.Config, icfg ingest.Config,
 		}
 	})
 
-	inc, ijs := s.NS.Connect(t)
-	s.JS = ijs
-	ideps.Shards, ideps.NATS, ideps.JS, ideps.Log, ideps.Registry = ipools, inc, ijs, log, prometheus.NewRegistry()
-	svc, err := ingest.New(icfg, ideps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := svc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	srv := httptest.NewServer(svc.Handler())
-	t.Cleanup(srv.Close)
-	s.URL = srv.URL
+	ideps.Shards = ipools
+	s.JS, s.URL = startIngest(t, s.NS, icfg, ideps, log)
 	return s
 }

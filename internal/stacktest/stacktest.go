@@ -62,19 +62,27 @@ func Start(t testing.TB, acfg allocator.Config, icfg ingest.Config, ideps ingest
 	}
 	t.Cleanup(a.Stop)
 
-	inc, ijs := s.NS.Connect(t)
-	s.JS = ijs
-	ideps.DB, ideps.NATS, ideps.JS, ideps.Log, ideps.Registry = s.DB.DB, inc, ijs, log, prometheus.NewRegistry()
+	ideps.DB = s.DB.DB
+	s.JS, s.URL = startIngest(t, s.NS, icfg, ideps, log)
+	return s
+}
+
+// startIngest starts ingest with icfg and ideps (its databases set) on a
+// connection of its own to ns, behind an httptest server, until t ends.
+// It returns ingest's JetStream handle and its base URL.
+func startIngest(t testing.TB, ns *natstest.Server, icfg ingest.Config, ideps ingest.Deps, log *slog.Logger) (jetstream.JetStream, string) {
+	t.Helper()
+	inc, ijs := ns.Connect(t)
+	ideps.NATS, ideps.JS, ideps.Log, ideps.Registry = inc, ijs, log, prometheus.NewRegistry()
 	svc, err := ingest.New(icfg, ideps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := svc.Start(ctx); err != nil {
+	if err := svc.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Stop)
 	srv := httptest.NewServer(svc.Handler())
 	t.Cleanup(srv.Close)
-	s.URL = srv.URL
-	return s
+	return ijs, srv.URL
 }

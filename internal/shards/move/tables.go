@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/allot-dev/allot/internal/bus"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/wire"
@@ -41,7 +43,7 @@ var tables = []table{
 	{"activity", []string{"id"}, byActivity, "id", 1000},
 	{"waitlist_bucket", []string{"activity_id", "first_seq"}, byActivity, "activity_id", 1000},
 	{"activity_signup", []string{"activity_id", "user_id"}, byActivity, "activity_id", 1000},
-	{"processed_request", []string{"partition_id", "seq", "batch_index"}, byPartition, "partition_id", 100},
+	{"processed_request", []string{"partition_id", "seq", "batch_index"}, byPartition, "partition_id", 1000},
 	{"processed_request_part", []string{"partition_id", "seq", "batch_index", "col", "piece"}, byPartition, "partition_id", 8},
 	{"outbox_skipped", []string{"partition_id", "seq", "batch_index"}, byPartition, "partition_id", 500},
 	{"rejected_message", []string{"seq", "batch_index"}, bySubject, "subject", 500},
@@ -193,7 +195,10 @@ func keyAfter(key []string, vals []any) (string, []any) {
 
 // copyTable copies the scope's rows of t from src (the snapshot) to dst in
 // pages of t.page rows, each page one multi-row INSERT (or more, bounded
-// in bytes) committed on its own. It returns the rows copied.
+// in bytes) committed on its own. The next page is read from the snapshot
+// while the last one is written, so the copy waits for the two servers
+// side by side rather than one after the other. It returns the rows
+// copied.
 func (s scope) copyTable(ctx context.Context, src *sql.Tx, dst *sql.DB, t table, cols []string) (int64, error) {
 	keyAt := make([]int, len(t.key))
 	for i, k := range t.key {
@@ -205,33 +210,52 @@ func (s scope) copyTable(ctx context.Context, src *sql.Tx, dst *sql.DB, t table,
 	list := "`" + strings.Join(cols, "`, `") + "`"
 	order := "`" + strings.Join(t.key, "`, `") + "`"
 	var copied int64
-	for _, f := range s.filters(t) {
-		var last []any
-		for {
-			where, args := f.where, slices.Clone(f.args)
-			if last != nil {
-				cond, kargs := keyAfter(t.key, last)
-				where += " AND " + cond
-				args = append(args, kargs...)
-			}
-			page, err := readPage(ctx, src, "SELECT "+list+" FROM "+t.name+" WHERE "+where+" ORDER BY "+order+" LIMIT "+strconv.Itoa(t.page), args, len(cols))
-			if err != nil {
-				return copied, fmt.Errorf("copy %s: read: %w", t.name, err)
-			}
-			if err := insertRows(ctx, dst, t.name, list, page); err != nil {
-				return copied, fmt.Errorf("copy %s: write: %w", t.name, err)
-			}
-			copied += int64(len(page))
-			if len(page) < t.page {
-				break
-			}
-			last = make([]any, len(t.key))
-			for i, at := range keyAt {
-				last[i] = page[len(page)-1][at]
+	pages := make(chan [][]any, 1)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		defer close(pages)
+		for _, f := range s.filters(t) {
+			var last []any
+			for {
+				where, args := f.where, slices.Clone(f.args)
+				if last != nil {
+					cond, kargs := keyAfter(t.key, last)
+					where += " AND " + cond
+					args = append(args, kargs...)
+				}
+				page, err := readPage(gctx, src, "SELECT "+list+" FROM "+t.name+" WHERE "+where+" ORDER BY "+order+" LIMIT "+strconv.Itoa(t.page), args, len(cols))
+				if err != nil {
+					return fmt.Errorf("copy %s: read: %w", t.name, err)
+				}
+				if len(page) > 0 {
+					select {
+					case pages <- page:
+					case <-gctx.Done():
+						return gctx.Err()
+					}
+				}
+				if len(page) < t.page {
+					break
+				}
+				last = make([]any, len(t.key))
+				for i, at := range keyAt {
+					last[i] = page[len(page)-1][at]
+				}
 			}
 		}
-	}
-	return copied, nil
+		return nil
+	})
+	g.Go(func() error {
+		for page := range pages {
+			if err := insertRows(gctx, dst, t.name, list, page); err != nil {
+				return fmt.Errorf("copy %s: write: %w", t.name, err)
+			}
+			copied += int64(len(page))
+		}
+		return nil
+	})
+	err := g.Wait()
+	return copied, err
 }
 
 func readPage(ctx context.Context, q store.DBTX, query string, args []any, n int) ([][]any, error) {
