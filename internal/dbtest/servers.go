@@ -51,7 +51,7 @@ func ServerProcs(t testing.TB, n int) []*devdb.DB {
 		}
 		t.Cleanup(func() {
 			if err := db.Stop(); err != nil {
-				t.Errorf("dbtest: stop server %d: %v", i+1, err)
+				t.Errorf("dbtest: stop server %d: %v; the end of its log: %s", i+1, err, db.LogTail(20))
 			}
 		})
 		out[i] = db

@@ -459,6 +459,16 @@ func (d *DB) Restart(ctx context.Context) error {
 	return nil
 }
 
+// LogTail is the last n lines of the private server's error log ("" when
+// there is none), for a test to show why a server went away.
+func (d *DB) LogTail(n int) string {
+	b, err := os.ReadFile(filepath.Join(d.dir, "mysqld.log"))
+	if err != nil {
+		return ""
+	}
+	return lastLines(string(b), n)
+}
+
 // Kill ends d's private server at once (SIGKILL), as a crash would, and
 // waits for it.
 func (d *DB) Kill() error {
