@@ -320,21 +320,11 @@ func (m *mover) freeze(ctx context.Context) (uint64, string, error) {
 // already (a move resumed after its copy); it returns the snapshot's
 // counts and checksums per table and the partition's activities.
 func (m *mover) copy(ctx context.Context) (map[string]sums, []int64, string, error) {
-	tx, err := m.from.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
-	if err != nil {
-		return nil, nil, "", fmt.Errorf("begin a snapshot on %s: %w", m.rec.From, err)
-	}
-	defer tx.Rollback() //nolint:errcheck // read only
-	// The first read fixes the snapshot.
-	ids, err := activityIDs(ctx, tx, m.o.Partition, m.o.Partitions)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	src := scope{p: m.o.Partition, partitions: m.o.Partitions, ids: ids}
+	// The columns first, outside the snapshot: the schema does not change
+	// under a move, and the dictionary is read on plain connections.
 	cols := map[string][]string{}
-	out := map[string]sums{}
 	for _, t := range tables {
-		c, err := columns(ctx, tx, t.name)
+		c, err := columns(ctx, m.from, t.name)
 		if err != nil {
 			return nil, nil, "", fmt.Errorf("shard %s: %w", m.rec.From, err)
 		}
@@ -346,7 +336,21 @@ func (m *mover) copy(ctx context.Context) (map[string]sums, []int64, string, err
 			return nil, nil, "", fmt.Errorf("table %s has columns %v on %s and %v on %s: run the same migrations on both (allocator -migrate-only)", t.name, c, m.rec.From, dc, m.rec.To)
 		}
 		cols[t.name] = c
-		if out[t.name], err = src.checksum(ctx, tx, t, c); err != nil {
+	}
+	tx, err := m.from.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("begin a snapshot on %s: %w", m.rec.From, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read only
+	// The first read fixes the snapshot.
+	ids, err := activityIDs(ctx, tx, m.o.Partition, m.o.Partitions)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	src := scope{p: m.o.Partition, partitions: m.o.Partitions, ids: ids}
+	out := map[string]sums{}
+	for _, t := range tables {
+		if out[t.name], err = src.checksum(ctx, tx, t, cols[t.name]); err != nil {
 			return nil, nil, "", err
 		}
 	}

@@ -3,12 +3,14 @@ package move
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/big"
 	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/go-sql-driver/mysql"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/allot-dev/allot/internal/bus"
@@ -125,29 +127,49 @@ type filter struct {
 
 // columns reads t's columns on q that a copy writes: every one but a
 // generated column and an auto-increment id (activity_signup.id, which
-// nothing reads; the new shard numbers its own rows).
+// nothing reads; the new shard numbers its own rows). It reads them from
+// SHOW CREATE TABLE, not information_schema: MariaDB 10.11 materialises
+// an information_schema query in an internal Aria table, and a private
+// server was seen to crash dropping one (ha_maria::drop_table) under a
+// move's load.
 func columns(ctx context.Context, q store.DBTX, t string) ([]string, error) {
-	rows, err := q.QueryContext(ctx, "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? "+
-		"AND COALESCE(GENERATION_EXPRESSION, '') = '' AND EXTRA NOT LIKE '%auto_increment%' AND EXTRA NOT LIKE '%GENERATED%' ORDER BY ORDINAL_POSITION", t)
+	var name, create string
+	err := q.QueryRowContext(ctx, "SHOW CREATE TABLE `"+t+"`").Scan(&name, &create)
 	if err != nil {
-		return nil, fmt.Errorf("read the columns of %s: %w", t, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			return nil, fmt.Errorf("read the columns of %s: %w", t, err)
+		if mysqlErr := (*mysql.MySQLError)(nil); errors.As(err, &mysqlErr) && mysqlErr.Number == 1146 { // ER_NO_SUCH_TABLE
+			return nil, fmt.Errorf("table %s is missing: run the allocator's migrations on every shard (allocator -migrate-only)", t)
 		}
-		out = append(out, c)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read the columns of %s: %w", t, err)
 	}
+	out := copiedColumns(create)
 	if len(out) == 0 {
-		return nil, fmt.Errorf("table %s is missing: run the allocator's migrations on every shard (allocator -migrate-only)", t)
+		return nil, fmt.Errorf("table %s has no column to copy in its definition: run the allocator's migrations on every shard (allocator -migrate-only)", t)
 	}
 	return out, nil
+}
+
+// copiedColumns are the columns of a CREATE TABLE statement as MySQL and
+// MariaDB print it (one definition a line, "  `name` type ..."), in order,
+// but those generated (GENERATED ALWAYS AS, or MariaDB's bare AS (...))
+// and the auto-increment one.
+func copiedColumns(create string) []string {
+	var out []string
+	for _, line := range strings.Split(create, "\n") {
+		rest, ok := strings.CutPrefix(line, "  `")
+		if !ok {
+			continue // the CREATE line, a key, a constraint, the options
+		}
+		col, def, ok := strings.Cut(rest, "`")
+		if !ok {
+			continue
+		}
+		up := strings.ToUpper(def)
+		if strings.Contains(up, " AUTO_INCREMENT") || strings.Contains(up, " GENERATED ALWAYS AS ") || strings.Contains(up, " AS (") {
+			continue
+		}
+		out = append(out, col)
+	}
+	return out
 }
 
 // sums are a table's rows of the scope counted and checksummed.
