@@ -2,6 +2,7 @@ package dbtest
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"testing"
 
@@ -37,31 +38,46 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 	state := map[key]int{}
 	opened := map[int64]bool{}
 	var problems []string
-	rows, err := d.QueryContext(ctx, "SELECT seq, batch_index, request_id, activity_id, events, partition_id, event_parts FROM processed_request WHERE events IS NOT NULL ORDER BY seq, batch_index")
+	// One snapshot for every read: requests applied meanwhile would
+	// otherwise show up as rows their results do not yet explain.
+	tx, err := d.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("dbtest: begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read only
+	type result struct {
+		seq               uint64
+		index             int
+		id, enc           string
+		activityID        int64
+		partition, pieces int
+	}
+	var results []result
+	rows, err := tx.QueryContext(ctx, "SELECT seq, batch_index, request_id, activity_id, events, partition_id, event_parts FROM processed_request WHERE events IS NOT NULL ORDER BY seq, batch_index")
 	if err != nil {
 		return nil, fmt.Errorf("dbtest: read results: %w", err)
 	}
 	for rows.Next() {
-		var (
-			seq               uint64
-			index             int
-			id, enc           string
-			activityID        int64
-			partition, pieces int
-		)
-		if err := rows.Scan(&seq, &index, &id, &activityID, &enc, &partition, &pieces); err != nil {
+		var r result
+		if err := rows.Scan(&r.seq, &r.index, &r.id, &r.activityID, &r.enc, &r.partition, &r.pieces); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		if pieces > 0 { // a long event list, stored in pieces
-			if enc, err = store.WholeValue(ctx, d.DB, partition, seq, index, store.ColEvents, enc); err != nil {
-				rows.Close()
+		results = append(results, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for _, r := range results {
+		seq, index, id, enc, activityID := r.seq, r.index, r.id, r.enc, r.activityID
+		if r.pieces > 0 { // a long event list, stored in pieces
+			if enc, err = store.WholeValue(ctx, tx, r.partition, seq, index, store.ColEvents, enc); err != nil {
 				return nil, err
 			}
 		}
 		evs, err := store.DecodeEvents(enc)
 		if err != nil {
-			rows.Close()
 			return nil, fmt.Errorf("dbtest: request %s: %w", id, err)
 		}
 		for _, e := range evs {
@@ -98,10 +114,6 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			state[k] = to
 		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
 
 	taken := map[int64]int64{}
 	for k, s := range state {
@@ -109,7 +121,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 			taken[k.activity]++
 		}
 	}
-	acts, err := d.QueryContext(ctx, "SELECT id, confirmed_count FROM activity")
+	acts, err := tx.QueryContext(ctx, "SELECT id, confirmed_count FROM activity")
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +137,7 @@ func (d *DB) Effects(ctx context.Context) ([]string, error) {
 	}
 	acts.Close()
 
-	signups, err := d.QueryContext(ctx, "SELECT activity_id, user_id, status FROM activity_signup")
+	signups, err := tx.QueryContext(ctx, "SELECT activity_id, user_id, status FROM activity_signup")
 	if err != nil {
 		return nil, err
 	}
