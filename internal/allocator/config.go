@@ -22,7 +22,7 @@ import (
 type Config struct {
 	Partitions         int           `envconfig:"PARTITIONS" default:"1" desc:"partitions of the request stream, fixed when it is created"`
 	PinnedTTL          time.Duration `envconfig:"PINNED_TTL" default:"5s" desc:"failover time: how long a partition stays pinned to an allocator that stopped pulling"`
-	BatchSize          int           `envconfig:"BATCH_SIZE" default:"2000" desc:"most requests per allocator transaction"`
+	BatchSize          int           `envconfig:"BATCH_SIZE" default:"10000" desc:"most requests per allocator transaction"`
 	BatchWait          time.Duration `envconfig:"BATCH_WAIT" default:"2ms" desc:"how long a batch waits for more requests"`
 	MetricsAddr        string        `envconfig:"METRICS_ADDR" default:":9091" desc:"allocator /metrics, /healthz and /readyz; empty = off"`
 	CheckpointInterval time.Duration `envconfig:"CHECKPOINT_INTERVAL" default:"6h" desc:"how often each partition's state is checkpointed for audit -from-checkpoint; 0 = never"`

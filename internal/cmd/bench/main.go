@@ -81,7 +81,7 @@ func main() {
 	flag.IntVar(&o.n, "n", 20000, "requests per measurement")
 	flag.IntVar(&o.conc, "conc", 64, "MySQL connections (and callers) of the seed designs")
 	flag.IntVar(&o.httpConc, "http-conc", 256, "concurrent HTTP clients of the end-to-end burst")
-	flag.IntVar(&o.batch, "batch", 2000, "allocator batch size")
+	flag.IntVar(&o.batch, "batch", config.Defaults[allocator.Config]().BatchSize, "allocator batch size (most requests per transaction; the default is ALLOT_BATCH_SIZE's)")
 	flag.IntVar(&o.drainBatch, "drain-batch", 100, "requests per message in the drains' backlog, as ingest's group commit batches a burst (1: one request per message)")
 	flag.IntVar(&o.repeat, "repeat", 3, "runs of each drain and seed measurement; the median is reported")
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
