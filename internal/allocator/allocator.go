@@ -35,6 +35,11 @@ import (
 // ErrCrashed is returned by Wait after a hook simulated a crash.
 var ErrCrashed = errors.New("allocator stopped by a crash hook")
 
+// maxPrefetch bounds the messages the consumer keeps buffered ahead of the
+// apply loop: a transaction takes up to BatchSize requests, and a message
+// may carry up to a thousand, so the buffer need not grow with BatchSize.
+const maxPrefetch = 4000
+
 // ErrFenced is returned by Wait when the partition's fence row is not at
 // the map's epoch (store.ErrEpoch): frozen by a move, or moved. Nothing
 // was committed; package follow waits for the new route.
@@ -275,7 +280,7 @@ func (a *Allocator) run(ctx context.Context) error {
 		it := p.Current()
 		if it == nil {
 			var err error
-			it, err = a.cons.Messages(jetstream.PullMaxMessages(2*a.cfg.BatchSize), jetstream.PullPriorityGroup(bus.PriorityGroup))
+			it, err = a.cons.Messages(jetstream.PullMaxMessages(min(2*a.cfg.BatchSize, maxPrefetch)), jetstream.PullPriorityGroup(bus.PriorityGroup))
 			if err != nil {
 				a.deps.Log.WarnContext(ctx, "consume requests", slog.Any("err", err))
 				time.Sleep(250 * time.Millisecond)
