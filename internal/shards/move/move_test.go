@@ -641,14 +641,7 @@ func TestMoveUndo(t *testing.T) {
 	if out, err := e.move(0, "s1", "", nil); err != nil {
 		t.Fatalf("move run again after the flip: %v\n%s", err, out)
 	}
-	close(stop)
-	if err := <-loaded; err != nil {
-		t.Fatal(err)
-	}
-	e.check()
-	if left := e.rowsOf(0, 0); len(left) != 0 {
-		t.Errorf("partition 0's rows left on s0: %v", left)
-	}
+	e.endLoad(stop, loaded)
 }
 
 // TestMoveSurvivesRestarts: the allocator process is stopped and started
@@ -688,14 +681,7 @@ func TestMoveSurvivesRestarts(t *testing.T) {
 	if out, err := e.move(0, "s1", "", nil); err != nil {
 		t.Fatalf("move run again with s1 back: %v\n%s", err, out)
 	}
-	close(stop)
-	if err := <-loaded; err != nil {
-		t.Fatal(err)
-	}
-	e.check()
-	if left := e.rowsOf(0, 0); len(left) != 0 {
-		t.Errorf("partition 0's rows left on s0: %v", left)
-	}
+	e.endLoad(stop, loaded)
 }
 
 // TestTablesCoverTheSchema: every table the migrations create is either
@@ -792,14 +778,7 @@ func TestMoveInterruptedAnywhere(t *testing.T) {
 		t.Logf("moved to %s; the last cut %s", dest, cut)
 		cut = 2 * time.Millisecond
 	}
-	close(stop)
-	if err := <-loaded; err != nil {
-		t.Fatal(err)
-	}
-	e.check()
-	if left := e.rowsOf(0, 0); len(left) != 0 {
-		t.Errorf("partition 0's rows left on s0: %v", left)
-	}
+	e.endLoad(stop, loaded)
 }
 
 // TestMoveRefusesADivergentPartition: the partition's state on its old
@@ -882,5 +861,20 @@ func TestColumnsAgreeWithTheDictionary(t *testing.T) {
 		"  `note` varchar(10) DEFAULT NULL,\n  PRIMARY KEY (`id`),\n  KEY `k` (`capacity`)\n) ENGINE=InnoDB"
 	if got := fmt.Sprint(copiedColumns(create)); got != "[capacity note]" {
 		t.Errorf("copiedColumns: %s, want [capacity note]", got)
+	}
+}
+
+// endLoad stops the load, waits for it, and checks that every request
+// was applied once, in order, and that nothing of partition 0 is left on
+// s0.
+func (e *env) endLoad(stop chan struct{}, loaded chan error) {
+	e.t.Helper()
+	close(stop)
+	if err := <-loaded; err != nil {
+		e.t.Fatal(err)
+	}
+	e.check()
+	if left := e.rowsOf(0, 0); len(left) != 0 {
+		e.t.Errorf("partition 0's rows left on s0: %v", left)
 	}
 }
