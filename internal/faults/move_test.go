@@ -330,18 +330,8 @@ func (s *stack) stoppedBeforeFlip(w *moveWatch, from string, epoch uint64) error
 // moveKillAllocator is the first move: 0 to s1, the allocator killed
 // between the freeze and the flip.
 func (s *stack) moveKillAllocator(w *moveWatch, r *faultResult) error {
-	mv := s.allotctlMove(w.p, "-to", "s1")
-	if _, err := mv.start(); err != nil {
-		return err
-	}
-	if err := waitOutput(mv, "freeze  "); err != nil {
-		return err
-	}
-	if err := mv.signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	if err := s.stoppedBeforeFlip(w, "s0", 1); err != nil {
-		mv.signal(syscall.SIGCONT) //nolint:errcheck // failing anyway
+	mv, err := s.moveStoppedAtFreeze(w, "s1", "s0", 1)
+	if err != nil {
 		return err
 	}
 	if err := s.allocs[0].kill(); err != nil {
@@ -372,18 +362,8 @@ func (s *stack) moveKillAllocator(w *moveWatch, r *faultResult) error {
 // moveKillOldShard is the second move: 0 back to s0, the old shard's
 // server (s1) killed in the copy.
 func (s *stack) moveKillOldShard(w *moveWatch, r *faultResult) error {
-	mv := s.allotctlMove(w.p, "-to", "s0")
-	if _, err := mv.start(); err != nil {
-		return err
-	}
-	if err := waitOutput(mv, "freeze  "); err != nil {
-		return err
-	}
-	if err := mv.signal(syscall.SIGSTOP); err != nil {
-		return err
-	}
-	if err := s.stoppedBeforeFlip(w, "s1", 2); err != nil {
-		mv.signal(syscall.SIGCONT) //nolint:errcheck // failing anyway
+	mv, err := s.moveStoppedAtFreeze(w, "s0", "s1", 2)
+	if err != nil {
 		return err
 	}
 	if out := mv.current().output.String(); strings.Contains(out, "copy  ") {
@@ -595,4 +575,26 @@ func TestMovePlaceCheck(t *testing.T) {
 			t.Errorf("%s: %v, want an objection %t", c.name, err, c.bad)
 		}
 	}
+}
+
+// moveStoppedAtFreeze starts `allotctl shards move` of w's partition to
+// shard to and stops it (SIGSTOP) as soon as it prints its freeze, after
+// checking that the partition is frozen on from at epoch and the map not
+// flipped.
+func (s *stack) moveStoppedAtFreeze(w *moveWatch, to, from string, epoch uint64) (*proc, error) {
+	mv := s.allotctlMove(w.p, "-to", to)
+	if _, err := mv.start(); err != nil {
+		return nil, err
+	}
+	if err := waitOutput(mv, "freeze  "); err != nil {
+		return nil, err
+	}
+	if err := mv.signal(syscall.SIGSTOP); err != nil {
+		return nil, err
+	}
+	if err := s.stoppedBeforeFlip(w, from, epoch); err != nil {
+		mv.signal(syscall.SIGCONT) //nolint:errcheck // failing anyway
+		return nil, err
+	}
+	return mv, nil
 }
