@@ -358,10 +358,7 @@ func TestMoveUnderLoad(t *testing.T) {
 	const partitions = 4
 	e := newEnv(t, 2, partitions)
 	all := acts(24)
-	e.open(all)
-	stop := make(chan struct{})
-	loaded := e.load(all, stop)
-	e.settleSome(30)
+	stop, loaded := e.startLoad(all, 30)
 
 	stale := e.staleAllocator(0)
 	var atFreeze float64 // what the stale allocator committed before the freeze, when its map was right
@@ -550,10 +547,7 @@ func TestMoveResumesAfterEachStep(t *testing.T) {
 	const partitions = 2
 	e := newEnv(t, 2, partitions)
 	all := acts(8)
-	e.open(all)
-	stop := make(chan struct{})
-	loaded := e.load(all, stop)
-	e.settleSome(10)
+	stop, loaded := e.startLoad(all, 10)
 	for i, step := range []string{StepFreeze, StepCopy, StepVerify, StepFence, StepFlip, StepResume} {
 		from, to := i%2, (i+1)%2
 		dest := fmt.Sprintf("s%d", to)
@@ -598,10 +592,7 @@ func TestMoveUndo(t *testing.T) {
 	const partitions = 2
 	e := newEnv(t, 2, partitions)
 	all := acts(8)
-	e.open(all)
-	stop := make(chan struct{})
-	loaded := e.load(all, stop)
-	e.settleSome(10)
+	stop, loaded := e.startLoad(all, 10)
 
 	for _, to := range []string{"s0", "s9"} {
 		if _, err := e.move(0, to, "", nil); !errors.Is(err, ErrUsage) {
@@ -653,10 +644,7 @@ func TestMoveSurvivesRestarts(t *testing.T) {
 	const partitions = 2
 	e := newEnv(t, 2, partitions)
 	all := acts(8)
-	e.open(all)
-	stop := make(chan struct{})
-	loaded := e.load(all, stop)
-	e.settleSome(10)
+	stop, loaded := e.startLoad(all, 10)
 	out, err := e.move(0, "s1", StepCopy, func(step string) {
 		if step == StepFreeze {
 			e.stopAllocator()
@@ -745,10 +733,7 @@ func TestMoveInterruptedAnywhere(t *testing.T) {
 	const partitions = 2
 	e := newEnv(t, 2, partitions)
 	all := acts(16)
-	e.open(all)
-	stop := make(chan struct{})
-	loaded := e.load(all, stop)
-	e.settleSome(200)
+	stop, loaded := e.startLoad(all, 200)
 	cut := 2 * time.Millisecond
 	for _, dest := range []string{"s1", "s0", "s1"} {
 		for done := false; !done; cut = cut * 3 / 2 {
@@ -877,4 +862,15 @@ func (e *env) endLoad(stop chan struct{}, loaded chan error) {
 	if left := e.rowsOf(0, 0); len(left) != 0 {
 		e.t.Errorf("partition 0's rows left on s0: %v", left)
 	}
+}
+
+// startLoad opens the activities, publishes joins of them until stop is
+// closed (endLoad), and returns once settle of them are applied.
+func (e *env) startLoad(all []int64, settle int64) (stop chan struct{}, loaded chan error) {
+	e.t.Helper()
+	e.open(all)
+	stop = make(chan struct{})
+	loaded = e.load(all, stop)
+	e.settleSome(settle)
+	return stop, loaded
 }
