@@ -18,13 +18,19 @@ import (
 // returns every answer: status and body.
 func (h *harness) burst(activity int64, n int) (codes []int, bodies [][]byte) {
 	h.t.Helper()
+	return h.burstQuery(activity, n, "")
+}
+
+// burstQuery is burst with query added to every claim's URL.
+func (h *harness) burstQuery(activity int64, n int, query string) (codes []int, bodies [][]byte) {
+	h.t.Helper()
 	codes, bodies = make([]int, n), make([][]byte, n)
 	var wg sync.WaitGroup
 	start := make(chan struct{})
 	for i := range n {
 		wg.Go(func() {
 			<-start
-			r, err := http.NewRequest("POST", fmt.Sprintf("%s/v1/activities/%d/claims/%d", h.srv.URL, activity, 1000+i), nil)
+			r, err := http.NewRequest("POST", fmt.Sprintf("%s/v1/activities/%d/claims/%d%s", h.srv.URL, activity, 1000+i, query), nil)
 			if err != nil {
 				h.t.Error(err)
 				return
@@ -119,6 +125,58 @@ func TestBurstIsBatchedAndShed(t *testing.T) {
 		t.Fatal("no claim of the burst was shed")
 	}
 	t.Logf("%d claims in %d messages, %d shed", n, msgs, shed)
+}
+
+// TestAViewArrivingDuringThePublishSheds: claims that found no view when
+// they came in, and whose batch's PubAck comes back after a view arrived,
+// are shed from that view rather than left to the allocator.
+func TestAViewArrivingDuringThePublishSheds(t *testing.T) {
+	t.Parallel()
+	const n, act = 100, 8
+	var h *harness
+	var once sync.Once
+	var openSeq uint64
+	h = newHarness(t, func(c *Config, d *Deps) {
+		d.Test.DropBatchAck = func(string) bool {
+			// At the first batch's PubAck, once every claim has come in
+			// (each registered to wait, after finding no view), the view
+			// arrives.
+			once.Do(func() {
+				for deadline := time.Now().Add(10 * time.Second); h.svc.results.Count() < n; {
+					if time.Now().After(deadline) {
+						t.Errorf("only %d of %d claims waiting", h.svc.results.Count(), n)
+						break
+					}
+					time.Sleep(time.Millisecond)
+				}
+				h.svc.shed.PutView(wire.View{ActivityID: act, Capacity: 1, Confirmed: 1, Seq: openSeq,
+					Complete: true, Holders: []int64{1}})
+			})
+			return false
+		}
+	})
+	resp, body := h.do(req{method: "PUT", path: "/v1/activities/8", body: `{"capacity": 1}`})
+	accepted(t, "open", resp, body)
+	openSeq = h.lastMsg(wire.RequestSubject(act)).Sequence
+	codes, bodies := h.burstQuery(act, n, "?wait=2s")
+	shed := 0
+	for i := range n {
+		switch codes[i] {
+		case http.StatusOK:
+			r := decode[wire.Result](t, "claim", bodies[i])
+			if !r.Shed || r.Outcome != wire.OutcomeSoldOut {
+				t.Fatalf("claim %d: %+v, want a shed SOLD_OUT", i, r)
+			}
+			shed++
+		case http.StatusAccepted: // published before the view: left to the allocator
+		default:
+			t.Fatalf("claim %d: %d %s", i, codes[i], bodies[i])
+		}
+	}
+	if shed < n/2 {
+		t.Fatalf("%d of %d claims shed, want most: their PubAcks came after the view", shed, n)
+	}
+	t.Logf("%d of %d claims shed", shed, n)
 }
 
 // TestUnsureClaimsAreNotShed: when no PubAck of a batch comes back, the

@@ -55,10 +55,12 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 		return
 	}
 	// A claim for an activity with a view may be shed, once it is
-	// stored (shed.Answerer). A keyed claim is left to the allocator,
-	// so that a repeat of the key reads the recorded result.
+	// stored (shed.Answerer): from the view seen now, or from one that
+	// arrives while it is published. A keyed claim is left to the
+	// allocator, so that a repeat of the key reads the recorded result.
+	sheddable := op == wire.OpClaim && !q.hasKey && s.cfg.Shed
 	var candidate *shed.View
-	if op == wire.OpClaim && !q.hasKey && s.cfg.Shed {
+	if sheddable {
 		candidate = s.shed.Candidate(q.activity)
 	}
 	if !s.buildRequest(ctx, w, &q) || !s.bindKey(ctx, w, &q) {
@@ -81,7 +83,7 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	// Only a place known for sure proves an answer: a request that may be
 	// stored twice (its batch's PubAck was lost, then it went alone) is
 	// answered by the allocator, from whichever copy comes first.
-	if candidate != nil && st.Sole {
+	if sheddable && st.Sole {
 		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, st.Place, candidate); ok {
 			reply.Result(w, http.StatusOK, res)
 			return

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	lru "github.com/hashicorp/golang-lru/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/allot-dev/allot/internal/allocation"
 	"github.com/allot-dev/allot/internal/wire"
@@ -189,5 +191,46 @@ func TestViewsAreBounded(t *testing.T) {
 	}
 	if ans.Candidate(100) == nil || ans.Candidate(1) != nil {
 		t.Fatal("the bound did not keep the most recent views")
+	}
+}
+
+// TestAViewThatArrivesDuringThePublishAnswers: a claim published while its
+// activity had no view is shed from a view that arrived meanwhile, once
+// the tail proves it; with no view at all it is left to the allocator at
+// once, without waiting on the tail.
+func TestAViewThatArrivesDuringThePublishAnswers(t *testing.T) {
+	m := Metrics{
+		Claims:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "claims"}, []string{"outcome"}),
+		Missed:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "missed"}, []string{"reason"}),
+		TailWait: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tail_wait"}),
+	}
+	a, err := New(Config{ActivityCache: 8, Wait: time.Minute, Results: 8}, slog.New(slog.DiscardHandler), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := wire.OpsOf(wire.OpClaim)
+	a.tail.from, a.tail.pos = 10, 9
+	a.tail.see(10, "alloc.req.7", claim, "")
+	a.tail.see(11, "alloc.req.7", claim, "")
+
+	// No view, and a tail that has not reached the claim: no answer, and
+	// no wait on the tail (a canceled context would count as tail_behind).
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, ok := a.Answer(ctx, "r12", 7, 42, wire.Place(12, 0), nil); ok {
+		t.Fatal("answered a claim on an activity without a view")
+	}
+	if n := testutil.ToFloat64(m.Missed.WithLabelValues("tail_behind")); n != 0 {
+		t.Fatalf("a claim without a view waited on the tail (tail_behind %v)", n)
+	}
+
+	// The view arrives while the claim at 11 is published: it answers it.
+	a.PutView(wire.View{ActivityID: 7, Capacity: 1, Confirmed: 1, Seq: 10, Complete: true, Holders: []int64{1}})
+	res, ok := a.Answer(context.Background(), "r11", 7, 42, wire.Place(11, 0), nil)
+	if !ok || res.Outcome != wire.OutcomeSoldOut || !res.Shed || res.Seq != 11 {
+		t.Fatalf("claim after a view that arrived during its publish: %+v, answered %v; want shed SOLD_OUT at seq 11", res, ok)
+	}
+	if got, ok := a.Recorded("r11"); !ok || got.Outcome != wire.OutcomeSoldOut {
+		t.Fatalf("shed answer not kept for polls: %+v %v", got, ok)
 	}
 }

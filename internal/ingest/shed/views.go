@@ -165,9 +165,13 @@ const DefaultWait = time.Second
 // Answer decides the claim published as id at place (wire.Place; the only
 // copy of it this ingest may have stored) from a view, when the tail
 // proves the view still holds at place (see the top of this file).
-// candidate is the view seen before publishing; the newest view is tried
-// first. It reports whether it decided.
+// candidate is the view seen before publishing, if any; the newest view is
+// tried first. It reports whether it decided; with no view at all it
+// returns at once.
 func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, place uint64, candidate *View) (wire.Result, bool) {
+	if candidate == nil && a.views.get(activity) == nil {
+		return wire.Result{}, false
+	}
 	start := time.Now()
 	if !a.tail.waitPast(ctx, wire.SeqOf(place), a.wait) {
 		a.m.Missed.WithLabelValues("tail_behind").Inc()
