@@ -91,8 +91,16 @@ type OpenLoopResult struct {
 	// those whose result could not be read.
 	Pending, Unresolved int
 	Outcomes            map[string]int // final outcome → claims
-	Granted             int
-	GrantedUsers        int // distinct users among the grants
+	// Unshed counts the claims answered 200 without "shed": true, i.e.
+	// by the allocator's record (allot) or by a server that does not
+	// shed (the gate); UnshedP50 and UnshedP99 are their latencies.
+	Unshed               int
+	UnshedP50, UnshedP99 time.Duration
+	// Slow describes the claims at or above P99: how many were shed, and
+	// when they were scheduled, from the first claim's slot.
+	Slow         SlowClaims
+	Granted      int
+	GrantedUsers int // distinct users among the grants
 	// After is the activity as the server shows it after the run (nil if
 	// it could not be read).
 	After *client.ActivityState
@@ -150,6 +158,16 @@ type answer struct {
 	done    bool
 	outcome string
 	user    int64
+	shed    bool
+}
+
+// SlowClaims is where the slowest claims of a run (those at or above its
+// p99) came from: how many were shed, how many granted (which no server
+// answers before it has decided them).
+type SlowClaims struct {
+	N, Shed, Granted int
+	// First, Median and Last are their slots, from the first claim's.
+	First, Median, Last time.Duration
 }
 
 // OpenLoop opens the activity with cfg.Items items, then fires claims at
@@ -208,9 +226,10 @@ func OpenLoop(ctx context.Context, cfg OpenLoopConfig) (OpenLoopResult, error) {
 			State     string `json:"state"`
 			Outcome   string `json:"outcome"`
 			UserID    int64  `json:"user_id"`
+			Shed      bool   `json:"shed"`
 		}
 		if (a.code == http.StatusOK || a.code == http.StatusAccepted) && json.Unmarshal(res.Body, &body) == nil {
-			a.id, a.outcome, a.user = body.RequestID, body.Outcome, body.UserID
+			a.id, a.outcome, a.user, a.shed = body.RequestID, body.Outcome, body.UserID, body.Shed
 			a.done = a.code == http.StatusOK && body.State == string(wire.StateDone)
 		}
 		answers = append(answers, a)
@@ -274,6 +293,30 @@ func OpenLoop(ctx context.Context, cfg OpenLoopConfig) (OpenLoopResult, error) {
 	r.Elapsed = end.Sub(first)
 	r.P50, r.P90, r.P99, r.Max = Percentile(lat, 0.50), Percentile(lat, 0.90), Percentile(lat, 0.99), slices.Max(lat)
 	r.SlotP99, r.SlotMax = Percentile(fromSlot, 0.99), slices.Max(fromSlot)
+	var unshed []time.Duration
+	var slots []time.Duration
+	for _, a := range answers {
+		if a.done && !a.shed {
+			unshed = append(unshed, a.latency)
+		}
+		if a.latency >= r.P99 {
+			r.Slow.N++
+			if a.shed {
+				r.Slow.Shed++
+			}
+			if a.outcome == string(wire.OutcomeGranted) {
+				r.Slow.Granted++
+			}
+			slots = append(slots, time.Duration(a.seq)*period)
+		}
+	}
+	if r.Unshed = len(unshed); r.Unshed > 0 {
+		r.UnshedP50, r.UnshedP99 = Percentile(unshed, 0.50), Percentile(unshed, 0.99)
+	}
+	if len(slots) > 0 {
+		slices.Sort(slots)
+		r.Slow.First, r.Slow.Median, r.Slow.Last = slots[0], slots[len(slots)/2], slots[len(slots)-1]
+	}
 	if st, err := c.Activity(ctx, cfg.Activity); err == nil {
 		r.After = st
 	}

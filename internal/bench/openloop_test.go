@@ -45,6 +45,12 @@ func TestOpenLoopSmall(t *testing.T) {
 	if res.P50 <= 0 || res.Max < res.P99 || res.Rate <= 0 {
 		t.Fatalf("latencies p50 %s p99 %s max %s, rate %.0f", res.P50, res.P99, res.Max, res.Rate)
 	}
+	// The seed design sheds nothing: every claim is answered unshed, and
+	// the slowest of them are told apart.
+	if res.Unshed != res.Sent || res.UnshedP99 < res.UnshedP50 || res.Slow.N < 1 || res.Slow.Shed != 0 ||
+		res.Slow.Granted > 10 || res.Slow.Last < res.Slow.First {
+		t.Fatalf("unshed %d of %d (p50 %s, p99 %s), slowest %+v", res.Unshed, res.Sent, res.UnshedP50, res.UnshedP99, res.Slow)
+	}
 
 	// Four claims for ten items: undersold.
 	res, err = OpenLoop(ctx, OpenLoopConfig{BaseURL: srv.URL, Items: 10, Rate: 40, Duration: 100 * time.Millisecond, FirstUser: 1000})

@@ -141,6 +141,11 @@ func openLoop(ctx context.Context, o opts) error {
 		tw.Flush()
 		for _, r := range runs {
 			fmt.Printf("%s: granted %d of %d items; HTTP statuses %v; outcomes %v\n", r.name, r.res.Granted, r.res.Items, r.res.Codes, r.res.Outcomes)
+			if sl := r.res.Slow; sl.N > 0 {
+				fmt.Printf("  the slowest 1%% (%d claims at or above p99): %d granted, %d shed; scheduled %s–%s after the first (median %s); %d claims answered unshed, p50 %s, p99 %s\n",
+					sl.N, sl.Granted, sl.Shed, sl.First.Round(time.Millisecond), sl.Last.Round(time.Millisecond), sl.Median.Round(time.Millisecond),
+					r.res.Unshed, r.res.UnshedP50.Round(100*time.Microsecond), r.res.UnshedP99.Round(100*time.Microsecond))
+			}
 			if r.res.Failed > 0 {
 				fmt.Printf("  %d claims not answered with a result (statuses above; 503: refused for overload, nothing stored), e.g. %s\n",
 					r.res.Failed, r.res.FirstFailure)
