@@ -86,6 +86,8 @@ type loopState struct {
 	pinID string
 	// lastProbe is when a given-up allocator last tried MySQL.
 	lastProbe time.Time
+	// changed: the last commit changed an activity; the next pull is eager.
+	changed bool
 }
 
 // lifeState runs the allocator's parts between Start and Stop.
@@ -292,7 +294,7 @@ func (a *Allocator) run(ctx context.Context) error {
 				break
 			}
 		}
-		msgs, err := pull.Collect(it, a.deps.Test.idleCheck(), a.cfg.BatchWait, a.cfg.BatchSize)
+		msgs, err := pull.Collect(it, a.deps.Test.idleCheck(), a.cfg.BatchWait, a.cfg.BatchSize, a.loop.changed)
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 			// Stopped (shutdown, a handover) or its connection closed: a
 			// new one is made on the next round.

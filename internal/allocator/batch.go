@@ -320,7 +320,7 @@ func (a *Allocator) walk(ctx context.Context, fence uint64, work []item) ([]item
 // (the items up to the fence, none read from the stream); without one it
 // is 0 and the next batch is proven by a walk.
 func (a *Allocator) noteCommitted(items []item, out outcome) {
-	a.loop.lastFence = out.fence
+	a.loop.lastFence, a.loop.changed = out.fence, len(out.changed) > 0
 	a.stall.applied.Store(out.fence)
 	a.loop.lastDseq = 0
 	for _, it := range items {

@@ -9,20 +9,18 @@ import (
 )
 
 // publishViews hands the views of the activities a commit changed to the
-// view publisher (internal/allocator/viewpub): a viewed one's current view, and a cleared
-// view (Complete=false, the sequence it covers) for one that may have a
-// sheddable view stored and no longer is viewed. It never waits for the
-// bucket: the publisher writes them from its own goroutine. The same views
+// view publisher (package viewpub): a viewed one's current view, and a
+// cleared view (Complete=false, the sequence it covers) for one that may
+// have a sheddable view stored and no longer is viewed. It never waits for
+// the bucket: the publisher writes from its own goroutine. The same views
 // go to ingest at once on the result subject, ahead of these results.
 //
-// Views are an optimisation, never the proof: ingest sheds a claim
-// (answers it before the allocator applies it) only after seeing, in the
-// request stream itself, that nothing that could change the answer was
-// stored between the view's sequence and the claim's.
-// So a view that is missing, late or stale costs a trip through the
-// allocator, never a wrong answer; what a view must be is true at its
-// sequence, which every view here is (taken from the committed state, or
-// from one MySQL snapshot by a rebuild).
+// Views are an optimisation, never the proof: ingest sheds a claim only
+// after seeing, in the request stream itself, that nothing that could
+// change the answer was stored between the view's place and the claim's.
+// A view missing, late or stale costs a trip through the allocator, never
+// a wrong answer; a view must be true at its place, as every view here is
+// (taken from the committed state, or from one MySQL snapshot).
 func (a *Allocator) publishViews(_ context.Context, changed []*allocation.Activity) {
 	if a.pub == nil || len(changed) == 0 {
 		return

@@ -49,9 +49,15 @@ func (p *Puller) Stop() {
 	}
 }
 
+// drained is how long Collect waits for a next message once its wait is
+// over: a message already in the consumer's buffer is taken at once.
+const drained = 50 * time.Microsecond
+
 // Collect returns the next batch of at most size messages: it waits up to
-// idle for a first message, then up to wait more for the rest.
-func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int) ([]jetstream.Msg, error) {
+// idle for a first message, then up to wait more for the rest (not at all
+// when eager), and takes what is already buffered even once that is over.
+// An eager batch is what arrived while the one before it was applied.
+func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int, eager bool) ([]jetstream.Msg, error) {
 	first, err := iter.Next(jetstream.NextMaxWait(idle))
 	if err != nil {
 		if errors.Is(err, nats.ErrTimeout) {
@@ -59,15 +65,14 @@ func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int)
 		}
 		return nil, err
 	}
-	msgs := make([]jetstream.Msg, 1, size)
+	msgs := make([]jetstream.Msg, 1, min(size, 1024))
 	msgs[0] = first
+	if eager {
+		wait = 0
+	}
 	deadline := time.Now().Add(wait)
 	for len(msgs) < size {
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			break
-		}
-		m, err := iter.Next(jetstream.NextMaxWait(wait))
+		m, err := iter.Next(jetstream.NextMaxWait(max(time.Until(deadline), drained)))
 		if err != nil {
 			if errors.Is(err, nats.ErrTimeout) {
 				break

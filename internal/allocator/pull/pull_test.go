@@ -1,0 +1,71 @@
+package pull
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/allot-dev/allot/internal/natstest"
+)
+
+// TestCollectTakesWhatIsBuffered: a batch takes every message already in
+// the consumer's buffer, up to its size, whether it waits for more (wait)
+// or not (eager), and an eager batch returns without waiting for later
+// messages.
+func TestCollectTakesWhatIsBuffered(t *testing.T) {
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		if _, err := js.Publish(ctx, "s."+strconv.Itoa(i), []byte("m")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iter, err := cons.Messages(jetstream.PullMaxMessages(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer iter.Stop()
+	// The first message in hand means the pull's delivery has begun; the
+	// rest follow it into the buffer.
+	first, err := Collect(iter, 10*time.Second, 0, 1, true)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first message: %d, %v", len(first), err)
+	}
+	time.Sleep(500 * time.Millisecond) // the other 29 are buffered by now
+	got, err := Collect(iter, time.Second, 0, 10, true)
+	if err != nil || len(got) != 10 {
+		t.Fatalf("eager, size 10, 29 buffered: took %d (%v), want 10", len(got), err)
+	}
+	got, err = Collect(iter, time.Second, 0, 100, false)
+	if err != nil || len(got) != 19 {
+		t.Fatalf("wait 0, 19 buffered: took %d (%v), want all 19", len(got), err)
+	}
+	// Nothing buffered: an eager batch holds its first message only, a
+	// waiting one takes a message that comes within its wait.
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		js.Publish(ctx, "s.late", []byte("m")) //nolint:errcheck // checked below
+		time.Sleep(50 * time.Millisecond)
+		js.Publish(ctx, "s.later", []byte("m")) //nolint:errcheck // checked below
+	}()
+	got, err = Collect(iter, 5*time.Second, 0, 100, true)
+	if err != nil || len(got) != 1 || got[0].Subject() != "s.late" {
+		t.Fatalf("eager with nothing buffered: %d messages (%v), want the one that came", len(got), err)
+	}
+	got, err = Collect(iter, 5*time.Second, 5*time.Second, 1, false)
+	if err != nil || len(got) != 1 || got[0].Subject() != "s.later" {
+		t.Fatalf("the next message: %d (%v)", len(got), err)
+	}
+}
