@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -179,6 +181,51 @@ func TestAViewArrivingDuringThePublishSheds(t *testing.T) {
 	t.Logf("%d of %d claims shed", shed, n)
 }
 
+// TestAViewArrivingWhileClaimsWaitSheds: claims stored before ingest knew
+// their activity was full wait for the allocator; when the activity's view
+// arrives while they wait, they are shed from it, each at its own place.
+func TestAViewArrivingWhileClaimsWaitSheds(t *testing.T) {
+	t.Parallel()
+	const n, act = 50, 9
+	h := newHarness(t, nil)
+	resp, body := h.do(req{method: "PUT", path: "/v1/activities/9", body: `{"capacity": 1}`})
+	accepted(t, "open", resp, body)
+	open := h.lastMsg(wire.RequestSubject(act)).Sequence
+	var codes []int
+	var bodies [][]byte
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		codes, bodies = h.burstQuery(act, n, "?wait=20s")
+	}()
+	// Every claim stored and waiting (no allocator runs here), then the
+	// view.
+	testenv.WaitFor(t, 10*time.Second, "every claim stored and waiting", func() bool {
+		return h.svc.results.Count() == n && h.subjectRequests(wire.RequestSubject(act)) == n+1
+	})
+	time.Sleep(100 * time.Millisecond)
+	h.svc.shed.PutView(wire.View{ActivityID: act, Capacity: 1, Confirmed: 1, Seq: open, Complete: true, Holders: []int64{1}})
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiting claims were not answered when the view arrived")
+	}
+	places := map[uint64]bool{}
+	for i := range n {
+		if codes[i] != http.StatusOK {
+			t.Fatalf("claim %d: %d %s, want a shed answer", i, codes[i], bodies[i])
+		}
+		r := decode[wire.Result](t, "claim", bodies[i])
+		if !r.Shed || r.Outcome != wire.OutcomeSoldOut || places[r.PlaceOf()] {
+			t.Fatalf("claim %d: %+v, want a shed SOLD_OUT at a place of its own", i, r)
+		}
+		if got := h.requestAt(r.PlaceOf()); got != r.RequestID {
+			t.Fatalf("claim %s shed at %s, which holds %s", r.RequestID, wire.FormatPlace(r.PlaceOf()), got)
+		}
+		places[r.PlaceOf()] = true
+	}
+}
+
 // TestUnsureClaimsAreNotShed: when no PubAck of a batch comes back, the
 // batch is published again with its own Nats-Msg-Id, then each of its
 // requests alone: a request may then be stored twice, its place is not
@@ -304,4 +351,39 @@ func TestBurstResultsHaveDistinctPlaces(t *testing.T) {
 		t.Fatalf("%d claims granted on an activity of 10 seats", granted)
 	}
 	h.db.CheckInvariants(t)
+}
+
+// subjectRequests is how many requests the messages stored on subject
+// carry (a batch as its Allot-Batch).
+func (h *harness) subjectRequests(subject string) int {
+	h.t.Helper()
+	ctx := context.Background()
+	st, err := h.js.Stream(ctx, wire.RequestStream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	n := 0
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		if m.Subject != subject {
+			continue
+		}
+		if b := m.Header.Get(wire.BatchHeader); b != "" {
+			k, err := strconv.Atoi(b)
+			if err != nil {
+				h.t.Fatalf("seq %d: %s %q", seq, wire.BatchHeader, b)
+			}
+			n += k
+		} else {
+			n++
+		}
+	}
+	return n
 }

@@ -83,7 +83,10 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	// Only a place known for sure proves an answer: a request that may be
 	// stored twice (its batch's PubAck was lost, then it went alone) is
 	// answered by the allocator, from whichever copy comes first.
-	if sheddable && st.Sole {
+	sheddable = sheddable && st.Sole
+	var viewed <-chan struct{} // closed by the activity's next view
+	if sheddable {
+		viewed = s.shed.Changes(q.activity)
 		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, st.Place, candidate); ok {
 			reply.Result(w, http.StatusOK, res)
 			return
@@ -92,12 +95,31 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	if q.wait > 0 {
 		// A fresh id cannot have a result yet, and a repeat's was read
 		// above after registering, so no MySQL read is due before waiting.
-		if res, ok := s.results.Await(ctx, q.id, wt, q.wait, false); ok {
+		if res, ok := s.await(ctx, q, wt, st.Place, viewed); ok {
 			reply.Result(w, http.StatusOK, res)
 			return
 		}
 	}
 	reply.Ack(w, q.id)
+}
+
+// await waits up to q.wait for the result of q's request, stored at
+// place. A sheddable claim (viewed set) is also answered from a view of
+// its activity that arrives meanwhile, once it proves the answer: the
+// claims stored just after a sell-out, before ingest knew of it, need not
+// wait for the allocator's next batch.
+func (s *Service) await(ctx context.Context, q writeReq, wt *results.Waiter, place uint64, viewed <-chan struct{}) (wire.Result, bool) {
+	deadline := time.Now().Add(q.wait)
+	for {
+		res, ok, woken := s.results.AwaitOr(ctx, q.id, wt, time.Until(deadline), viewed)
+		if !woken {
+			return res, ok
+		}
+		viewed = s.shed.Changes(q.activity)
+		if res, ok := s.shed.Retry(ctx, q.id, q.activity, q.user, place); ok {
+			return res, true
+		}
+	}
 }
 
 // parseWrite reads and validates everything the client sent: body, ids,

@@ -127,6 +127,13 @@ func (rs *Results) Await(ctx context.Context, id string, w *Waiter, d time.Durat
 			return r, true
 		}
 	}
+	r, ok, _ := rs.AwaitOr(ctx, id, w, d, nil)
+	return r, ok
+}
+
+// AwaitOr is Await without the first read, which also returns, with woken
+// true and no result, when wake closes first (a nil wake never does).
+func (rs *Results) AwaitOr(ctx context.Context, id string, w *Waiter, d time.Duration, wake <-chan struct{}) (r wire.Result, found, woken bool) {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	var tick <-chan time.Time
@@ -138,22 +145,25 @@ func (rs *Results) Await(ctx context.Context, id string, w *Waiter, d time.Durat
 	for {
 		select {
 		case r := <-w.ch:
-			return r, true
+			return r, true, false
+		case <-wake:
+			return wire.Result{}, false, true
 		case <-tick:
 			if r, ok := rs.Lookup(ctx, id); ok {
-				return r, true
+				return r, true, false
 			}
 		case <-deadline.C:
 			select {
 			case r := <-w.ch:
-				return r, true
+				return r, true, false
 			default:
 			}
-			return rs.Lookup(ctx, id)
+			r, ok := rs.Lookup(ctx, id)
+			return r, ok, false
 		case <-ctx.Done():
-			return wire.Result{}, false
+			return wire.Result{}, false, false
 		case <-rs.quit:
-			return wire.Result{}, false
+			return wire.Result{}, false, false
 		}
 	}
 }

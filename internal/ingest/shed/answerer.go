@@ -66,6 +66,9 @@ func New(cfg Config, log *slog.Logger, m Metrics) (*Answerer, error) {
 	if a.views.m, err = lru.New[int64, viewEntry](cfg.ActivityCache); err != nil {
 		return nil, err
 	}
+	if a.views.next, err = lru.New[int64, chan struct{}](cfg.ActivityCache); err != nil {
+		return nil, err
+	}
 	if a.answered, err = lru.New[string, wire.Result](cfg.Results); err != nil {
 		return nil, err
 	}

@@ -76,6 +76,9 @@ func (v *View) place() uint64 { return wire.Place(v.v.Seq, v.v.Index) }
 type views struct {
 	mu sync.Mutex // orders puts; reads need only the cache's own lock
 	m  *lru.Cache[int64, viewEntry]
+	// next holds, per activity, the channel its next installed view
+	// closes (changes); nil in tests that need none.
+	next *lru.Cache[int64, chan struct{}]
 }
 
 func (vs *views) get(activity int64) *View {
@@ -123,6 +126,25 @@ func (vs *views) put(v wire.View) {
 		return
 	}
 	vs.m.Add(v.ActivityID, viewEntry{place: place, sv: sv})
+	if vs.next == nil {
+		return
+	}
+	if ch, ok := vs.next.Peek(v.ActivityID); ok {
+		close(ch)
+		vs.next.Remove(v.ActivityID)
+	}
+}
+
+// changes is the channel the next view of activity installed closes.
+func (vs *views) changes(activity int64) <-chan struct{} {
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	if ch, ok := vs.next.Get(activity); ok {
+		return ch
+	}
+	ch := make(chan struct{})
+	vs.next.Add(activity, ch)
+	return ch
 }
 
 // watchViews keeps e.views current until stop is called; stop returns
@@ -169,13 +191,36 @@ const DefaultWait = time.Second
 // tried first. It reports whether it decided; with no view at all it
 // returns at once.
 func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, place uint64, candidate *View) (wire.Result, bool) {
+	return a.answer(ctx, id, activity, user, place, candidate, true)
+}
+
+// Changes returns a channel that the next view of activity to arrive
+// closes: a claim left to the allocator waits on it too, and tries Retry
+// when it closes. It is forgotten, never closed, once ActivityCache other
+// activities have been asked about since; the claim then just waits for
+// the allocator.
+func (a *Answerer) Changes(activity int64) <-chan struct{} { return a.views.changes(activity) }
+
+// Retry is Answer again, from the newest view, for a claim that waits for
+// the allocator after a view of its activity arrived (Changes). Its first
+// Answer counted the miss, so a retry that misses is not counted again.
+func (a *Answerer) Retry(ctx context.Context, id string, activity, user int64, place uint64) (wire.Result, bool) {
+	return a.answer(ctx, id, activity, user, place, nil, false)
+}
+
+func (a *Answerer) answer(ctx context.Context, id string, activity, user int64, place uint64, candidate *View, count bool) (wire.Result, bool) {
 	if candidate == nil && a.views.get(activity) == nil {
+		return wire.Result{}, false
+	}
+	miss := func(reason string) (wire.Result, bool) {
+		if count {
+			a.m.Missed.WithLabelValues(reason).Inc()
+		}
 		return wire.Result{}, false
 	}
 	start := time.Now()
 	if !a.tail.waitPast(ctx, wire.SeqOf(place), a.wait) {
-		a.m.Missed.WithLabelValues("tail_behind").Inc()
-		return wire.Result{}, false
+		return miss("tail_behind")
 	}
 	a.m.TailWait.Observe(time.Since(start).Seconds())
 	var sv *View
@@ -186,14 +231,12 @@ func (a *Answerer) Answer(ctx context.Context, id string, activity, user int64, 
 		}
 	}
 	if sv == nil {
-		a.m.Missed.WithLabelValues("changed").Inc()
-		return wire.Result{}, false
+		return miss("changed")
 	}
 	seat, holds := sv.holders[user]
 	d, decided := allocation.ClaimOnFull(sv.v.Capacity, sv.v.Confirmed, seat, holds)
 	if !decided {
-		a.m.Missed.WithLabelValues("changed").Inc()
-		return wire.Result{}, false
+		return miss("changed")
 	}
 	req := wire.Request{RequestID: id, Op: wire.OpClaim, ActivityID: activity, UserID: user}
 	res := allocation.ResultOf(req, place, d, nil, time.Now())
