@@ -65,7 +65,11 @@ func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int,
 		}
 		return nil, err
 	}
-	msgs := make([]jetstream.Msg, 1, min(size, 1024))
+	// Grown as messages come: sized to size, each pull would allocate a
+	// slice for a whole transaction's worth of messages (10000 by
+	// default), a garbage the collector pays for hundreds of times a
+	// second under a stream of small batches.
+	msgs := make([]jetstream.Msg, 1, min(size, 64))
 	msgs[0] = first
 	if eager {
 		wait = 0
