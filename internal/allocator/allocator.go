@@ -294,7 +294,7 @@ func (a *Allocator) run(ctx context.Context) error {
 				break
 			}
 		}
-		msgs, err := pull.Collect(it, a.deps.Test.idleCheck(), a.cfg.BatchWait, a.cfg.BatchSize, a.loop.changed)
+		msgs, err := pull.Collect(it, a.deps.Test.idleCheck(), a.cfg.BatchWait, a.cfg.BatchSize, a.loop.changed, a.relay.Flush)
 		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 			// Stopped (shutdown, a handover) or its connection closed: a
 			// new one is made on the next round.

@@ -40,7 +40,7 @@ func (a *Allocator) afterCommit(ctx context.Context, items []item, out outcome) 
 	// will change, and they must reach ingest before these results.
 	a.publishViews(ctx, out.changed)
 	if out.events > 0 {
-		a.relay.Kick()
+		a.relay.Due() // woken when the apply loop next waits (pull.Collect)
 	}
 	b := postcommit.Batch{Last: last, Results: out.results}
 	if a.post != nil {

@@ -222,3 +222,25 @@ func TestRelayWalksPlaces(t *testing.T) {
 		return err == nil && c == store.RelayCursor{Seq: 2, Index: 0, Piece: 0}
 	})
 }
+
+// TestFlushWakesOnlyForDueEvents: a commit that wrote events marks the
+// relay due; the apply loop's Flush wakes it then, once, and not when no
+// commit wrote events since.
+func TestFlushWakesOnlyForDueEvents(t *testing.T) {
+	r := New(Deps{Log: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry()})
+	r.Flush()
+	if len(r.wake) != 0 {
+		t.Fatal("Flush woke the relay with no events due")
+	}
+	r.Due()
+	r.Due()
+	r.Flush()
+	if len(r.wake) != 1 {
+		t.Fatal("Flush did not wake the relay for due events")
+	}
+	<-r.wake
+	r.Flush()
+	if len(r.wake) != 0 {
+		t.Fatal("a second Flush woke the relay again for the same events")
+	}
+}

@@ -57,8 +57,16 @@ const drained = 50 * time.Microsecond
 // idle for a first message, then up to wait more for the rest (not at all
 // when eager), and takes what is already buffered even once that is over.
 // An eager batch is what arrived while the one before it was applied.
-func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int, eager bool) ([]jetstream.Msg, error) {
-	first, err := iter.Next(jetstream.NextMaxWait(idle))
+// onIdle (nil: none) runs when no message is in hand at once, before the
+// wait for the first.
+func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int, eager bool, onIdle func()) ([]jetstream.Msg, error) {
+	first, err := iter.Next(jetstream.NextMaxWait(drained))
+	if errors.Is(err, nats.ErrTimeout) {
+		if onIdle != nil {
+			onIdle()
+		}
+		first, err = iter.Next(jetstream.NextMaxWait(idle))
+	}
 	if err != nil {
 		if errors.Is(err, nats.ErrTimeout) {
 			return nil, nil

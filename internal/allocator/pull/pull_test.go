@@ -14,7 +14,7 @@ import (
 // TestCollectTakesWhatIsBuffered: a batch takes every message already in
 // the consumer's buffer, up to its size, whether it waits for more (wait)
 // or not (eager), and an eager batch returns without waiting for later
-// messages.
+// messages. onIdle runs only for a pull that finds nothing buffered.
 func TestCollectTakesWhatIsBuffered(t *testing.T) {
 	ns := natstest.New(t)
 	_, js := ns.Connect(t)
@@ -39,18 +39,23 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 	defer iter.Stop()
 	// The first message in hand means the pull's delivery has begun; the
 	// rest follow it into the buffer.
-	first, err := Collect(iter, 10*time.Second, 0, 1, true)
+	first, err := Collect(iter, 10*time.Second, 0, 1, true, nil)
 	if err != nil || len(first) != 1 {
 		t.Fatalf("first message: %d, %v", len(first), err)
 	}
 	time.Sleep(500 * time.Millisecond) // the other 29 are buffered by now
-	got, err := Collect(iter, time.Second, 0, 10, true)
+	idled := 0
+	onIdle := func() { idled++ }
+	got, err := Collect(iter, time.Second, 0, 10, true, onIdle)
 	if err != nil || len(got) != 10 {
 		t.Fatalf("eager, size 10, 29 buffered: took %d (%v), want 10", len(got), err)
 	}
-	got, err = Collect(iter, time.Second, 0, 100, false)
+	got, err = Collect(iter, time.Second, 0, 100, false, onIdle)
 	if err != nil || len(got) != 19 {
 		t.Fatalf("wait 0, 19 buffered: took %d (%v), want all 19", len(got), err)
+	}
+	if idled != 0 {
+		t.Fatalf("onIdle ran %d times while messages were buffered", idled)
 	}
 	// Nothing buffered: an eager batch holds its first message only, a
 	// waiting one takes a message that comes within its wait.
@@ -60,11 +65,14 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		js.Publish(ctx, "s.later", []byte("m")) //nolint:errcheck // checked below
 	}()
-	got, err = Collect(iter, 5*time.Second, 0, 100, true)
+	got, err = Collect(iter, 5*time.Second, 0, 100, true, onIdle)
 	if err != nil || len(got) != 1 || got[0].Subject() != "s.late" {
 		t.Fatalf("eager with nothing buffered: %d messages (%v), want the one that came", len(got), err)
 	}
-	got, err = Collect(iter, 5*time.Second, 5*time.Second, 1, false)
+	if idled != 1 {
+		t.Fatalf("onIdle ran %d times for a pull that found nothing buffered, want once", idled)
+	}
+	got, err = Collect(iter, 5*time.Second, 5*time.Second, 1, false, nil)
 	if err != nil || len(got) != 1 || got[0].Subject() != "s.later" {
 		t.Fatalf("the next message: %d (%v)", len(got), err)
 	}
