@@ -73,6 +73,38 @@ func (ws *waiters) remove(id string, w *Waiter) {
 // count is the number of registered waiters.
 func (ws *waiters) count() int64 { return ws.n.Load() }
 
+// resultKey opens each result's request id in a result batch, as
+// wire.Result.AppendJSON writes it.
+var resultKey = []byte(`"request_id":"`)
+
+// wants reports whether data, a result batch, may hold the result of a
+// registered id. It reads the ids without decoding the batch; an id
+// written with an escape, or a batch it cannot read, counts as wanted, so
+// that the decoder decides.
+func (ws *waiters) wants(data []byte) bool {
+	if ws.count() == 0 {
+		return false
+	}
+	for rest := data; ; {
+		i := bytes.Index(rest, resultKey)
+		if i < 0 {
+			return false
+		}
+		rest = rest[i+len(resultKey):]
+		j := bytes.IndexByte(rest, '"')
+		if j < 0 || bytes.IndexByte(rest[:j], '\\') >= 0 {
+			return true
+		}
+		ws.mu.Lock()
+		_, ok := ws.m[string(rest[:j])]
+		ws.mu.Unlock()
+		if ok {
+			return true
+		}
+		rest = rest[j+1:]
+	}
+}
+
 // deliver wakes every waiter of r.RequestID.
 func (ws *waiters) deliver(r wire.Result) {
 	ws.mu.Lock()
@@ -86,11 +118,12 @@ func (ws *waiters) deliver(r wire.Result) {
 }
 
 // OnBatch is the handler of wire.ResultSubject. Results are decoded only
-// while someone waits: the allocator publishes a batch per commit whether or
-// not anyone listens.
+// when one of them is waited for here: the allocator publishes a batch per
+// commit whether or not anyone listens, and most results of a sale are of
+// claims ingest has already answered.
 func (rs *Results) OnBatch(m *nats.Msg) {
 	hasViews := rs.onView != nil && bytes.Contains(m.Data, []byte(`"views"`))
-	if rs.waiters.count() == 0 && !hasViews {
+	if !hasViews && !rs.waiters.wants(m.Data) {
 		return
 	}
 	batch, err := wire.DecodeResultBatch(m.Data)
