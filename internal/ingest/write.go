@@ -86,7 +86,9 @@ func (s *Service) write(w http.ResponseWriter, r *http.Request, op wire.Op, aStr
 	sheddable = sheddable && st.Sole
 	var viewed <-chan struct{} // closed by the activity's next view
 	if sheddable {
-		viewed = s.shed.Changes(q.activity)
+		if q.wait > 0 { // before Answer looks, so that no view falls between
+			viewed = s.shed.Changes(q.activity)
+		}
 		if res, ok := s.shed.Answer(ctx, q.id, q.activity, q.user, st.Place, candidate); ok {
 			reply.Result(w, http.StatusOK, res)
 			return
