@@ -49,8 +49,9 @@ func (p *Puller) Stop() {
 	}
 }
 
-// drained is how long Collect waits for a next message once its wait is
-// over: a message already in the consumer's buffer is taken at once.
+// drained is how long Collect waits for a message it takes to be in the
+// consumer's buffer already: to tell an idle pull (onIdle) from a busy one,
+// and for the rest of a batch once its wait is over.
 const drained = 50 * time.Microsecond
 
 // Collect returns the next batch of at most size messages: it waits up to
