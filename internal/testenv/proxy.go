@@ -76,7 +76,7 @@ func (p *Proxy) Forward() {
 	p.set(func() { p.up, p.down, p.refuse, p.trigger = false, false, false, nil })
 }
 
-// Late is how many chunks were held by a hang and forwarded once it
+// Late is how many chunks were held by a hang and released once it
 // ended: bytes a cut-off client sent that reached the server after all.
 func (p *Proxy) Late() int64 { return p.late.Load() }
 
@@ -191,11 +191,13 @@ func (p *Proxy) copy(dst, src net.Conn, up bool) {
 			if !ok {
 				return
 			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
+			// Counted before the write: once it is written, the server's
+			// answer may reach the client before this goroutine runs again.
 			if waited {
 				p.late.Add(1)
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
 			}
 			if up {
 				p.mu.Lock()
