@@ -281,13 +281,14 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		it := p.Current()
 		if it == nil {
-			var err error
-			it, err = a.cons.Messages(jetstream.PullMaxMessages(min(2*a.cfg.BatchSize, maxPrefetch)), jetstream.PullPriorityGroup(bus.PriorityGroup))
+			prefetch := min(2*a.cfg.BatchSize, maxPrefetch)
+			iter, err := a.cons.Messages(jetstream.PullMaxMessages(prefetch), jetstream.PullPriorityGroup(bus.PriorityGroup))
 			if err != nil {
 				a.deps.Log.WarnContext(ctx, "consume requests", slog.Any("err", err))
 				time.Sleep(250 * time.Millisecond)
 				continue
 			}
+			it = pull.NewFeed(iter, prefetch)
 			p.Set(it)
 			a.loop.viewsStale = true
 			if ctx.Err() != nil {

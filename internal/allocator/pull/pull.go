@@ -1,98 +1,184 @@
 // Package pull is the allocator's apply loop's pull on its partition's
-// consumer: the message iterator in use, and collecting the next batch
-// from it.
+// consumer: the feed in use, and collecting the next batch from it.
 package pull
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Puller is the apply loop's pull on the consumer; its Stop may come from
+// Feed reads a consumer's message iterator on a goroutine of its own into
+// a buffer that Collect can look into without a timer. The iterator's own
+// Next cannot say "nothing is buffered" reliably: it starts its timer
+// before its bookkeeping, so under a busy core a short wait times out with
+// messages in hand, and the runtime rounds a wait under a millisecond up
+// to one when it has nothing else to run.
+type Feed struct {
+	iter  jetstream.MessagesContext
+	items chan item
+	done  chan struct{}
+	once  sync.Once
+}
+
+type item struct {
+	m   jetstream.Msg
+	err error
+}
+
+// NewFeed starts reading iter into a buffer of up to buffer messages.
+func NewFeed(iter jetstream.MessagesContext, buffer int) *Feed {
+	f := &Feed{iter: iter, items: make(chan item, max(buffer, 1)), done: make(chan struct{})}
+	go f.read()
+	return f
+}
+
+func (f *Feed) read() {
+	for {
+		m, err := f.iter.Next()
+		select {
+		case f.items <- item{m, err}:
+		case <-f.done:
+			return
+		}
+		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			return
+		}
+	}
+}
+
+// Stop stops the iterator and the goroutine reading it. What was read but
+// not collected is left unacknowledged, as what the iterator buffered is:
+// redelivered after AckWait, or read from the stream by the next owner
+// filling the gap. It may be called from any goroutine, more than once.
+func (f *Feed) Stop() {
+	f.once.Do(func() {
+		f.iter.Stop()
+		close(f.done)
+	})
+}
+
+var errStopped = jetstream.ErrMsgIteratorClosed
+
+// buffered takes the next message read already, if any; it lets the
+// reading goroutine run once first, so that a message the iterator holds
+// is counted as buffered. ok is false when there is none.
+func (f *Feed) buffered() (it item, ok bool) {
+	for yielded := false; ; yielded = true {
+		select {
+		case it = <-f.items:
+			return it, true
+		case <-f.done:
+			return item{err: errStopped}, true
+		default:
+		}
+		if yielded {
+			return item{}, false
+		}
+		runtime.Gosched()
+	}
+}
+
+// within waits up to d for the next message; ok is false when none came.
+func (f *Feed) within(d time.Duration) (it item, ok bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case it = <-f.items:
+		return it, true
+	case <-f.done:
+		return item{err: errStopped}, true
+	case <-t.C:
+		return item{}, false
+	}
+}
+
+// Puller is the apply loop's feed on the consumer; its Stop may come from
 // another goroutine (the loop's context ending).
 type Puller struct {
 	mu   sync.Mutex
-	iter jetstream.MessagesContext
+	feed *Feed
 }
 
-func (p *Puller) Current() jetstream.MessagesContext {
+func (p *Puller) Current() *Feed {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.iter
+	return p.feed
 }
 
-func (p *Puller) Set(it jetstream.MessagesContext) {
+func (p *Puller) Set(f *Feed) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.iter = it
+	p.feed = f
 }
 
-// Forget drops it, closed, unless another pull replaced it.
-func (p *Puller) Forget(it jetstream.MessagesContext) {
+// Forget drops f, stopped, unless another feed replaced it.
+func (p *Puller) Forget(f *Feed) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.iter == it {
-		p.iter = nil
+	f.Stop()
+	if p.feed == f {
+		p.feed = nil
 	}
 }
 
 func (p *Puller) Stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.iter != nil {
-		p.iter.Stop()
-		p.iter = nil
+	if p.feed != nil {
+		p.feed.Stop()
+		p.feed = nil
 	}
 }
-
-// drained is how long Collect waits for a message it takes to be in the
-// consumer's buffer already: to tell an idle pull (onIdle) from a busy one,
-// and for the rest of a batch once its wait is over.
-const drained = 50 * time.Microsecond
 
 // Collect returns the next batch of at most size messages: it waits up to
 // idle for a first message, then up to wait more for the rest (not at all
 // when eager), and takes what is already buffered even once that is over.
 // An eager batch is what arrived while the one before it was applied.
-// onIdle (nil: none) runs when no message is in hand at once, before the
-// wait for the first.
-func Collect(iter jetstream.MessagesContext, idle, wait time.Duration, size int, eager bool, onIdle func()) ([]jetstream.Msg, error) {
-	first, err := iter.Next(jetstream.NextMaxWait(drained))
-	if errors.Is(err, nats.ErrTimeout) {
+// onIdle (nil: none) runs when no message is buffered, before the wait for
+// the first. The error is the iterator's (jetstream.ErrMsgIteratorClosed
+// once the feed is stopped), with the messages taken before it.
+func Collect(f *Feed, idle, wait time.Duration, size int, eager bool, onIdle func()) ([]jetstream.Msg, error) {
+	first, ok := f.buffered()
+	if !ok {
 		if onIdle != nil {
 			onIdle()
 		}
-		first, err = iter.Next(jetstream.NextMaxWait(idle))
-	}
-	if err != nil {
-		if errors.Is(err, nats.ErrTimeout) {
+		if first, ok = f.within(idle); !ok {
 			return nil, nil
 		}
-		return nil, err
+	}
+	if first.err != nil {
+		return nil, first.err
 	}
 	// Grown as messages come: sized to size, each pull would allocate a
 	// slice for a whole transaction's worth of messages (10000 by
 	// default), a garbage the collector pays for hundreds of times a
 	// second under a stream of small batches.
 	msgs := make([]jetstream.Msg, 1, min(size, 64))
-	msgs[0] = first
+	msgs[0] = first.m
 	if eager {
 		wait = 0
 	}
 	deadline := time.Now().Add(wait)
 	for len(msgs) < size {
-		m, err := iter.Next(jetstream.NextMaxWait(max(time.Until(deadline), drained)))
-		if err != nil {
-			if errors.Is(err, nats.ErrTimeout) {
+		it, ok := f.buffered()
+		if !ok {
+			d := time.Until(deadline)
+			if d <= 0 {
 				break
 			}
-			return msgs, err
+			if it, ok = f.within(d); !ok {
+				break
+			}
 		}
-		msgs = append(msgs, m)
+		if it.err != nil {
+			return msgs, it.err
+		}
+		msgs = append(msgs, it.m)
 	}
 	return msgs, nil
 }

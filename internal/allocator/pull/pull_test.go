@@ -2,6 +2,7 @@ package pull
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -36,21 +37,22 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer iter.Stop()
+	f := NewFeed(iter, 100)
+	defer f.Stop()
 	// The first message in hand means the pull's delivery has begun; the
 	// rest follow it into the buffer.
-	first, err := Collect(iter, 10*time.Second, 0, 1, true, nil)
+	first, err := Collect(f, 10*time.Second, 0, 1, true, nil)
 	if err != nil || len(first) != 1 {
 		t.Fatalf("first message: %d, %v", len(first), err)
 	}
 	time.Sleep(500 * time.Millisecond) // the other 29 are buffered by now
 	idled := 0
 	onIdle := func() { idled++ }
-	got, err := Collect(iter, time.Second, 0, 10, true, onIdle)
+	got, err := Collect(f, time.Second, 0, 10, true, onIdle)
 	if err != nil || len(got) != 10 {
 		t.Fatalf("eager, size 10, 29 buffered: took %d (%v), want 10", len(got), err)
 	}
-	got, err = Collect(iter, time.Second, 0, 100, false, onIdle)
+	got, err = Collect(f, time.Second, 0, 100, false, onIdle)
 	if err != nil || len(got) != 19 {
 		t.Fatalf("wait 0, 19 buffered: took %d (%v), want all 19", len(got), err)
 	}
@@ -65,15 +67,49 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 		js.Publish(ctx, "s.later", []byte("m")) //nolint:errcheck // checked below
 	}()
-	got, err = Collect(iter, 5*time.Second, 0, 100, true, onIdle)
+	got, err = Collect(f, 5*time.Second, 0, 100, true, onIdle)
 	if err != nil || len(got) != 1 || got[0].Subject() != "s.late" {
 		t.Fatalf("eager with nothing buffered: %d messages (%v), want the one that came", len(got), err)
 	}
 	if idled != 1 {
 		t.Fatalf("onIdle ran %d times for a pull that found nothing buffered, want once", idled)
 	}
-	got, err = Collect(iter, 5*time.Second, 5*time.Second, 1, false, nil)
+	got, err = Collect(f, 5*time.Second, 5*time.Second, 1, false, nil)
 	if err != nil || len(got) != 1 || got[0].Subject() != "s.later" {
 		t.Fatalf("the next message: %d (%v)", len(got), err)
+	}
+}
+
+// TestAStoppedFeedSaysSo: Collect on a stopped feed returns at once with
+// the iterator's closed error, whether it was waiting or not, and the
+// feed's goroutine ends (TestMain checks).
+func TestAStoppedFeedSaysSo(t *testing.T) {
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iter, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := NewFeed(iter, 10)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		f.Stop()
+	}()
+	got, err := Collect(f, time.Minute, 0, 10, false, nil) // nil, nil after the minute
+	if len(got) != 0 || !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		t.Fatalf("stopped while waiting: %d messages, %v", len(got), err)
+	}
+	f.Stop()
+	if _, err := Collect(f, time.Minute, 0, 10, false, nil); !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		t.Fatalf("stopped before: %v", err)
 	}
 }
