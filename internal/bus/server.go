@@ -7,6 +7,8 @@ package bus
 
 import (
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,14 +70,34 @@ func RunServer(cfg ServerConfig) (*server.Server, error) {
 	} else {
 		opts.SyncInterval = cfg.SyncInterval
 	}
+	// The server reports a taken port only by never becoming ready; a
+	// trial listen says so at once.
+	for _, p := range []struct {
+		what string
+		port int
+	}{{"client", cfg.Port}, {"route", cfg.Cluster.Port}} {
+		if p.port <= 0 || (p.what == "route" && cfg.Cluster.Name == "") {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p.port)))
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats: the %s port %d is taken: %w", p.what, p.port, err)
+		}
+		ln.Close()
+	}
 	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	// It listens once JetStream has recovered its store, which after a
+	// crash may take a while on a busy machine.
+	if !s.ReadyForConnections(readyWait) {
 		s.Shutdown()
-		return nil, fmt.Errorf("embedded nats: not ready after 10s (port %d taken?)", cfg.Port)
+		return nil, fmt.Errorf("embedded nats: not accepting connections after %s, still recovering its store in %s?", readyWait, cfg.StoreDir)
 	}
 	return s, nil
 }
+
+// readyWait is how long RunServer waits for the server to listen.
+const readyWait = 2 * time.Minute

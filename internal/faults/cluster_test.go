@@ -56,7 +56,7 @@ func (s *stack) startCluster(n int) error {
 		}
 	}
 	for i := range n {
-		if err := s.waitNode(i); err != nil {
+		if err := s.waitNode(i, startTimeout); err != nil {
 			return err
 		}
 	}
@@ -64,9 +64,9 @@ func (s *stack) startCluster(n int) error {
 }
 
 // waitNode waits until node i's current incarnation prints its URL.
-func (s *stack) waitNode(i int) error {
+func (s *stack) waitNode(i int, within time.Duration) error {
 	p := s.nodes[i]
-	return poll(startTimeout, p.name+" ready", func() (bool, error) {
+	return poll(within, p.name+" ready", func() (bool, error) {
 		if err := p.exited(); err != nil {
 			return false, fmt.Errorf("%w: %w", errDied, err)
 		}
@@ -286,5 +286,7 @@ func (s *stack) startNodeAgain(i int) error {
 	if _, err := s.nodes[i].start(); err != nil {
 		return err
 	}
-	return s.waitNode(i)
+	// A node killed mid-burst listens only once it has recovered its
+	// store, which under the race detector on a busy machine takes a while.
+	return s.waitNode(i, clusterTimeout)
 }

@@ -23,7 +23,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -116,16 +115,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if port == 0 {
 		port = -1 // the server reads 0 as its default port, 4222
 	}
-	if port > 0 {
-		// The embedded server only reports a taken port by not becoming
-		// ready within 10s; a trial listen says so at once.
-		ln, err := net.Listen("tcp", net.JoinHostPort(c.Host, fmt.Sprint(port)))
-		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v — pick another port with -port\n", binary, err)
-			return 2
-		}
-		ln.Close()
-	}
 	scfg := bus.ServerConfig{Host: c.Host, Port: port, StoreDir: dir, SyncInterval: c.Sync}
 	if c.Cluster != "" {
 		scfg.Cluster = bus.ClusterConfig{Name: c.Cluster, ServerName: c.Name, Host: c.Host, Port: c.ClusterPort,
@@ -133,7 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	srv, err := bus.RunServer(scfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — is %s free? pick another port with -port\n", binary, err, net.JoinHostPort(c.Host, fmt.Sprint(c.Port)))
+		fmt.Fprintf(stderr, "%s: %v — pick another port with -port (-cluster-port for routes)\n", binary, err)
 		return 2
 	}
 	sync := "always"

@@ -109,7 +109,7 @@ func run(ctx context.Context, args []string) int {
 		dir, _ := filepath.Abs(c.NATSStore)
 		srv, err := bus.RunServer(bus.ServerConfig{Port: c.NATSPort, StoreDir: dir, SyncInterval: c.NATSSync})
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v — is port %d free? set ALLOT_EMBEDDED_NATS_PORT or ALLOT_NATS_URL\n", binary, err, c.NATSPort)
+			fmt.Fprintf(os.Stderr, "%s: %v — set ALLOT_EMBEDDED_NATS_PORT or ALLOT_NATS_URL\n", binary, err)
 			return 2
 		}
 		defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
