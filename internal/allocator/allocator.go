@@ -281,14 +281,15 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		it := p.Current()
 		if it == nil {
-			prefetch := min(2*a.cfg.BatchSize, maxPrefetch)
-			iter, err := a.cons.Messages(jetstream.PullMaxMessages(prefetch), jetstream.PullPriorityGroup(bus.PriorityGroup))
+			// Half in the iterator's buffer, half read ahead into the feed's.
+			half := max(min(2*a.cfg.BatchSize, maxPrefetch)/2, 1)
+			iter, err := a.cons.Messages(jetstream.PullMaxMessages(half), jetstream.PullPriorityGroup(bus.PriorityGroup))
 			if err != nil {
 				a.deps.Log.WarnContext(ctx, "consume requests", slog.Any("err", err))
 				time.Sleep(250 * time.Millisecond)
 				continue
 			}
-			it = pull.NewFeed(iter, prefetch)
+			it = pull.NewFeed(iter, half)
 			p.Set(it)
 			a.loop.viewsStale = true
 			if ctx.Err() != nil {
