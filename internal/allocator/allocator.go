@@ -116,7 +116,7 @@ func New(cfg Config, deps Deps) (*Allocator, error) {
 	deps.Log = deps.Log.With(slog.Int("partition", deps.Partition))
 	a := &Allocator{cfg: cfg, deps: deps, js: js, m: newMetrics(reg)}
 	a.relay = relay.New(relay.Deps{DB: deps.DB, JS: js, Log: deps.Log, Registerer: reg, Partition: deps.Partition,
-		AwaitingAcks: deps.Test.AwaitingAcks})
+		AwaitingAcks: deps.Test.AwaitingAcks, Period: deps.Test.RelayPeriod})
 	// Both callbacks run in the apply loop, which alone uses the caches.
 	if a.loop.cache, err = lru.New[int64, *allocation.Activity](cfg.Cache); err != nil {
 		return nil, fmt.Errorf("allocator: %w", err)
@@ -281,15 +281,12 @@ func (a *Allocator) run(ctx context.Context) error {
 		}
 		it := p.Current()
 		if it == nil {
-			// Half in the iterator's buffer, half read ahead into the feed's.
-			half := max(min(2*a.cfg.BatchSize, maxPrefetch)/2, 1)
-			iter, err := a.cons.Messages(jetstream.PullMaxMessages(half), jetstream.PullPriorityGroup(bus.PriorityGroup))
-			if err != nil {
+			var err error
+			if it, err = pull.Open(a.cons, bus.PriorityGroup, min(2*a.cfg.BatchSize, maxPrefetch)); err != nil {
 				a.deps.Log.WarnContext(ctx, "consume requests", slog.Any("err", err))
 				time.Sleep(250 * time.Millisecond)
 				continue
 			}
-			it = pull.NewFeed(iter, half)
 			p.Set(it)
 			a.loop.viewsStale = true
 			if ctx.Err() != nil {

@@ -275,6 +275,21 @@ func TestRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
 	e.db.CheckInvariants(t)
 }
 
+// TestAnIdleLoopWakesTheRelay: a commit's events are relayed once the
+// apply loop has nothing more in hand, not only at the relay's period (an
+// hour here, so only that wake-up can bring them within the wait).
+func TestAnIdleLoopWakesTheRelay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start(conf(nil), TestHooks{RelayPeriod: time.Hour})
+	e.publish(open(1, 5), "")
+	e.waitFence(e.publish(req(wire.OpJoin, 1, 7), ""))
+	evs := e.events(2)
+	if got := kinds(evs); got[wire.EventOpened] != 1 || got[wire.EventConfirmed] != 1 || len(evs) != 2 {
+		t.Fatalf("events = %v, want one opened, one confirmed", got)
+	}
+}
+
 // TestSameRequestStoredTwice covers an Idempotency-Key repeat published
 // after the broker's duplicate window: two stream messages, one request.
 func TestSameRequestStoredTwice(t *testing.T) {

@@ -127,8 +127,9 @@ type TestHooks struct {
 	ViewSnapshot func()
 	// AwaitingAcks runs while a relay pass's publishes await their PubAcks.
 	AwaitingAcks func()
-	// AckWait is the consumer's redelivery timeout (0: 30s).
-	AckWait time.Duration
+	// AckWait is the consumer's redelivery timeout (0: 30s); RelayPeriod
+	// how often the outbox relay passes unwoken (0: 1s).
+	AckWait, RelayPeriod time.Duration
 	// IdleCheck is how often an idle allocator looks for a gap between its
 	// fence and the stream (0: 1s), which a crashed peer leaves behind.
 	IdleCheck time.Duration

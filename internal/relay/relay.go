@@ -5,6 +5,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -66,6 +67,8 @@ type Deps struct {
 	// AwaitingAcks, when set, runs while a pass's publishes await their
 	// PubAcks (tests only).
 	AwaitingAcks func()
+	// Period is how often the relay passes unwoken (0: every second).
+	Period time.Duration
 }
 
 type metrics struct {
@@ -90,7 +93,7 @@ func New(d Deps) *Relay {
 		}),
 	}
 	return &Relay{db: d.DB, js: d.JS, log: d.Log, m: m, partition: d.Partition,
-		wake: make(chan struct{}, 1), batch: 2000, period: time.Second,
+		wake: make(chan struct{}, 1), batch: 2000, period: cmp.Or(d.Period, time.Second),
 		awaitingAcks: d.AwaitingAcks, warnedAtomic: make(map[string]bool)}
 }
 

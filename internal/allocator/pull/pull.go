@@ -36,6 +36,18 @@ func NewFeed(iter jetstream.MessagesContext, buffer int) *Feed {
 	return f
 }
 
+// Open starts a feed on cons, in priority group group, that reads up to
+// prefetch messages ahead of Collect: half in the iterator's buffer, half
+// in the feed's.
+func Open(cons jetstream.Consumer, group string, prefetch int) (*Feed, error) {
+	half := max(prefetch/2, 1)
+	iter, err := cons.Messages(jetstream.PullMaxMessages(half), jetstream.PullPriorityGroup(group))
+	if err != nil {
+		return nil, err
+	}
+	return NewFeed(iter, half), nil
+}
+
 func (f *Feed) read() {
 	for {
 		m, err := f.iter.Next()
