@@ -682,6 +682,45 @@ func TestBadRequestInsideAFilledGap(t *testing.T) {
 	e.db.CheckInvariants(t)
 }
 
+// TestResultsDoNotWaitForTheAckConfirmation: a commit's result notices
+// go out while the confirmation of its acks is still on its way.
+func TestResultsDoNotWaitForTheAckConfirmation(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	notices := make(chan *nats.Msg, 64)
+	sub, err := e.nc.ChanSubscribe(wire.ResultSubject, notices)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck // the test's connection
+	release := make(chan struct{})
+	e.start(conf(nil), TestHooks{BeforeConfirm: func() { <-release }})
+	t.Cleanup(func() { close(release) }) // runs before Stop, which confirms every ack
+	j := req(wire.OpJoin, 1, 7)
+	e.publish(open(1, 5), "")
+	e.publish(j, "")
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case m := <-notices:
+			b, err := wire.DecodeResultBatch(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range b.Results {
+				if r.RequestID == j.RequestID {
+					if r.Outcome != wire.OutcomeConfirmed {
+						t.Fatalf("the join's notice: %s, want CONFIRMED", r.Outcome)
+					}
+					return
+				}
+			}
+		case <-deadline:
+			t.Fatal("no result notice while the acks' confirmation waits")
+		}
+	}
+}
+
 // TestStopConfirmsEveryAck: acks are confirmed off the apply loop, but
 // Stop returns only once the server has taken every one of them, however
 // slow the confirmation.

@@ -1,6 +1,6 @@
 // Package postcommit does what follows an allocator's commit but need not
-// hold up its next batch: confirming the batch's acks and telling waiting
-// clients about its results, in commit order.
+// hold up its next batch: telling waiting clients about the batch's
+// results and confirming its acks, in commit order.
 package postcommit
 
 import (
@@ -53,8 +53,8 @@ func (q *Queue) Flush() {
 	<-done
 }
 
-// Run confirms each batch's acks and tells waiting clients about its
-// results, in commit order, while the apply loop goes on with the next
+// Run tells waiting clients about each batch's results and confirms its
+// acks, in commit order, while the apply loop goes on with the next
 // batch. Neither is needed for exactly-once (an ack the server never got
 // is a redelivery the fence skips; a lost result notice sends the client
 // to MySQL), so neither holds up the next commit: waiting for the
@@ -79,8 +79,13 @@ func (q *Queue) Run(ctx context.Context) error {
 	}
 }
 
-// Do does b at once, in the caller's goroutine.
+// Do does b at once, in the caller's goroutine. The results go first:
+// their waiters need not wait for a broker round trip that changes nothing
+// for them.
 func (q *Queue) Do(p Batch) {
+	if len(p.Results) > 0 {
+		q.publishResults(p.Results)
+	}
 	if p.Last != nil {
 		if q.beforeConfirm != nil {
 			q.beforeConfirm()
@@ -90,9 +95,6 @@ func (q *Queue) Do(p Batch) {
 			q.log.Warn("ack not confirmed; the fence will skip the redelivery", slog.Any("err", err))
 		}
 		cancel()
-	}
-	if len(p.Results) > 0 {
-		q.publishResults(p.Results)
 	}
 	if p.flushed != nil {
 		close(p.flushed)
