@@ -17,27 +17,8 @@ import (
 // or not (eager), and an eager batch returns without waiting for later
 // messages. onIdle runs only for a pull that finds nothing buffered.
 func TestCollectTakesWhatIsBuffered(t *testing.T) {
-	ns := natstest.New(t)
-	_, js := ns.Connect(t)
+	js, f := feedOn(t, 30)
 	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 30 {
-		if _, err := js.Publish(ctx, "s."+strconv.Itoa(i), []byte("m")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckNonePolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	iter, err := cons.Messages(jetstream.PullMaxMessages(100))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := NewFeed(iter, 100)
 	defer f.Stop()
 	// The first message in hand means the pull's delivery has begun; the
 	// rest follow it into the buffer.
@@ -84,22 +65,7 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 // the iterator's closed error, whether it was waiting or not, and the
 // feed's goroutine ends (TestMain checks).
 func TestAStoppedFeedSaysSo(t *testing.T) {
-	ns := natstest.New(t)
-	_, js := ns.Connect(t)
-	ctx := context.Background()
-	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckNonePolicy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	iter, err := cons.Messages()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := NewFeed(iter, 10)
+	_, f := feedOn(t, 0)
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		f.Stop()
@@ -112,4 +78,31 @@ func TestAStoppedFeedSaysSo(t *testing.T) {
 	if _, err := Collect(f, time.Minute, 0, 10, false, nil); !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 		t.Fatalf("stopped before: %v", err)
 	}
+}
+
+// feedOn is a feed on a fresh stream holding n messages (subjects s.0,
+// s.1, ...), its consumer acknowledging nothing; the test stops it.
+func feedOn(t *testing.T, n int) (jetstream.JetStream, *Feed) {
+	t.Helper()
+	ns := natstest.New(t)
+	_, js := ns.Connect(t)
+	ctx := context.Background()
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := js.Publish(ctx, "s."+strconv.Itoa(i), []byte("m")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	iter, err := cons.Messages(jetstream.PullMaxMessages(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, NewFeed(iter, 100)
 }
