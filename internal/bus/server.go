@@ -6,6 +6,7 @@
 package bus
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"strconv"
@@ -73,13 +74,13 @@ func RunServer(cfg ServerConfig) (*server.Server, error) {
 	// The server reports a taken port only by never becoming ready; a
 	// trial listen says so at once.
 	for _, p := range []struct {
-		what string
-		port int
-	}{{"client", cfg.Port}, {"route", cfg.Cluster.Port}} {
+		what, host string
+		port       int
+	}{{"client", host, cfg.Port}, {"route", cmp.Or(cfg.Cluster.Host, host), cfg.Cluster.Port}} {
 		if p.port <= 0 || (p.what == "route" && cfg.Cluster.Name == "") {
 			continue
 		}
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p.port)))
+		ln, err := net.Listen("tcp", net.JoinHostPort(p.host, strconv.Itoa(p.port)))
 		if err != nil {
 			return nil, fmt.Errorf("embedded nats: the %s port %d is taken: %w", p.what, p.port, err)
 		}

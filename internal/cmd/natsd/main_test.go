@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -110,6 +112,23 @@ func TestRunPortTaken(t *testing.T) {
 	code := run(context.Background(), []string{"-port", port, "-store", t.TempDir()}, io.Discard, &stderr)
 	if code != 2 || !strings.Contains(stderr.String(), "pick another port with -port") {
 		t.Fatalf("code %d, stderr %q; want 2 and a hint", code, stderr.String())
+	}
+}
+
+// TestRunRoutePortTaken: a cluster node whose route port is taken says
+// so at once, rather than after the wait for a server that never listens.
+func TestRunRoutePortTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	var stderr bytes.Buffer
+	code := run(context.Background(), []string{"-port", "-1", "-store", t.TempDir(), "-cluster", "c", "-name", "n1",
+		"-cluster-port", port, "-routes", "nats-route://127.0.0.1:" + port}, io.Discard, &stderr)
+	if code != 2 || !strings.Contains(stderr.String(), "route port "+port+" is taken") {
+		t.Fatalf("code %d, stderr %q; want 2 and the route port named", code, stderr.String())
 	}
 }
 
