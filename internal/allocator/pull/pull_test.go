@@ -26,9 +26,20 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 	if err != nil || len(first) != 1 {
 		t.Fatalf("first message: %d, %v", len(first), err)
 	}
-	time.Sleep(500 * time.Millisecond) // the other 29 are buffered by now
+	for deadline := time.Now().Add(30 * time.Second); len(f.items) < 29; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the other 29 messages read ahead", len(f.items))
+		}
+	}
 	idled := 0
-	onIdle := func() { idled++ }
+	wasIdle := make(chan struct{}, 1)
+	onIdle := func() {
+		idled++
+		select {
+		case wasIdle <- struct{}{}:
+		default:
+		}
+	}
 	got, err := Collect(f, time.Second, 0, 10, true, onIdle)
 	if err != nil || len(got) != 10 {
 		t.Fatalf("eager, size 10, 29 buffered: took %d (%v), want 10", len(got), err)
@@ -40,22 +51,25 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 	if idled != 0 {
 		t.Fatalf("onIdle ran %d times while messages were buffered", idled)
 	}
-	// Nothing buffered: an eager batch holds its first message only, a
-	// waiting one takes a message that comes within its wait.
+	// Nothing buffered: onIdle runs, and the batch is the one message that
+	// comes within the idle wait; a waiting one takes a message that comes
+	// within its wait.
 	go func() {
-		time.Sleep(50 * time.Millisecond)
+		<-wasIdle
 		js.Publish(ctx, "s.late", []byte("m")) //nolint:errcheck // checked below
-		time.Sleep(50 * time.Millisecond)
-		js.Publish(ctx, "s.later", []byte("m")) //nolint:errcheck // checked below
 	}()
-	got, err = Collect(f, 5*time.Second, 0, 100, true, onIdle)
+	got, err = Collect(f, 30*time.Second, 0, 100, true, onIdle)
 	if err != nil || len(got) != 1 || got[0].Subject() != "s.late" {
 		t.Fatalf("eager with nothing buffered: %d messages (%v), want the one that came", len(got), err)
 	}
 	if idled != 1 {
 		t.Fatalf("onIdle ran %d times for a pull that found nothing buffered, want once", idled)
 	}
-	got, err = Collect(f, 5*time.Second, 5*time.Second, 1, false, nil)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		js.Publish(ctx, "s.later", []byte("m")) //nolint:errcheck // checked below
+	}()
+	got, err = Collect(f, 30*time.Second, 30*time.Second, 1, false, nil)
 	if err != nil || len(got) != 1 || got[0].Subject() != "s.later" {
 		t.Fatalf("the next message: %d (%v)", len(got), err)
 	}
