@@ -60,10 +60,7 @@ func (h *harness) burstQuery(activity int64, n int, query string) (codes []int, 
 func (h *harness) requestAt(place uint64) string {
 	h.t.Helper()
 	ctx := context.Background()
-	st, err := h.js.Stream(ctx, wire.RequestStream)
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	st := h.requestStream()
 	m, err := st.GetMsg(ctx, wire.SeqOf(place))
 	if err != nil {
 		h.t.Fatalf("seq %d: %v", wire.SeqOf(place), err)
@@ -358,10 +355,7 @@ func TestBurstResultsHaveDistinctPlaces(t *testing.T) {
 func (h *harness) subjectRequests(subject string) int {
 	h.t.Helper()
 	ctx := context.Background()
-	st, err := h.js.Stream(ctx, wire.RequestStream)
-	if err != nil {
-		h.t.Fatal(err)
-	}
+	st := h.requestStream()
 	info, err := st.Info(ctx)
 	if err != nil {
 		h.t.Fatal(err)

@@ -212,15 +212,22 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 	testenv.WaitFor(t, timeout, what, cond)
 }
 
+// requestStream is the request stream, for reading what was stored.
+func (h *harness) requestStream() jetstream.Stream {
+	h.t.Helper()
+	st, err := h.js.Stream(context.Background(), wire.RequestStream)
+	if err != nil {
+		h.t.Fatalf("stream %s: %v", wire.RequestStream, err)
+	}
+	return st
+}
+
 // subjectMsgs is the number of messages stored on subject in the request
 // stream.
 func (h *harness) subjectMsgs(subject string) uint64 {
 	h.t.Helper()
 	ctx := context.Background()
-	st, err := h.js.Stream(ctx, wire.RequestStream)
-	if err != nil {
-		h.t.Fatalf("stream %s: %v", wire.RequestStream, err)
-	}
+	st := h.requestStream()
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subject))
 	if err != nil {
 		h.t.Fatalf("stream info: %v", err)
@@ -232,10 +239,7 @@ func (h *harness) subjectMsgs(subject string) uint64 {
 func (h *harness) lastMsg(subject string) *jetstream.RawStreamMsg {
 	h.t.Helper()
 	ctx := context.Background()
-	st, err := h.js.Stream(ctx, wire.RequestStream)
-	if err != nil {
-		h.t.Fatalf("stream %s: %v", wire.RequestStream, err)
-	}
+	st := h.requestStream()
 	m, err := st.GetLastMsgForSubject(ctx, subject)
 	if err != nil {
 		h.t.Fatalf("last message on %s: %v", subject, err)

@@ -29,8 +29,8 @@ type item struct {
 	err error
 }
 
-// NewFeed starts reading iter into a buffer of up to buffer messages.
-func NewFeed(iter jetstream.MessagesContext, buffer int) *Feed {
+// newFeed starts reading iter into a buffer of up to buffer messages.
+func newFeed(iter jetstream.MessagesContext, buffer int) *Feed {
 	f := &Feed{iter: iter, items: make(chan item, max(buffer, 1)), done: make(chan struct{})}
 	go f.read()
 	return f
@@ -45,7 +45,7 @@ func Open(cons jetstream.Consumer, group string, prefetch int) (*Feed, error) {
 	if err != nil {
 		return nil, err
 	}
-	return NewFeed(iter, half), nil
+	return newFeed(iter, half), nil
 }
 
 func (f *Feed) read() {
@@ -73,8 +73,6 @@ func (f *Feed) Stop() {
 	})
 }
 
-var errStopped = jetstream.ErrMsgIteratorClosed
-
 // buffered takes the next message read already, if any; it lets the
 // reading goroutine run once first, so that a message the iterator holds
 // is counted as buffered. ok is false when there is none.
@@ -84,7 +82,7 @@ func (f *Feed) buffered() (it item, ok bool) {
 		case it = <-f.items:
 			return it, true
 		case <-f.done:
-			return item{err: errStopped}, true
+			return item{err: jetstream.ErrMsgIteratorClosed}, true
 		default:
 		}
 		if yielded {
@@ -102,7 +100,7 @@ func (f *Feed) within(d time.Duration) (it item, ok bool) {
 	case it = <-f.items:
 		return it, true
 	case <-f.done:
-		return item{err: errStopped}, true
+		return item{err: jetstream.ErrMsgIteratorClosed}, true
 	case <-t.C:
 		return item{}, false
 	}

@@ -77,7 +77,7 @@ func TestCollectTakesWhatIsBuffered(t *testing.T) {
 
 // TestAStoppedFeedSaysSo: Collect on a stopped feed returns at once with
 // the iterator's closed error, whether it was waiting or not, and the
-// feed's goroutine ends (TestMain checks).
+// iterator is stopped (TestMain checks that the feed's goroutine ends).
 func TestAStoppedFeedSaysSo(t *testing.T) {
 	_, f := feedOn(t, 0)
 	go func() {
@@ -91,6 +91,21 @@ func TestAStoppedFeedSaysSo(t *testing.T) {
 	f.Stop()
 	if _, err := Collect(f, time.Minute, 0, 10, false, nil); !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 		t.Fatalf("stopped before: %v", err)
+	}
+	// The consumer's iterator is stopped too, not left pulling (a Next
+	// still running in the feed's reader holds the iterator's lock).
+	closed := make(chan error, 1)
+	go func() {
+		_, err := f.iter.Next(jetstream.NextMaxWait(time.Second))
+		closed <- err
+	}()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			t.Fatalf("the iterator after Stop: %v, want it closed", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the iterator after Stop: still read by the feed")
 	}
 }
 
@@ -118,5 +133,5 @@ func feedOn(t *testing.T, n int) (jetstream.JetStream, *Feed) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js, NewFeed(iter, 100)
+	return js, newFeed(iter, 100)
 }

@@ -137,6 +137,9 @@ func (vs *views) put(v wire.View) {
 
 // changes is the channel the next view of activity installed closes.
 func (vs *views) changes(activity int64) <-chan struct{} {
+	if vs.next == nil {
+		return nil // never closes
+	}
 	vs.mu.Lock()
 	defer vs.mu.Unlock()
 	if ch, ok := vs.next.Get(activity); ok {
