@@ -253,7 +253,7 @@ func run(ctx context.Context, o opts) error {
 	)
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(os.Stdout, "\n== allocator throughput vs the seed designs (one run, same MariaDB, median of %d) ==\n", o.repeat)
+	fmt.Fprintf(os.Stdout, "\n== allocator throughput vs the seed designs (one run, same MariaDB, median of %d; %s) ==\n", o.repeat, loadAverage())
 	fmt.Fprintln(tw, "measurement\tdesign\trequests/s\tdetail\t")
 	for _, r := range rows {
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t\n", r.name, r.design, r.perSec, r.detail)
