@@ -229,3 +229,14 @@ func perBatch(n, batches float64) float64 {
 	}
 	return n / batches
 }
+
+// storedLine is printBroker's figure in one line: the request stream's
+// messages stored between before and after, and the requests in each.
+func storedLine(before, after brokerSample, stored *storedRequests) string {
+	msgs := after.streams[wire.RequestStream].LastSeq - before.streams[wire.RequestStream].LastSeq
+	if stored == nil {
+		return fmt.Sprintf("%d messages stored in %s (the requests in them not counted)", msgs, wire.RequestStream)
+	}
+	return fmt.Sprintf("%d messages stored in %s carrying %d requests: %.2f requests per message",
+		msgs, wire.RequestStream, stored.requests, perBatch(float64(stored.requests), float64(msgs)))
+}

@@ -56,6 +56,7 @@ type opts struct {
 	batch             int
 	drainBatch        int
 	repeat            int
+	e2eRounds         int
 	holds             int
 	holdsOnly         bool
 	reads             bench.ReadsConfig
@@ -87,6 +88,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
 	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts and the open loop")
 	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
+	flag.IntVar(&o.e2eRounds, "e2e-rounds", 3, "rounds of the end-to-end burst: allot and the Redis-gated seed design once each a round, alternating which goes first; each round's ratio and their median are printed")
 	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
 	flag.IntVar(&o.holds, "holds", 100_000, "holds given at once and expiring at once in the holds benchmark (0: skip it)")
@@ -594,113 +596,4 @@ func burstConfig(o opts, url string) loadgen.Config {
 	c.BaseURL, c.Activity, c.Capacity, c.Requests, c.Users = url, 9001, 100, o.n, o.n*9/10
 	c.Concurrency, c.Mix, c.Wait, c.Seed = o.httpConc, loadgen.Mix{Claim: 1}, 30*time.Second, 1
 	return c
-}
-
-func e2e(ctx context.Context, o opts) error {
-	fmt.Fprintln(os.Stderr, "bench: end-to-end bursts through HTTP")
-	lg := func(url string) (loadgen.Report, error) {
-		return loadgen.Run(ctx, burstConfig(o, url), loadgen.Deps{})
-	}
-	// measure runs the burst against url, then stops s: the report, the
-	// CPU time of each process over the burst and the server's over its
-	// life.
-	type burst struct {
-		name   string
-		rep    loadgen.Report
-		cpu    cpuSample
-		server time.Duration
-		// broker is what the stack's JetStream held before and after the
-		// burst (a stack only).
-		broker    [2]brokerSample
-		hasBroker bool
-		// stored is what the request stream's messages of the burst
-		// carry (nil when they could not be read).
-		stored *storedRequests
-	}
-	var bursts []burst
-	measure := func(name string, s *server, url string) error {
-		var b burst
-		if s.natsURL != "" {
-			var err error
-			if b.broker[0], err = sampleBroker(ctx, s.natsURL, url); err != nil {
-				return fmt.Errorf("%s: the broker before the burst: %w", name, err)
-			}
-		}
-		before := sampleCPU()
-		rep, err := lg(url)
-		cpu := sampleCPU().sub(before)
-		if err == nil && s.natsURL != "" {
-			b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
-			b.hasBroker = err == nil
-			if err == nil {
-				n, cerr := countStored(ctx, s.natsURL, b.broker[0].streams[wire.RequestStream].LastSeq, b.broker[1].streams[wire.RequestStream].LastSeq)
-				if cerr != nil {
-					fmt.Fprintf(os.Stderr, "bench: %s: the requests stored not counted: %v\n", name, cerr)
-				} else {
-					b.stored = &n
-				}
-			}
-		}
-		s.stop()
-		if err != nil {
-			return fmt.Errorf("loadgen against %s: %w", name, err)
-		}
-		b.name, b.rep, b.cpu, b.server = name, rep, cpu, s.cpu()
-		bursts = append(bursts, b)
-		return nil
-	}
-
-	// allot: the whole stack as one process (embedded JetStream, fsync always).
-	s, url, done, err := startStack(ctx, o, nil)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if err := measure("allot (ingest+allocator+JetStream)", s, url); err != nil {
-		return err
-	}
-
-	// The Redis-gated seed design, served over HTTP by the same kind of server.
-	gdsn, gdrop, err := freshDB(ctx, o.dsn, "allot_bench_gated_")
-	if err != nil {
-		return err
-	}
-	defer gdrop()
-	gp, _ := freePort()
-	gurl := "http://127.0.0.1:" + strconv.Itoa(gp)
-	g, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "gated", "-addr", "127.0.0.1:" + strconv.Itoa(gp)},
-		[]string{"ALLOT_MYSQL_DSN=" + gdsn, "ALLOT_LOG_LEVEL=warn"}, gurl+"/v1/activities/1")
-	if err != nil {
-		return err
-	}
-	if err := measure("seed claim behind a Redis DECR gate", g, gurl); err != nil {
-		return err
-	}
-
-	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, everything on this machine (%s) ==\n",
-		o.n, o.n*9/10, o.httpConc, loadAverage())
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "system\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
-	for _, b := range bursts {
-		r := b.rep
-		verdict := "PASS"
-		if err := r.Verdict(); err != nil {
-			verdict = "FAIL: " + err.Error()
-		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", b.name, r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
-			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
-			r.Outcomes[string(wire.OutcomeGranted)], b.server.Seconds(), b.cpu.self.Seconds(),
-			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), verdict)
-	}
-	tw.Flush()
-	fmt.Printf("ratio allot / gated seed, time to the last result: %.2f (below 1 = allot faster)\n",
-		bursts[0].rep.ToLastResult.Seconds()/bursts[1].rep.ToLastResult.Seconds())
-	for _, b := range bursts {
-		if b.hasBroker {
-			fmt.Printf("%s: ", b.name)
-			printBroker(os.Stdout, b.broker[0], b.broker[1], b.stored, b.rep.Requests+1)
-		}
-	}
-	fmt.Println("the gated seed stores nothing in a broker: Redis decides, MariaDB records the grants")
-	return nil
 }

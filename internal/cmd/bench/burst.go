@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/allot-dev/allot/internal/loadgen"
+	"github.com/allot-dev/allot/internal/wire"
+)
+
+// A burst is one end-to-end burst against one system.
+type burst struct {
+	round int
+	name  string
+	rep   loadgen.Report
+	cpu   cpuSample
+	// server is the server process's CPU time over its life.
+	server time.Duration
+	// broker is what the stack's JetStream held before and after the
+	// burst (a stack only).
+	broker    [2]brokerSample
+	hasBroker bool
+	// stored is what the request stream's messages of the burst carry
+	// (nil when they could not be read).
+	stored *storedRequests
+}
+
+const (
+	allotName = "allot (ingest+allocator+JetStream)"
+	gateName  = "seed claim behind a Redis DECR gate"
+)
+
+// e2e is the end-to-end burst: o.n claims through HTTP against allot's
+// whole stack and against the Redis-gated seed design, in -e2e-rounds
+// rounds. Each round runs both, each on a fresh database and server, and
+// the rounds alternate which goes first, so that a drift of the shared
+// machine falls on both. It prints every run, each round's ratio and their
+// median.
+func e2e(ctx context.Context, o opts) error {
+	rounds := max(o.e2eRounds, 1)
+	fmt.Fprintf(os.Stderr, "bench: end-to-end bursts through HTTP, %d round(s)\n", rounds)
+	var bursts []burst
+	for r := 1; r <= rounds; r++ {
+		order := []func(int) (burst, error){
+			func(r int) (burst, error) { return allotBurst(ctx, o, r) },
+			func(r int) (burst, error) { return gateBurst(ctx, o, r) },
+		}
+		if r%2 == 0 {
+			slices.Reverse(order)
+		}
+		for _, run := range order {
+			b, err := run(r)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "  round %d, %s: last result after %s\n", r, b.name, b.rep.ToLastResult.Round(time.Millisecond))
+			bursts = append(bursts, b)
+		}
+	}
+
+	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, %d round(s) alternating which system goes first, everything on this machine (%s) ==\n",
+		o.n, o.n*9/10, o.httpConc, rounds, loadAverage())
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "round\tsystem\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
+	for _, b := range bursts {
+		r := b.rep
+		verdict := "PASS"
+		if err := r.Verdict(); err != nil {
+			verdict = "FAIL: " + err.Error()
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", b.round, b.name, r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
+			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
+			r.Outcomes[string(wire.OutcomeGranted)], b.server.Seconds(), b.cpu.self.Seconds(),
+			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), verdict)
+	}
+	tw.Flush()
+	ratios := burstRatios(bursts)
+	each := make([]string, len(ratios))
+	for i, x := range ratios {
+		each[i] = fmt.Sprintf("%.2f", x)
+	}
+	fmt.Printf("ratio allot / gated seed, time to the last result, round by round: %s; median %.2f (below 1 = allot faster)\n",
+		strings.Join(each, ", "), medianOf(ratios, func(x float64) float64 { return x }))
+	first := true
+	for _, b := range bursts {
+		if !b.hasBroker {
+			continue
+		}
+		if first {
+			fmt.Printf("round %d, %s: ", b.round, b.name)
+			printBroker(os.Stdout, b.broker[0], b.broker[1], b.stored, b.rep.Requests+1)
+			first = false
+			continue
+		}
+		fmt.Printf("round %d, %s: %s\n", b.round, b.name, storedLine(b.broker[0], b.broker[1], b.stored))
+	}
+	fmt.Println("the gated seed stores nothing in a broker: Redis decides, MariaDB records the grants")
+	return nil
+}
+
+// burstRatios is allot's time to the last result over the gate's, round
+// by round.
+func burstRatios(bursts []burst) []float64 {
+	var out []float64
+	for r := 1; ; r++ {
+		var a, g time.Duration
+		for _, b := range bursts {
+			switch {
+			case b.round != r:
+			case b.name == allotName:
+				a = b.rep.ToLastResult
+			case b.name == gateName:
+				g = b.rep.ToLastResult
+			}
+		}
+		if a == 0 || g == 0 {
+			return out
+		}
+		out = append(out, a.Seconds()/g.Seconds())
+	}
+}
+
+// allotBurst is one burst against allot's whole stack, as one process
+// (embedded JetStream, fsync always), on a fresh database.
+func allotBurst(ctx context.Context, o opts, round int) (burst, error) {
+	s, url, done, err := startStack(ctx, o, nil)
+	if err != nil {
+		return burst{}, err
+	}
+	defer done()
+	return measureBurst(ctx, o, round, allotName, s, url)
+}
+
+// gateBurst is one burst against the Redis-gated seed design, served over
+// HTTP by the same kind of server, on a fresh database.
+func gateBurst(ctx context.Context, o opts, round int) (burst, error) {
+	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_gated_")
+	if err != nil {
+		return burst{}, err
+	}
+	defer drop()
+	p, _ := freePort()
+	url := "http://127.0.0.1:" + strconv.Itoa(p)
+	g, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "gated", "-addr", "127.0.0.1:" + strconv.Itoa(p)},
+		[]string{"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_LOG_LEVEL=warn"}, url+"/v1/activities/1")
+	if err != nil {
+		return burst{}, err
+	}
+	return measureBurst(ctx, o, round, gateName, g, url)
+}
+
+// measureBurst runs the burst against url, then stops s: the report, the
+// CPU time of each process over the burst and the server's over its life,
+// and for a stack what its broker stored.
+func measureBurst(ctx context.Context, o opts, round int, name string, s *server, url string) (burst, error) {
+	b := burst{round: round, name: name}
+	if s.natsURL != "" {
+		var err error
+		if b.broker[0], err = sampleBroker(ctx, s.natsURL, url); err != nil {
+			s.stop()
+			return b, fmt.Errorf("%s: the broker before the burst: %w", name, err)
+		}
+	}
+	before := sampleCPU()
+	rep, err := loadgen.Run(ctx, burstConfig(o, url), loadgen.Deps{})
+	cpu := sampleCPU().sub(before)
+	if err == nil && s.natsURL != "" {
+		b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
+		b.hasBroker = err == nil
+		if err == nil {
+			n, cerr := countStored(ctx, s.natsURL, b.broker[0].streams[wire.RequestStream].LastSeq, b.broker[1].streams[wire.RequestStream].LastSeq)
+			if cerr != nil {
+				fmt.Fprintf(os.Stderr, "bench: %s: the requests stored not counted: %v\n", name, cerr)
+			} else {
+				b.stored = &n
+			}
+		}
+	}
+	s.stop()
+	if err != nil {
+		return b, fmt.Errorf("loadgen against %s: %w", name, err)
+	}
+	b.rep, b.cpu, b.server = rep, cpu, s.cpu()
+	return b, nil
+}
