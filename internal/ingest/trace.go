@@ -32,6 +32,9 @@ func traced(h http.Handler) http.Handler {
 // /v1/activities/{activity}/signups/{user}"), never the raw path, so that
 // span names stay few.
 func nameSpan(r *http.Request, label string) {
+	if !tracing.Enabled() {
+		return // no span to name, and no context chain to walk for it
+	}
 	span := trace.SpanFromContext(r.Context())
 	if !span.IsRecording() {
 		return

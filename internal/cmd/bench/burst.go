@@ -42,7 +42,7 @@ const (
 // rounds. Each round runs both, each on a fresh database and server, and
 // the rounds alternate which goes first, so that a drift of the shared
 // machine falls on both. It prints every run, each round's ratio and their
-// median.
+// median (the higher middle one of an even number).
 func e2e(ctx context.Context, o opts) error {
 	rounds := max(o.e2eRounds, 1)
 	fmt.Fprintf(os.Stderr, "bench: end-to-end bursts through HTTP, %d round(s)\n", rounds)
