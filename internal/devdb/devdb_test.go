@@ -165,3 +165,46 @@ func TestEnsureStartsAPrivateServer(t *testing.T) {
 		t.Errorf("the data directory was initialised twice: %s", log.String())
 	}
 }
+
+// TestInitDataDirTriesACrashedBootstrapAgain: a bootstrap that fails is
+// run again on a fresh directory (nothing the failed one left behind),
+// up to three times, and the error of the last says which try it was.
+func TestInitDataDirTriesACrashedBootstrapAgain(t *testing.T) {
+	dir := t.TempDir()
+	// The installer fails until its count reaches $FAKE_OK_AT; each run
+	// leaves a file in the data directory, and a later run fails if it
+	// finds one.
+	script := `#!/bin/sh
+n=$(cat "$FAKE_COUNT" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$FAKE_COUNT"
+for a; do case $a in --datadir=*) data=${a#--datadir=};; esac; done
+[ -e "$data/left-behind" ] && { echo "not a fresh directory"; exit 1; }
+mkdir -p "$data" && touch "$data/left-behind"
+[ $n -ge "$FAKE_OK_AT" ] || { echo "got signal 11"; exit 1; }
+mkdir -p "$data/mysql"
+`
+	if err := os.WriteFile(filepath.Join(dir, "mariadb-install-db"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	server := filepath.Join(dir, "mariadbd") // named so: never run here
+	for _, c := range []struct {
+		okAt    string
+		wantErr string
+		runs    string
+	}{{"2", "", "2"}, {"4", "try 3 of 3", "3"}} {
+		count := filepath.Join(dir, "count-"+c.okAt)
+		t.Setenv("FAKE_COUNT", count)
+		t.Setenv("FAKE_OK_AT", c.okAt)
+		data := filepath.Join(dir, "data-"+c.okAt)
+		err := InitDataDir(context.Background(), server, data)
+		switch {
+		case c.wantErr == "" && err != nil:
+			t.Errorf("ok at run %s: %v", c.okAt, err)
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+			t.Errorf("ok at run %s: err %v, want one saying %q", c.okAt, err, c.wantErr)
+		}
+		if b, _ := os.ReadFile(count); strings.TrimSpace(string(b)) != c.runs {
+			t.Errorf("ok at run %s: the installer ran %q times, want %s", c.okAt, strings.TrimSpace(string(b)), c.runs)
+		}
+	}
+}

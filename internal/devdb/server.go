@@ -235,6 +235,14 @@ func isMariaDB(server string) bool {
 	return bytes.Contains(bytes.ToLower(out), []byte("mariadb"))
 }
 
+// InitDataDir creates a data directory for server (mariadbd or mysqld) at
+// data, as a private server's first use does: root without a password,
+// reachable over TCP from 127.0.0.1. A bootstrap that fails is tried
+// again on a fresh directory, up to three times.
+func InitDataDir(ctx context.Context, server, data string) error {
+	return initialise(ctx, server, data, os.Geteuid() == 0)
+}
+
 // initialise creates the data directory on first use: root without a
 // password, reachable over TCP from 127.0.0.1, like the DSN's default.
 func initialise(ctx context.Context, server, data string, root bool) error {

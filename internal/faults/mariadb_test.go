@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/internal/devdb"
 	"github.com/allot-dev/allot/internal/store"
 	"github.com/allot-dev/allot/internal/testenv"
 )
@@ -21,8 +22,6 @@ import (
 type dbServer struct {
 	kind   string // "mariadb" or "mysql"
 	daemon string
-	// install, for MariaDB, is mariadb-install-db.
-	install string
 }
 
 // findDBServer looks for MariaDB first, then MySQL. $ALLOT_FAULTS_MYSQLD
@@ -56,26 +55,18 @@ func findDBServer() (dbServer, error) {
 	if !strings.Contains(strings.ToLower(string(out)), "mariadb") {
 		return dbServer{kind: "mysql", daemon: daemon}, nil
 	}
-	install := look("mariadb-install-db", "mysql_install_db")
-	if install == "" {
+	if look("mariadb-install-db", "mysql_install_db") == "" {
 		return dbServer{}, errors.New("mariadb-install-db is not installed: scenario 9 needs it to make its MariaDB server's data directory")
 	}
-	return dbServer{kind: "mariadb", daemon: daemon, install: install}, nil
+	return dbServer{kind: "mariadb", daemon: daemon}, nil
 }
 
-// initialize makes a fresh data directory with root and no password.
+// initialize makes a fresh data directory with root and no password, as
+// devdb does for its private server: a bootstrap that crashes (MariaDB's
+// has, now and then, on a loaded machine) is tried again on a fresh
+// directory, up to three times.
 func (d dbServer) initialize(data string) error {
-	var cmd *exec.Cmd
-	if d.kind == "mysql" {
-		cmd = exec.Command(d.daemon, "--no-defaults", "--initialize-insecure", "--datadir="+data, "--user="+currentUser())
-	} else {
-		cmd = exec.Command(d.install, "--no-defaults", "--datadir="+data, "--auth-root-authentication-method=normal",
-			"--skip-test-db", "--user="+currentUser())
-	}
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
-	}
-	return nil
+	return devdb.InitDataDir(context.Background(), d.daemon, data)
 }
 
 // args are the server's arguments for a private instance on port.
