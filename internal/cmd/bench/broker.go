@@ -188,10 +188,8 @@ func printBroker(w io.Writer, before, after brokerSample, stored *storedRequests
 		fmt.Fprintf(w, "  %-20s %d → %d messages, last seq %d → %d: %d stored, %.1f MB\n", n, b.Msgs, a.Msgs,
 			b.LastSeq, a.LastSeq, a.LastSeq-b.LastSeq, float64(int64(a.Bytes)-int64(b.Bytes))/1e6)
 	}
-	// Messages from the stream's state; the requests in them from their
-	// headers (falling back to the HTTP writes when those were not read).
-	msgs := after.streams[wire.RequestStream].LastSeq - before.streams[wire.RequestStream].LastSeq
-	requests := float64(writes)
+	msgs := storedMessages(before, after)
+	requests := float64(writes) // when the headers were not read
 	if stored != nil {
 		requests = float64(stored.requests)
 	}
@@ -230,10 +228,17 @@ func perBatch(n, batches float64) float64 {
 	return n / batches
 }
 
+// storedMessages is how many messages the request stream stored between
+// before and after, from its state; the requests in them come from their
+// headers (countStored).
+func storedMessages(before, after brokerSample) uint64 {
+	return after.streams[wire.RequestStream].LastSeq - before.streams[wire.RequestStream].LastSeq
+}
+
 // storedLine is printBroker's figure in one line: the request stream's
 // messages stored between before and after, and the requests in each.
 func storedLine(before, after brokerSample, stored *storedRequests) string {
-	msgs := after.streams[wire.RequestStream].LastSeq - before.streams[wire.RequestStream].LastSeq
+	msgs := storedMessages(before, after)
 	if stored == nil {
 		return fmt.Sprintf("%d messages stored in %s (the requests in them not counted)", msgs, wire.RequestStream)
 	}
