@@ -78,7 +78,9 @@ type OpenLoopResult struct {
 	// SlotP99 and SlotMax are from each claim's slot in the schedule to
 	// its answer: the latency with vegeta's lateness added.
 	SlotP99, SlotMax time.Duration
-	// Elapsed is from the first claim's start to the last answer.
+	// Start is the first claim's start; Elapsed is from it to the last
+	// answer.
+	Start   time.Time
 	Elapsed time.Duration
 	Codes   map[int]int // HTTP status → claims (0: no answer)
 	// Failed counts the claims answered neither 200 nor 202 with a
@@ -247,6 +249,7 @@ func OpenLoop(ctx context.Context, cfg OpenLoopConfig) (OpenLoopResult, error) {
 	// Claim seq's slot is the first claim's start plus seq periods.
 	slices.SortFunc(answers, func(a, b answer) int { return int(a.seq) - int(b.seq) })
 	first := answers[0].start
+	r.Start = first
 	period := time.Second / time.Duration(cfg.Rate)
 	lat := make([]time.Duration, 0, len(answers))
 	fromSlot := make([]time.Duration, 0, len(answers))

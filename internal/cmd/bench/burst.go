@@ -30,6 +30,8 @@ type burst struct {
 	// stored is what the request stream's messages of the burst carry
 	// (nil when they could not be read).
 	stored *storedRequests
+	// disk is the disk probe's figures over the burst.
+	disk diskStats
 }
 
 const (
@@ -68,17 +70,17 @@ func e2e(ctx context.Context, o opts) error {
 	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, %d round(s) alternating which system goes first, everything on this machine (%s) ==\n",
 		o.n, o.n*9/10, o.httpConc, rounds, loadAverage())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "round\tsystem\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tverdict\t")
+	fmt.Fprintln(tw, "round\tsystem\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tlongest disk write\tverdict\t")
 	for _, b := range bursts {
 		r := b.rep
 		verdict := "PASS"
 		if err := r.Verdict(); err != nil {
 			verdict = "FAIL: " + err.Error()
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", b.round, b.name, r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
+		fmt.Fprintf(tw, "%d\t%s\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", b.round, b.name, r.AcceptedPerSec, r.ToLastResult.Round(time.Millisecond),
 			r.P50.Round(100*time.Microsecond), r.P99.Round(100*time.Microsecond), r.Max.Round(time.Millisecond),
 			r.Outcomes[string(wire.OutcomeGranted)], b.server.Seconds(), b.cpu.self.Seconds(),
-			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), verdict)
+			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), longestWrite(b.disk), verdict)
 	}
 	tw.Flush()
 	ratios := burstRatios(bursts)
@@ -169,7 +171,11 @@ func measureBurst(ctx context.Context, o opts, round int, name string, s *server
 		}
 	}
 	before := sampleCPU()
-	rep, err := loadgen.Run(ctx, burstConfig(o, url), loadgen.Deps{})
+	var rep loadgen.Report
+	disk, err := diskProbed(os.TempDir(), o.diskProbe, func() (err error) {
+		rep, err = loadgen.Run(ctx, burstConfig(o, url), loadgen.Deps{})
+		return err
+	})
 	cpu := sampleCPU().sub(before)
 	if err == nil && s.natsURL != "" {
 		b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
@@ -187,6 +193,6 @@ func measureBurst(ctx context.Context, o opts, round int, name string, s *server
 	if err != nil {
 		return b, fmt.Errorf("loadgen against %s: %w", name, err)
 	}
-	b.rep, b.cpu, b.server = rep, cpu, s.cpu()
+	b.rep, b.cpu, b.server, b.disk = rep, cpu, s.cpu(), disk
 	return b, nil
 }

@@ -50,6 +50,7 @@ type openRun struct {
 	res    bench.OpenLoopResult
 	cpu    cpuSample
 	server time.Duration
+	disk   diskStats
 }
 
 // openLoop runs, for each point, vegeta's open-loop attack against allot's
@@ -68,7 +69,11 @@ func openLoop(ctx context.Context, o opts) error {
 			c := cfg
 			c.BaseURL = url
 			before := sampleCPU()
-			res, err := bench.OpenLoop(ctx, c)
+			var res bench.OpenLoopResult
+			disk, err := diskProbed(os.TempDir(), o.diskProbe, func() (err error) {
+				res, err = bench.OpenLoop(ctx, c)
+				return err
+			})
 			cpu := sampleCPU().sub(before)
 			s.stop()
 			if err != nil {
@@ -77,7 +82,7 @@ func openLoop(ctx context.Context, o opts) error {
 				}
 				return openRun{}, fmt.Errorf("open loop against %s: %w", name, err)
 			}
-			return openRun{name: name, res: res, cpu: cpu, server: s.cpu()}, nil
+			return openRun{name: name, res: res, cpu: cpu, server: s.cpu(), disk: disk}, nil
 		}
 		var runs []openRun
 
@@ -125,7 +130,7 @@ func openLoop(ctx context.Context, o opts) error {
 		fmt.Printf("\n== open loop: %d claims/s for %s (%d scheduled, each a distinct user, ?wait=15s) for %d items, vegeta, everything on this machine (%s) ==\n",
 			p.rate, p.duration, p.rate*int(p.duration/time.Millisecond)/1000, p.items, loadAverage())
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "system\tsent\tvegeta rate/s\tdropped\tlate >10ms\tlatest\tp50\tp90\tp99\tmax\tp99 from slot\tlast answer after\tgranted\tanswered 202\tnot answered 200/202\tCPU s: server\tload tool\tMariaDB\tRedis\tsell-out\t")
+		fmt.Fprintln(tw, "system\tsent\tvegeta rate/s\tdropped\tlate >10ms\tlatest\tp50\tp90\tp99\tmax\tp99 from slot\tlast answer after\tgranted\tanswered 202\tnot answered 200/202\tCPU s: server\tload tool\tMariaDB\tRedis\tlongest disk write\tsell-out\t")
 		for _, r := range runs {
 			x := r.res
 			verdict := "PASS"
@@ -133,10 +138,10 @@ func openLoop(ctx context.Context, o opts) error {
 				verdict = "FAIL"
 				failures = append(failures, fmt.Errorf("%s at %d/s: %w", r.name, p.rate, err))
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t\n", r.name, x.Sent, x.Rate, x.Dropped(),
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r.name, x.Sent, x.Rate, x.Dropped(),
 				x.Late, x.MaxLate.Round(time.Millisecond), x.P50.Round(100*time.Microsecond), x.P90.Round(100*time.Microsecond),
 				x.P99.Round(100*time.Microsecond), x.Max.Round(time.Millisecond), x.SlotP99.Round(100*time.Microsecond), x.Elapsed.Round(time.Millisecond),
-				x.Granted, x.Pending, x.Failed, r.server.Seconds(), r.cpu.self.Seconds(), r.cpu.mariadb.Seconds(), r.cpu.redis.Seconds(), verdict)
+				x.Granted, x.Pending, x.Failed, r.server.Seconds(), r.cpu.self.Seconds(), r.cpu.mariadb.Seconds(), r.cpu.redis.Seconds(), longestWrite(r.disk), verdict)
 		}
 		tw.Flush()
 		for _, r := range runs {
@@ -145,6 +150,9 @@ func openLoop(ctx context.Context, o opts) error {
 				fmt.Printf("  the slowest 1%% (%d claims at or above p99): %d granted, %d shed; scheduled %s–%s after the first (median %s); %d claims answered unshed, p50 %s, p99 %s\n",
 					sl.N, sl.Granted, sl.Shed, sl.First.Round(time.Millisecond), sl.Last.Round(time.Millisecond), sl.Median.Round(time.Millisecond),
 					r.res.Unshed, r.res.UnshedP50.Round(100*time.Microsecond), r.res.UnshedP99.Round(100*time.Microsecond))
+			}
+			if r.disk.n > 0 {
+				fmt.Printf("  %s\n", r.disk.describe(o.diskProbe, r.res.Start))
 			}
 			if r.res.Failed > 0 {
 				fmt.Printf("  %d claims not answered with a result (statuses above; 503: refused for overload, nothing stored), e.g. %s\n",
