@@ -106,7 +106,7 @@ func main() {
 	flag.StringVar(&o.openRates, "open-rate", "4000,6000", "claims per second of each open-loop run (a comma-separated list, paired with -open-duration and -open-items)")
 	flag.StringVar(&o.openDurations, "open-duration", "5s,10s", "duration of each open-loop run")
 	flag.StringVar(&o.openItems, "open-items", "100,500", "items of each open-loop run")
-	flag.DurationVar(&o.diskProbe, "disk-probe", 10*time.Millisecond, "interval of the disk probe beside each burst and open-loop run: a synchronous 4 KiB append, as JetStream's file store writes a message with fsync always, whose slowest writes show when the disk stalled (0: no probe)")
+	flag.DurationVar(&o.diskProbe, "disk-probe", 10*time.Millisecond, "interval of the disk probe beside each burst and open-loop run: 4 KiB appended and synced, as JetStream's file store stores a message with fsync always, whose slowest writes show when the disk stalled (0: no probe)")
 	flag.BoolVar(&o.shardsOnly, "shards-only", false, "run only the shard benchmark: the drain of joins over 1,000 activities applied on 1 and on 3 MySQL shards (private mariadbd servers on this machine), alternating, -repeat rounds; then a partition's move between the 3 while the others drain (-move-signups)")
 	flag.IntVar(&o.shardPartitions, "shard-partitions", 6, "partitions of the request stream in the shard benchmark, the same at every shard count (partition p on shard p mod N)")
 	flag.IntVar(&o.moveSignups, "move-signups", 100_000, "signups of the partition the shard benchmark moves between shards (allotctl shards move, in process) while the others drain (0: no move)")
