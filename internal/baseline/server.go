@@ -22,10 +22,11 @@ const (
 	DesignClaim = "claim" // SeedClaim
 	DesignGated = "gated" // GatedClaim
 	DesignJoin  = "join"  // SeedJoin and SeedCancel
+	DesignFloor = "floor" // Floor: claims counted in memory, nothing stored
 )
 
 // ErrUnknownDesign is returned by Handler for a design it does not know.
-var ErrUnknownDesign = errors.New("baseline: unknown design (want claim, gated or join)")
+var ErrUnknownDesign = errors.New("baseline: unknown design (want claim, gated, join or floor)")
 
 // Server serves one design over allot's routes. It is synchronous: every
 // write is applied before it is answered, with 200 and a done result, so
@@ -35,13 +36,15 @@ type Server struct {
 	db     *sql.DB
 	redis  *Redis
 	gate   *Gate
+	floor  *Floor
 	mux    *http.ServeMux
 	log    *slog.Logger
 }
 
-// Handler returns the HTTP handler of design (DesignClaim, DesignGated or
-// DesignJoin) over db, after creating the seed tables. The gated design
-// connects to Redis at redisAddr; the others ignore it. The handler is a
+// Handler returns the HTTP handler of design (DesignClaim, DesignGated,
+// DesignJoin or DesignFloor) over db, after creating the seed tables. The
+// gated design connects to Redis at redisAddr; the others ignore it. The
+// floor uses neither db (which may be nil) nor Redis. The handler is a
 // *Server: call its Close to delete its Redis counters and connections.
 func Handler(design string, db *sql.DB, redisAddr string) (http.Handler, error) {
 	return NewServer(design, db, redisAddr, nil)
@@ -63,12 +66,16 @@ func NewServer(design string, db *sql.DB, redisAddr string, log *slog.Logger) (*
 			return nil, err
 		}
 		s.redis, s.gate = r, NewGate(r, "")
+	case DesignFloor:
+		s.floor = NewFloor()
 	default:
 		return nil, fmt.Errorf("%w: %q", ErrUnknownDesign, design)
 	}
-	if err := Migrate(ctx, db); err != nil {
-		s.Close()
-		return nil, err
+	if s.floor == nil { // the floor stores nothing: no tables
+		if err := Migrate(ctx, db); err != nil {
+			s.Close()
+			return nil, err
+		}
 	}
 	s.mux.HandleFunc("PUT /v1/activities/{a}", s.handleOpen)
 	s.mux.HandleFunc("GET /v1/activities/{a}", s.handleState)
@@ -122,9 +129,12 @@ func (s *Server) handleOpen(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var existed bool
-	if s.design == DesignJoin {
+	switch {
+	case s.floor != nil:
+		existed = s.floor.Set(a, c)
+	case s.design == DesignJoin:
 		existed, err = ResetActivity(ctx, s.db, a, c)
-	} else {
+	default:
 		existed, err = ResetStock(ctx, s.db, a, c)
 		if err == nil && s.gate != nil {
 			err = s.gate.Set(ctx, a, c)
@@ -151,9 +161,15 @@ func (s *Server) handleState(w http.ResponseWriter, r *http.Request) {
 	}
 	var st State
 	var err error
-	if s.design == DesignJoin {
+	switch {
+	case s.floor != nil:
+		var ok bool
+		if st, ok = s.floor.State(a); !ok {
+			err = ErrNotFound
+		}
+	case s.design == DesignJoin:
 		st, err = ActivityState(r.Context(), s.db, a)
-	} else {
+	default:
 		st, err = StockState(r.Context(), s.db, a)
 	}
 	if errors.Is(err, ErrNotFound) {
@@ -174,9 +190,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	}
 	var outcome string
 	var err error
-	if s.gate != nil {
+	switch {
+	case s.floor != nil:
+		outcome = s.floor.Claim(a, u)
+	case s.gate != nil:
 		outcome, err = GatedClaim(r.Context(), s.db, s.gate, a, u)
-	} else {
+	default:
 		outcome, err = SeedClaim(r.Context(), s.db, a, u)
 	}
 	if err != nil {

@@ -1,20 +1,31 @@
 package baseline
 
 import (
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/allot-dev/allot/internal/wire"
 )
 
+// TestHandlerClaimRoutes: the seed claim and the floor answer the same
+// steps alike; the floor without a database.
 func TestHandlerClaimRoutes(t *testing.T) {
-	_, db := newDB(t, 4)
-	h, err := Handler(DesignClaim, db, "")
+	t.Run(DesignClaim, func(t *testing.T) {
+		_, db := newDB(t, 4)
+		testClaimRoutes(t, DesignClaim, db)
+	})
+	t.Run(DesignFloor, func(t *testing.T) { testClaimRoutes(t, DesignFloor, nil) })
+}
+
+func testClaimRoutes(t *testing.T, design string, db *sql.DB) {
+	h, err := Handler(design, db, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,5 +83,45 @@ func TestHandlerClaimRoutes(t *testing.T) {
 func TestHandlerUnknownDesign(t *testing.T) {
 	if _, err := Handler("queue", nil, ""); !errors.Is(err, ErrUnknownDesign) {
 		t.Fatalf("Handler(queue) = %v, want ErrUnknownDesign", err)
+	}
+}
+
+// TestFloorSellsEachItemOnce: claims from many goroutines at once get
+// exactly the stock, one item per player, and the state counts them.
+func TestFloorSellsEachItemOnce(t *testing.T) {
+	f := NewFloor()
+	if f.Set(7, 100) {
+		t.Fatal("Set of a new item reports it existed")
+	}
+	var (
+		mu       sync.Mutex
+		outcomes = map[string]int{}
+		wg       sync.WaitGroup
+	)
+	for g := range 50 {
+		wg.Go(func() {
+			for i := range 40 {
+				o := f.Claim(7, int64(1+(g*40+i)%1500)) // 2,000 claims from 1,500 players
+				mu.Lock()
+				outcomes[o]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if outcomes[string(wire.OutcomeGranted)] != 100 || outcomes[string(wire.OutcomeGranted)]+outcomes[string(wire.OutcomeSoldOut)]+outcomes[string(wire.OutcomeAlreadyOwned)] != 2000 {
+		t.Fatalf("outcomes %v, want 100 GRANTED of 2000", outcomes)
+	}
+	if st, ok := f.State(7); !ok || st.Capacity != 100 || st.Confirmed != 100 || st.Remaining != 0 {
+		t.Fatalf("state %+v %v, want 100 confirmed of 100", st, ok)
+	}
+	if _, ok := f.State(8); ok {
+		t.Fatal("an item never set up has a state")
+	}
+	if f.Claim(8, 1) != string(wire.OutcomeSoldOut) {
+		t.Fatal("a claim of an item never set up is not SOLD_OUT")
+	}
+	if !f.Set(7, 1) || f.Claim(7, 1) != string(wire.OutcomeGranted) {
+		t.Fatal("Set does not start the item over")
 	}
 }

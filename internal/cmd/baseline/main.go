@@ -6,12 +6,15 @@
 //	loadgen -url http://127.0.0.1:8090 -activity 9001 -capacity 100 -n 20000 -users 18000 -c 256
 //
 // Designs: claim (conditional UPDATE + UNIQUE), gated (the same behind a
-// Redis DECR gate) and join (SELECT … FOR UPDATE waitlist). The seed tables
-// live in the ALLOT_MYSQL_DSN database with a seed_ prefix.
+// Redis DECR gate), join (SELECT … FOR UPDATE waitlist) and floor (claims
+// counted in the server's memory, nothing stored: the least a claim costs
+// over HTTP, which no one should run). The seed tables live in the
+// ALLOT_MYSQL_DSN database with a seed_ prefix; the floor needs none.
 package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,7 +52,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet(binary, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	design := fs.String("design", baseline.DesignGated, "design to serve: claim, gated or join")
+	design := fs.String("design", baseline.DesignGated, "design to serve: claim, gated, join or floor")
 	addr := fs.String("addr", ":8090", "listen address")
 	fs.StringVar(&c.RedisAddr, "redis", c.RedisAddr, "Redis address of the gated design (ALLOT_REDIS_ADDR)")
 	fs.IntVar(&c.BaselineMaxConns, "max-conns", c.BaselineMaxConns, "MySQL pool size (ALLOT_BASELINE_MYSQL_MAX_CONNS)")
@@ -61,8 +64,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	switch {
-	case *design != baseline.DesignClaim && *design != baseline.DesignGated && *design != baseline.DesignJoin:
-		fmt.Fprintf(stderr, "%s: -design must be claim, gated or join, got %q\n", binary, *design)
+	case *design != baseline.DesignClaim && *design != baseline.DesignGated && *design != baseline.DesignJoin && *design != baseline.DesignFloor:
+		fmt.Fprintf(stderr, "%s: -design must be claim, gated, join or floor, got %q\n", binary, *design)
 		return 2
 	case c.BaselineMaxConns < 1 || c.BaselineMaxConns > 10_000:
 		fmt.Fprintf(stderr, "%s: -max-conns must be between 1 and 10000, got %d\n", binary, c.BaselineMaxConns)
@@ -76,12 +79,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "  -design=%s -addr=%s\n", *design, *addr)
 	log := c.Logger(stderr, binary)
 
-	db, err := baseline.Open(ctx, c.MySQLDSN, c.BaselineMaxConns)
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
-		return 2
+	var db *sql.DB
+	if *design != baseline.DesignFloor {
+		var err error
+		if db, err = baseline.Open(ctx, c.MySQLDSN, c.BaselineMaxConns); err != nil {
+			fmt.Fprintf(stderr, "%s: %v — start MariaDB/MySQL or set ALLOT_MYSQL_DSN\n", binary, err)
+			return 2
+		}
+		defer db.Close()
 	}
-	defer db.Close()
 	srv, err := baseline.NewServer(*design, db, c.RedisAddr, log)
 	if err != nil {
 		hint := ""

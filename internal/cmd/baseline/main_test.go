@@ -13,7 +13,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown design", []string{"-design", "queue"}, "-design must be claim, gated or join"},
+		{"unknown design", []string{"-design", "queue"}, "-design must be claim, gated, join or floor"},
 		{"pool too small", []string{"-design", "claim", "-max-conns", "0"}, "-max-conns"},
 		{"unknown flag", []string{"-bogus"}, "bogus"},
 	}

@@ -37,27 +37,34 @@ type burst struct {
 const (
 	allotName = "allot (ingest+allocator+JetStream)"
 	gateName  = "seed claim behind a Redis DECR gate"
+	floorName = "floor: claims counted in memory, nothing stored"
 )
 
 // e2e is the end-to-end burst: o.n claims through HTTP against allot's
-// whole stack and against the Redis-gated seed design, in -e2e-rounds
-// rounds. Each round runs both, each on a fresh database and server, and
-// the rounds alternate which goes first, so that a drift of the shared
-// machine falls on both. It prints every run, each round's ratio and their
-// median (the higher middle one of an even number).
+// whole stack, against the Redis-gated seed design and (-e2e-floor)
+// against the floor, in -e2e-rounds rounds. Each round runs each system,
+// on a fresh database and server, and the rounds rotate which goes first,
+// so that a drift of the shared machine falls on all. It prints every run,
+// each round's ratios and their medians (the higher middle one of an even
+// number).
+//
+// The floor (baseline -design floor) answers each claim from a counter in
+// its memory and stores nothing: its time is what the HTTP serving and the
+// load tool, on the same cores, leave to any design, so its ratio to the
+// gate is the least any design's can be on this machine.
 func e2e(ctx context.Context, o opts) error {
 	rounds := max(o.e2eRounds, 1)
 	fmt.Fprintf(os.Stderr, "bench: end-to-end bursts through HTTP, %d round(s)\n", rounds)
+	systems := []func(int) (burst, error){
+		func(r int) (burst, error) { return allotBurst(ctx, o, r) },
+		func(r int) (burst, error) { return gateBurst(ctx, o, r) },
+	}
+	if o.e2eFloor {
+		systems = append(systems, func(r int) (burst, error) { return floorBurst(ctx, o, r) })
+	}
 	var bursts []burst
 	for r := 1; r <= rounds; r++ {
-		order := []func(int) (burst, error){
-			func(r int) (burst, error) { return allotBurst(ctx, o, r) },
-			func(r int) (burst, error) { return gateBurst(ctx, o, r) },
-		}
-		if r%2 == 0 {
-			slices.Reverse(order)
-		}
-		for _, run := range order {
+		for _, run := range roundOrder(systems, r) {
 			b, err := run(r)
 			if err != nil {
 				return err
@@ -83,13 +90,12 @@ func e2e(ctx context.Context, o opts) error {
 			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), longestWrite(b.disk), verdict)
 	}
 	tw.Flush()
-	ratios := burstRatios(bursts)
-	each := make([]string, len(ratios))
-	for i, x := range ratios {
-		each[i] = fmt.Sprintf("%.2f", x)
+	printRatios("allot / gated seed", burstRatios(bursts, allotName, gateName), "below 1 = allot faster")
+	if o.e2eFloor {
+		printRatios("floor / gated seed", burstRatios(bursts, floorName, gateName),
+			"the least any design's ratio to the gate can be here: HTTP and the load tool alone")
+		printRatios("allot / floor", burstRatios(bursts, allotName, floorName), "what allot's own work adds to HTTP's")
 	}
-	fmt.Printf("ratio allot / gated seed, time to the last result, round by round: %s; median %.2f (below 1 = allot faster)\n",
-		strings.Join(each, ", "), medianOf(ratios, func(x float64) float64 { return x }))
 	first := true
 	for _, b := range bursts {
 		if !b.hasBroker {
@@ -107,18 +113,36 @@ func e2e(ctx context.Context, o opts) error {
 	return nil
 }
 
-// burstRatios is allot's time to the last result over the gate's, round
-// by round.
-func burstRatios(bursts []burst) []float64 {
+// roundOrder is the order of round r (from 1): systems rotated left by
+// r-1, so that each goes first once every len(systems) rounds; with two,
+// the rounds alternate.
+func roundOrder[T any](systems []T, r int) []T {
+	k := (r - 1) % len(systems)
+	return append(slices.Clone(systems[k:]), systems[:k]...)
+}
+
+// printRatios prints one line of ratios, round by round, and their median.
+func printRatios(what string, ratios []float64, reading string) {
+	each := make([]string, len(ratios))
+	for i, x := range ratios {
+		each[i] = fmt.Sprintf("%.2f", x)
+	}
+	fmt.Printf("ratio %s, time to the last result, round by round: %s; median %.2f (%s)\n",
+		what, strings.Join(each, ", "), medianOf(ratios, func(x float64) float64 { return x }), reading)
+}
+
+// burstRatios is system num's time to the last result over system den's,
+// round by round.
+func burstRatios(bursts []burst, num, den string) []float64 {
 	var out []float64
 	for r := 1; ; r++ {
 		var a, g time.Duration
 		for _, b := range bursts {
 			switch {
 			case b.round != r:
-			case b.name == allotName:
+			case b.name == num:
 				a = b.rep.ToLastResult
-			case b.name == gateName:
+			case b.name == den:
 				g = b.rep.ToLastResult
 			}
 		}
@@ -156,6 +180,19 @@ func gateBurst(ctx context.Context, o opts, round int) (burst, error) {
 		return burst{}, err
 	}
 	return measureBurst(ctx, o, round, gateName, g, url)
+}
+
+// floorBurst is one burst against the floor, served over HTTP by the same
+// kind of server as the gate, with no database and no Redis.
+func floorBurst(ctx context.Context, o opts, round int) (burst, error) {
+	p, _ := freePort()
+	url := "http://127.0.0.1:" + strconv.Itoa(p)
+	f, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "floor", "-addr", "127.0.0.1:" + strconv.Itoa(p)},
+		[]string{"ALLOT_LOG_LEVEL=warn"}, url+"/v1/activities/1")
+	if err != nil {
+		return burst{}, err
+	}
+	return measureBurst(ctx, o, round, floorName, f, url)
 }
 
 // measureBurst runs the burst against url, then stops s: the report, the
