@@ -65,7 +65,7 @@ clean: ## remove build output; the stack's data stays (see reset)
 reset: build ## start the make-run stack over empty: drop its database (ALLOT_MYSQL_DSN), delete its NATS store (var/nats) and the private MySQL server's data (var/mysql)
 	$(DEVDB) -reset -var ALLOT_MYSQL_DSN -- ./$(BIN)/stack -reset
 
-bench: build ## one run, side by side: allocator drain vs the seed designs, 100,000 holds expiring at once (expiries/s next to joins/s), a join drain with and without 200 readers of a 1,000,000-waiter line, three rounds of an HTTP burst vs the Redis-gated seed design (with what the broker stored), and an open loop (vegeta) at 4,000 and 6,000 claims/s vs the same seed design
+bench: build ## one run, side by side: allocator drain vs the seed designs, 100,000 holds expiring at once (expiries/s next to joins/s), a join drain with and without 200 readers of a 1,000,000-waiter line, three rounds of an HTTP burst vs the Redis-gated seed design and the floor, claims counted in memory (with what the broker stored), and an open loop (vegeta) at 4,000 and 6,000 claims/s vs the same seed design
 	$(DEVDB) -var ALLOT_MYSQL_DSN -- ./$(BIN)/bench -bin $(BIN)
 	$(DEVDB) -var ALLOT_TEST_MYSQL_DSN -- $(GO) test -run '^$$' -bench . -benchtime 1x ./internal/allocation/ ./internal/bench/
 

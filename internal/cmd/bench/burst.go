@@ -74,7 +74,7 @@ func e2e(ctx context.Context, o opts) error {
 		}
 	}
 
-	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, %d round(s) alternating which system goes first, everything on this machine (%s) ==\n",
+	fmt.Printf("\n== end to end: %d claims from %d players for 100 items, %d HTTP clients, %d round(s) rotating which system goes first, everything on this machine (%s) ==\n",
 		o.n, o.n*9/10, o.httpConc, rounds, loadAverage())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "round\tsystem\taccepted/s\tlast result after\tp50\tp99\tmax\tgranted\tCPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tlongest disk write\tverdict\t")
