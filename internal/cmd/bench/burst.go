@@ -41,7 +41,7 @@ const (
 )
 
 // e2e is the end-to-end burst: o.n claims through HTTP against allot's
-// whole stack, against the Redis-gated seed design and (-e2e-floor)
+// whole stack, against the Redis-gated seed design and (-floor)
 // against the floor, in -e2e-rounds rounds. Each round runs each system,
 // on a fresh database and server, and the rounds rotate which goes first,
 // so that a drift of the shared machine falls on all. It prints every run,
@@ -59,7 +59,7 @@ func e2e(ctx context.Context, o opts) error {
 		func(r int) (burst, error) { return allotBurst(ctx, o, r) },
 		func(r int) (burst, error) { return gateBurst(ctx, o, r) },
 	}
-	if o.e2eFloor {
+	if o.floor {
 		systems = append(systems, func(r int) (burst, error) { return floorBurst(ctx, o, r) })
 	}
 	var bursts []burst
@@ -91,7 +91,7 @@ func e2e(ctx context.Context, o opts) error {
 	}
 	tw.Flush()
 	printRatios("allot / gated seed", burstRatios(bursts, allotName, gateName), "below 1 = allot faster")
-	if o.e2eFloor {
+	if o.floor {
 		printRatios("floor / gated seed", burstRatios(bursts, floorName, gateName),
 			"the least any design's ratio to the gate can be here: HTTP and the load tool alone")
 		printRatios("allot / floor", burstRatios(bursts, allotName, floorName), "what allot's own work adds to HTTP's")
@@ -167,32 +167,44 @@ func allotBurst(ctx context.Context, o opts, round int) (burst, error) {
 // gateBurst is one burst against the Redis-gated seed design, served over
 // HTTP by the same kind of server, on a fresh database.
 func gateBurst(ctx context.Context, o opts, round int) (burst, error) {
-	dsn, drop, err := freshDB(ctx, o.dsn, "allot_bench_gated_")
-	if err != nil {
-		return burst{}, err
-	}
-	defer drop()
-	p, _ := freePort()
-	url := "http://127.0.0.1:" + strconv.Itoa(p)
-	g, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "gated", "-addr", "127.0.0.1:" + strconv.Itoa(p)},
-		[]string{"ALLOT_MYSQL_DSN=" + dsn, "ALLOT_LOG_LEVEL=warn"}, url+"/v1/activities/1")
-	if err != nil {
-		return burst{}, err
-	}
-	return measureBurst(ctx, o, round, gateName, g, url)
+	return baselineBurst(ctx, o, round, "gated", gateName)
 }
 
 // floorBurst is one burst against the floor, served over HTTP by the same
 // kind of server as the gate, with no database and no Redis.
 func floorBurst(ctx context.Context, o opts, round int) (burst, error) {
-	p, _ := freePort()
-	url := "http://127.0.0.1:" + strconv.Itoa(p)
-	f, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "floor", "-addr", "127.0.0.1:" + strconv.Itoa(p)},
-		[]string{"ALLOT_LOG_LEVEL=warn"}, url+"/v1/activities/1")
+	return baselineBurst(ctx, o, round, "floor", floorName)
+}
+
+func baselineBurst(ctx context.Context, o opts, round int, design, name string) (burst, error) {
+	s, url, drop, err := startBaseline(ctx, o, design)
 	if err != nil {
 		return burst{}, err
 	}
-	return measureBurst(ctx, o, round, floorName, f, url)
+	defer drop()
+	return measureBurst(ctx, o, round, name, s, url)
+}
+
+// startBaseline starts baseline -design design, on a fresh database unless
+// it is the floor, which needs none; drop drops that database once the
+// server is stopped.
+func startBaseline(ctx context.Context, o opts, design string) (s *server, url string, drop func(), err error) {
+	env, drop := []string{"ALLOT_LOG_LEVEL=warn"}, func() {}
+	if design != "floor" {
+		dsn, dropDB, err := freshDB(ctx, o.dsn, "allot_bench_"+design+"_")
+		if err != nil {
+			return nil, "", nil, err
+		}
+		env, drop = append(env, "ALLOT_MYSQL_DSN="+dsn), dropDB
+	}
+	p, _ := freePort()
+	url = "http://127.0.0.1:" + strconv.Itoa(p)
+	s, err = start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", design, "-addr", "127.0.0.1:" + strconv.Itoa(p)}, env, url+"/v1/activities/1")
+	if err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	return s, url, drop, nil
 }
 
 // measureBurst runs the burst against url, then stops s: the report, the

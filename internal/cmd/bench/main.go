@@ -57,7 +57,7 @@ type opts struct {
 	drainBatch        int
 	repeat            int
 	e2eRounds         int
-	e2eFloor          bool
+	floor             bool
 	holds             int
 	holdsOnly         bool
 	reads             bench.ReadsConfig
@@ -91,7 +91,7 @@ func main() {
 	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts and the open loop")
 	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
 	flag.IntVar(&o.e2eRounds, "e2e-rounds", 3, "rounds of the end-to-end burst: allot, the Redis-gated seed design and the floor once each a round, rotating which goes first; each round's ratios and their medians (the higher middle one of an even number) are printed")
-	flag.BoolVar(&o.e2eFloor, "e2e-floor", true, "run the floor in each round of the end-to-end burst: claims counted in the server's memory, nothing stored, the least a claim costs over HTTP beside the same load tool")
+	flag.BoolVar(&o.floor, "floor", true, "run the floor beside allot and the Redis-gated seed design, in each round of the end-to-end burst and in each open-loop run: claims counted in the server's memory, nothing stored, the least a claim costs over HTTP beside the same load tool")
 	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")
 	flag.IntVar(&o.holds, "holds", 100_000, "holds given at once and expiring at once in the holds benchmark (0: skip it)")

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -95,7 +94,7 @@ func openLoop(ctx context.Context, o opts) error {
 		for attempt := 1; ; attempt++ {
 			s, url, done, err := startStack(ctx, o, []string{"ALLOT_INGEST_USER_RATE=0", "ALLOT_INGEST_RATE_LIMIT=0"})
 			if err == nil {
-				r, err = measure("allot (ingest+allocator+JetStream)", s, url)
+				r, err = measure(allotName, s, url)
 				done()
 			}
 			if err == nil {
@@ -108,24 +107,22 @@ func openLoop(ctx context.Context, o opts) error {
 		}
 		runs = append(runs, r)
 
-		gdsn, gdrop, err := freshDB(ctx, o.dsn, "allot_bench_gated_")
-		if err != nil {
-			return err
+		designs := []struct{ design, name string }{{"gated", gateName}}
+		if o.floor {
+			designs = append(designs, struct{ design, name string }{"floor", floorName})
 		}
-		gp, _ := freePort()
-		gurl := "http://127.0.0.1:" + strconv.Itoa(gp)
-		g, err := start(ctx, filepath.Join(o.bin, "baseline"), []string{"-design", "gated", "-addr", "127.0.0.1:" + strconv.Itoa(gp)},
-			[]string{"ALLOT_MYSQL_DSN=" + gdsn, "ALLOT_LOG_LEVEL=warn"}, gurl+"/v1/activities/1")
-		if err != nil {
-			gdrop()
-			return err
+		for _, d := range designs {
+			s, url, drop, err := startBaseline(ctx, o, d.design)
+			if err != nil {
+				return err
+			}
+			r, err = measure(d.name, s, url)
+			drop()
+			if err != nil {
+				return err
+			}
+			runs = append(runs, r)
 		}
-		r, err = measure("seed claim behind a Redis DECR gate", g, gurl)
-		gdrop()
-		if err != nil {
-			return err
-		}
-		runs = append(runs, r)
 
 		fmt.Printf("\n== open loop: %d claims/s for %s (%d scheduled, each a distinct user, ?wait=15s) for %d items, vegeta, everything on this machine (%s) ==\n",
 			p.rate, p.duration, p.rate*int(p.duration/time.Millisecond)/1000, p.items, loadAverage())
@@ -165,6 +162,9 @@ func openLoop(ctx context.Context, o opts) error {
 		}
 		fmt.Printf("ratio allot / gated seed (latencies of all answers): p50 %.2f, p99 %.2f\n", runs[0].res.P50.Seconds()/runs[1].res.P50.Seconds(),
 			runs[0].res.P99.Seconds()/runs[1].res.P99.Seconds())
+		if len(runs) > 2 {
+			fmt.Printf("the floor (HTTP and the load tool alone): p50 %s, p99 %s\n", runs[2].res.P50.Round(100*time.Microsecond), runs[2].res.P99.Round(100*time.Microsecond))
+		}
 	}
 	if len(failures) > 0 {
 		for _, f := range failures {
