@@ -6,9 +6,12 @@
 //     per request serialised by SELECT … FOR UPDATE on the activity row;
 //   - SeedClaim: the seed flash sale's claim, a conditional
 //     UPDATE … WHERE remaining > 0 plus a UNIQUE (player_id, item_id) key;
-//   - GatedClaim: SeedClaim behind the seed flash sale's Redis DECR gate.
+//   - GatedClaim: SeedClaim behind the seed flash sale's Redis DECR gate;
+//   - Floor: no design at all, claims counted in the server's memory with
+//     nothing stored, the least a claim costs over HTTP.
 //
-// They live in their own seed_ tables, created by Migrate, next to allot's.
+// The seed designs live in their own seed_ tables, created by Migrate,
+// next to allot's; the floor needs none.
 // Drive runs any of them from many goroutines and measures it; Handler
 // serves them over allot's HTTP routes and JSON shapes so that the same load
 // generator can drive allot and a baseline alike. The code follows the
