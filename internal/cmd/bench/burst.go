@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/allot-dev/allot/internal/baseline"
 	"github.com/allot-dev/allot/internal/loadgen"
 	"github.com/allot-dev/allot/internal/wire"
 )
@@ -39,6 +40,9 @@ const (
 	gateName  = "seed claim behind a Redis DECR gate"
 	floorName = "floor: claims counted in memory, nothing stored"
 )
+
+// baselineName names the baseline designs the burst and the open loop run.
+var baselineName = map[string]string{baseline.DesignGated: gateName, baseline.DesignFloor: floorName}
 
 // e2e is the end-to-end burst: o.n claims through HTTP against allot's
 // whole stack, against the Redis-gated seed design and (-floor)
@@ -167,22 +171,22 @@ func allotBurst(ctx context.Context, o opts, round int) (burst, error) {
 // gateBurst is one burst against the Redis-gated seed design, served over
 // HTTP by the same kind of server, on a fresh database.
 func gateBurst(ctx context.Context, o opts, round int) (burst, error) {
-	return baselineBurst(ctx, o, round, "gated", gateName)
+	return baselineBurst(ctx, o, round, baseline.DesignGated)
 }
 
 // floorBurst is one burst against the floor, served over HTTP by the same
 // kind of server as the gate, with no database and no Redis.
 func floorBurst(ctx context.Context, o opts, round int) (burst, error) {
-	return baselineBurst(ctx, o, round, "floor", floorName)
+	return baselineBurst(ctx, o, round, baseline.DesignFloor)
 }
 
-func baselineBurst(ctx context.Context, o opts, round int, design, name string) (burst, error) {
+func baselineBurst(ctx context.Context, o opts, round int, design string) (burst, error) {
 	s, url, drop, err := startBaseline(ctx, o, design)
 	if err != nil {
 		return burst{}, err
 	}
 	defer drop()
-	return measureBurst(ctx, o, round, name, s, url)
+	return measureBurst(ctx, o, round, baselineName[design], s, url)
 }
 
 // startBaseline starts baseline -design design, on a fresh database unless
@@ -190,7 +194,7 @@ func baselineBurst(ctx context.Context, o opts, round int, design, name string) 
 // server is stopped.
 func startBaseline(ctx context.Context, o opts, design string) (s *server, url string, drop func(), err error) {
 	env, drop := []string{"ALLOT_LOG_LEVEL=warn"}, func() {}
-	if design != "floor" {
+	if design != baseline.DesignFloor {
 		dsn, dropDB, err := freshDB(ctx, o.dsn, "allot_bench_"+design+"_")
 		if err != nil {
 			return nil, "", nil, err

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/allot-dev/allot/internal/baseline"
 	"github.com/allot-dev/allot/internal/bench"
 )
 
@@ -107,16 +108,16 @@ func openLoop(ctx context.Context, o opts) error {
 		}
 		runs = append(runs, r)
 
-		designs := []struct{ design, name string }{{"gated", gateName}}
+		designs := []string{baseline.DesignGated}
 		if o.floor {
-			designs = append(designs, struct{ design, name string }{"floor", floorName})
+			designs = append(designs, baseline.DesignFloor)
 		}
 		for _, d := range designs {
-			s, url, drop, err := startBaseline(ctx, o, d.design)
+			s, url, drop, err := startBaseline(ctx, o, d)
 			if err != nil {
 				return err
 			}
-			r, err = measure(d.name, s, url)
+			r, err = measure(baselineName[d], s, url)
 			drop()
 			if err != nil {
 				return err
