@@ -53,9 +53,9 @@ var baselineName = map[string]string{baseline.DesignGated: gateName, baseline.De
 // number).
 //
 // The floor (baseline -design floor) answers each claim from a counter in
-// its memory and stores nothing: its time is what the HTTP serving and the
-// load tool, on the same cores, leave to any design, so its ratio to the
-// gate is the least any design's can be on this machine.
+// its memory and stores nothing: its time is what serving the claims over
+// the same kind of HTTP server and the load tool take on the same cores,
+// so no design served that way can finish faster.
 func e2e(ctx context.Context, o opts) error {
 	rounds := max(o.e2eRounds, 1)
 	fmt.Fprintf(os.Stderr, "bench: end-to-end bursts through HTTP, %d round(s)\n", rounds)
@@ -97,7 +97,7 @@ func e2e(ctx context.Context, o opts) error {
 	printRatios("allot / gated seed", burstRatios(bursts, allotName, gateName), "below 1 = allot faster")
 	if o.floor {
 		printRatios("floor / gated seed", burstRatios(bursts, floorName, gateName),
-			"the least any design's ratio to the gate can be here: HTTP and the load tool alone")
+			"HTTP and the load tool alone: no design served this way finishes faster")
 		printRatios("allot / floor", burstRatios(bursts, allotName, floorName), "what allot's own work adds to HTTP's")
 	}
 	first := true
@@ -180,6 +180,7 @@ func floorBurst(ctx context.Context, o opts, round int) (burst, error) {
 	return baselineBurst(ctx, o, round, baseline.DesignFloor)
 }
 
+// baselineBurst is one burst against baseline -design design.
 func baselineBurst(ctx context.Context, o opts, round int, design string) (burst, error) {
 	s, url, drop, err := startBaseline(ctx, o, design)
 	if err != nil {
