@@ -90,7 +90,7 @@ func main() {
 	flag.StringVar(&o.bin, "bin", "bin", "directory of the built binaries (stack, baseline)")
 	flag.BoolVar(&o.skipE2E, "skip-e2e", false, "skip the end-to-end HTTP bursts and the open loop")
 	flag.BoolVar(&o.e2eOnly, "e2e-only", false, "run only the end-to-end HTTP bursts")
-	flag.IntVar(&o.e2eRounds, "e2e-rounds", 3, "rounds of the end-to-end burst: allot, the Redis-gated seed design and the floor once each a round, rotating which goes first; each round's ratios and their medians (the higher middle one of an even number) are printed")
+	flag.IntVar(&o.e2eRounds, "e2e-rounds", 3, "rounds of the end-to-end burst: allot, the Redis-gated seed design and (-floor) the floor once each a round, rotating which goes first; each round's ratios and their medians (the higher middle one of an even number) are printed")
 	flag.BoolVar(&o.floor, "floor", true, "run the floor beside allot and the Redis-gated seed design, in each round of the end-to-end burst and in each open-loop run: claims counted in the server's memory, nothing stored, the least a claim costs over HTTP beside the same load tool")
 	flag.BoolVar(&o.memoryOnly, "memory", false, "run only the memory benchmark: each process's resident set over a long stream of requests")
 	flag.IntVar(&o.memRequests, "mem-requests", 1_000_000, "requests of the memory benchmark")

@@ -163,8 +163,9 @@ func openLoop(ctx context.Context, o opts) error {
 		}
 		fmt.Printf("ratio allot / gated seed (latencies of all answers): p50 %.2f, p99 %.2f\n", runs[0].res.P50.Seconds()/runs[1].res.P50.Seconds(),
 			runs[0].res.P99.Seconds()/runs[1].res.P99.Seconds())
-		if len(runs) > 2 {
-			fmt.Printf("the floor (HTTP and the load tool alone): p50 %s, p99 %s\n", runs[2].res.P50.Round(100*time.Microsecond), runs[2].res.P99.Round(100*time.Microsecond))
+		if o.floor {
+			f := runs[len(runs)-1].res // the floor runs last
+			fmt.Printf("the floor (HTTP and the load tool alone): p50 %s, p99 %s\n", f.P50.Round(100*time.Microsecond), f.P99.Round(100*time.Microsecond))
 		}
 	}
 	if len(failures) > 0 {
