@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -244,4 +245,20 @@ func storedLine(before, after brokerSample, stored *storedRequests) string {
 	}
 	return fmt.Sprintf("%d messages stored in %s carrying %d requests: %.2f requests per message",
 		msgs, wire.RequestStream, stored.requests, perBatch(float64(stored.requests), float64(msgs)))
+}
+
+// brokerAfter samples the broker of the stack s (serving url) after a run
+// that began at before, and counts the requests stored in between: nil
+// when they could not be counted (said on stderr, under name).
+func brokerAfter(ctx context.Context, name string, s *server, url string, before brokerSample) (brokerSample, *storedRequests, error) {
+	after, err := sampleBroker(ctx, s.natsURL, url)
+	if err != nil {
+		return after, nil, err
+	}
+	n, err := countStored(ctx, s.natsURL, before.streams[wire.RequestStream].LastSeq, after.streams[wire.RequestStream].LastSeq)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s: the requests stored not counted: %v\n", name, err)
+		return after, nil, nil
+	}
+	return after, &n, nil
 }

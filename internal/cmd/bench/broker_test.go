@@ -109,4 +109,17 @@ func TestCountStored(t *testing.T) {
 	if line := "ingest's group commit: 11 requests in 5 messages (2.2 a message); 2 atomic batches carrying 4 of the messages (2.0 a batch)"; !strings.Contains(b.String(), line) {
 		t.Errorf("the printout lacks %q:\n%s", line, b.String())
 	}
+
+	// After a run (the open loop's line): the stream's state now, and the
+	// requests stored since before, up to its last message.
+	after, stored, err := brokerAfter(ctx, "test", &server{natsURL: ns.URL()}, "http://127.0.0.1:1", at(before))
+	if err != nil || stored == nil {
+		t.Fatalf("brokerAfter: %v, %v", stored, err)
+	}
+	if want := (storedRequests{messages: 6, requests: 18, batches: 3, batched: 15}); *stored != want {
+		t.Fatalf("counted %+v after the run, want %+v", *stored, want)
+	}
+	if line, want := storedLine(at(before), after, stored), "6 messages stored in "+wire.RequestStream+" carrying 18 requests: 3.00 requests per message"; line != want {
+		t.Errorf("storedLine: %q, want %q", line, want)
+	}
 }

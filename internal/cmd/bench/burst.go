@@ -232,16 +232,8 @@ func measureBurst(ctx context.Context, o opts, round int, name string, s *server
 	})
 	cpu := sampleCPU().sub(before)
 	if err == nil && s.natsURL != "" {
-		b.broker[1], err = sampleBroker(ctx, s.natsURL, url)
+		b.broker[1], b.stored, err = brokerAfter(ctx, name, s, url, b.broker[0])
 		b.hasBroker = err == nil
-		if err == nil {
-			n, cerr := countStored(ctx, s.natsURL, b.broker[0].streams[wire.RequestStream].LastSeq, b.broker[1].streams[wire.RequestStream].LastSeq)
-			if cerr != nil {
-				fmt.Fprintf(os.Stderr, "bench: %s: the requests stored not counted: %v\n", name, cerr)
-			} else {
-				b.stored = &n
-			}
-		}
 	}
 	s.stop()
 	if err != nil {

@@ -51,6 +51,9 @@ type openRun struct {
 	cpu    cpuSample
 	server time.Duration
 	disk   diskStats
+	// broker is, for a stack, what its request stream stored over the
+	// run (storedLine); "" for the others.
+	broker string
 }
 
 // openLoop runs, for each point, vegeta's open-loop attack against allot's
@@ -68,6 +71,14 @@ func openLoop(ctx context.Context, o opts) error {
 		measure := func(name string, s *server, url string) (openRun, error) {
 			c := cfg
 			c.BaseURL = url
+			var sampled brokerSample
+			if s.natsURL != "" {
+				var err error
+				if sampled, err = sampleBroker(ctx, s.natsURL, url); err != nil {
+					s.stop()
+					return openRun{}, fmt.Errorf("%s: the broker before the open loop: %w", name, err)
+				}
+			}
 			before := sampleCPU()
 			var res bench.OpenLoopResult
 			disk, err := diskProbed(os.TempDir(), o.diskProbe, func() (err error) {
@@ -75,6 +86,15 @@ func openLoop(ctx context.Context, o opts) error {
 				return err
 			})
 			cpu := sampleCPU().sub(before)
+			var broker string
+			if err == nil && s.natsURL != "" {
+				after, stored, berr := brokerAfter(ctx, name, s, url, sampled)
+				if berr != nil {
+					fmt.Fprintf(os.Stderr, "bench: %s: the broker after the open loop not read: %v\n", name, berr)
+				} else {
+					broker = storedLine(sampled, after, stored)
+				}
+			}
 			s.stop()
 			if err != nil {
 				if res.Sent == 0 {
@@ -82,7 +102,7 @@ func openLoop(ctx context.Context, o opts) error {
 				}
 				return openRun{}, fmt.Errorf("open loop against %s: %w", name, err)
 			}
-			return openRun{name: name, res: res, cpu: cpu, server: s.cpu(), disk: disk}, nil
+			return openRun{name: name, res: res, cpu: cpu, server: s.cpu(), disk: disk, broker: broker}, nil
 		}
 		var runs []openRun
 
@@ -148,6 +168,9 @@ func openLoop(ctx context.Context, o opts) error {
 				fmt.Printf("  the slowest 1%% (%d claims at or above p99): %d granted, %d shed; scheduled %s–%s after the first (median %s); %d claims answered unshed, p50 %s, p99 %s\n",
 					sl.N, sl.Granted, sl.Shed, sl.First.Round(time.Millisecond), sl.Last.Round(time.Millisecond), sl.Median.Round(time.Millisecond),
 					r.res.Unshed, r.res.UnshedP50.Round(100*time.Microsecond), r.res.UnshedP99.Round(100*time.Microsecond))
+			}
+			if r.broker != "" {
+				fmt.Printf("  the broker: %s (the open and the claims)\n", r.broker)
 			}
 			if r.disk.n > 0 {
 				fmt.Printf("  %s\n", r.disk.describe(o.diskProbe, r.res.Start))
