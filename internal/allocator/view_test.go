@@ -22,17 +22,35 @@ import (
 )
 
 // viewBucketMsgs is the number of messages the view bucket's stream holds.
+// A stream info request that times out (the server busy storing a churn on
+// a loaded machine) is asked again, for up to a minute.
 func (e *env) viewBucketMsgs() uint64 {
 	e.t.Helper()
-	st, err := e.js.Stream(context.Background(), bus.KeyValueStream(wire.ViewBucket))
-	if err != nil {
-		e.t.Fatal(err)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, err := e.viewBucketState()
+		if err == nil {
+			return n
+		}
+		if time.Now().After(deadline) || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+			e.t.Fatalf("the view bucket's stream: %v", err)
+		}
 	}
-	info, err := st.Info(context.Background())
+}
+
+// viewBucketState reads the view bucket stream's message count once.
+func (e *env) viewBucketState() (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := e.js.Stream(ctx, bus.KeyValueStream(wire.ViewBucket))
 	if err != nil {
-		e.t.Fatal(err)
+		return 0, err
 	}
-	return info.State.Msgs
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
 }
 
 // churn opens n activities of capacity 1, fills each with one claim and
