@@ -693,11 +693,28 @@ func TestResultsDoNotWaitForTheAckConfirmation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe() //nolint:errcheck // the test's connection
+	// Only the join's commit is held: the post-commit queue confirms
+	// commits in order, so a held open committed alone would hold the
+	// join's notice behind it.
+	var hold atomic.Bool
+	var confirms atomic.Int32
 	release := make(chan struct{})
-	e.start(conf(nil), TestHooks{BeforeConfirm: func() { <-release }})
+	e.start(conf(nil), TestHooks{BeforeConfirm: func() {
+		held := hold.Load()
+		confirms.Add(1)
+		if held {
+			<-release
+		}
+	}})
 	t.Cleanup(func() { close(release) }) // runs before Stop, which confirms every ack
-	j := req(wire.OpJoin, 1, 7)
 	e.publish(open(1, 5), "")
+	for wait := time.Now().Add(20 * time.Second); confirms.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(wait) {
+			t.Fatal("the open's commit did not reach its ack confirmation")
+		}
+	}
+	hold.Store(true)
+	j := req(wire.OpJoin, 1, 7)
 	e.publish(j, "")
 	deadline := time.After(20 * time.Second)
 	for {
