@@ -20,6 +20,7 @@ import (
 	"github.com/allot-dev/allot/internal/dbtest"
 	"github.com/allot-dev/allot/internal/natstest"
 	"github.com/allot-dev/allot/internal/store"
+	"github.com/allot-dev/allot/internal/testenv"
 	"github.com/allot-dev/allot/internal/wire"
 )
 
@@ -708,11 +709,7 @@ func TestResultsDoNotWaitForTheAckConfirmation(t *testing.T) {
 	}})
 	t.Cleanup(func() { close(release) }) // runs before Stop, which confirms every ack
 	e.publish(open(1, 5), "")
-	for wait := time.Now().Add(20 * time.Second); confirms.Load() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(wait) {
-			t.Fatal("the open's commit did not reach its ack confirmation")
-		}
-	}
+	testenv.WaitFor(t, 20*time.Second, "the open's commit at its ack confirmation", func() bool { return confirms.Load() > 0 })
 	hold.Store(true)
 	j := req(wire.OpJoin, 1, 7)
 	e.publish(j, "")
