@@ -136,13 +136,62 @@ func (p *proc) kill() error {
 	}
 }
 
-// signal sends sig to the running incarnation.
+// signal sends sig to the running incarnation. SIGSTOP returns only once
+// every thread of it has stopped: the kernel stops a process when a thread
+// of it next handles the signal, which a thread in a long system call (an
+// fsync on a slow disk) does only when the call returns, and the process's
+// other threads run on meanwhile.
 func (p *proc) signal(sig syscall.Signal) error {
 	r := p.current()
 	if r == nil || !r.alive() {
 		return fmt.Errorf("signal %s: not running", p.name)
 	}
-	return r.cmd.Process.Signal(sig)
+	if err := r.cmd.Process.Signal(sig); err != nil {
+		return err
+	}
+	if sig != syscall.SIGSTOP {
+		return nil
+	}
+	pid := r.cmd.Process.Pid
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stopped, err := allThreadsStopped(pid)
+		if err != nil || stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("signal %s: not every thread stopped 10s after SIGSTOP", p.name)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allThreadsStopped reports whether every thread of process pid is in the
+// stopped state, from /proc.
+func allThreadsStopped(pid int) (bool, error) {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("threads of %d: %w", pid, err)
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the thread exited
+		}
+		if err != nil {
+			return false, fmt.Errorf("thread %s of %d: %w", task.Name(), pid, err)
+		}
+		// "tid (comm) state ...": comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 || i+2 >= len(b) {
+			return false, fmt.Errorf("thread %s of %d: unreadable stat %q", task.Name(), pid, b)
+		}
+		if state := b[i+2]; state != 'T' && state != 't' {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // stop sends SIGTERM and waits up to timeout for the exit; it returns an
