@@ -41,6 +41,9 @@ type OpenLoopConfig struct {
 	// LateAfter is how far past its slot a claim may start before it
 	// counts as late (default 10ms).
 	LateAfter time.Duration
+	// Window, when set, is called with true just before the attack starts
+	// (after the open) and with false once its last answer is in.
+	Window func(start bool)
 }
 
 func (c *OpenLoopConfig) defaults() {
@@ -220,6 +223,9 @@ func OpenLoop(ctx context.Context, cfg OpenLoopConfig) (OpenLoopResult, error) {
 	defer stop()
 	var m vegeta.Metrics
 	answers := make([]answer, 0, planned)
+	if cfg.Window != nil {
+		cfg.Window(true)
+	}
 	for res := range atk.Attack(targeter, vegeta.ConstantPacer{Freq: cfg.Rate, Per: time.Second}, cfg.Duration, "claims") {
 		m.Add(res)
 		a := answer{seq: res.Seq, start: res.Timestamp, latency: res.Latency, code: int(res.Code), err: res.Error}
@@ -235,6 +241,9 @@ func OpenLoop(ctx context.Context, cfg OpenLoopConfig) (OpenLoopResult, error) {
 			a.done = a.code == http.StatusOK && body.State == string(wire.StateDone)
 		}
 		answers = append(answers, a)
+	}
+	if cfg.Window != nil {
+		cfg.Window(false)
 	}
 	m.Close()
 	if err := ctx.Err(); err != nil {

@@ -68,7 +68,8 @@ type grantAll struct {
 	mu      sync.Mutex
 	granted int64
 	limit   int
-	seen    int
+	seen    int // claims
+	opens   int
 }
 
 func (g *grantAll) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -77,6 +78,7 @@ func (g *grantAll) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	switch r.Method {
 	case http.MethodPut:
+		g.opens++
 		json.NewEncoder(w).Encode(wire.Result{RequestID: "open", State: wire.StateDone, Op: wire.OpOpen, Outcome: wire.OutcomeOpened}) //nolint:errcheck
 	case http.MethodGet:
 		json.NewEncoder(w).Encode(map[string]int64{"capacity": 5, "confirmed": g.granted}) //nolint:errcheck
@@ -126,5 +128,37 @@ func TestOpenLoopCatchesBrokenServers(t *testing.T) {
 	}
 	if err := res.Check(); err == nil || res.Failed != res.Sent-5 || res.Codes[http.StatusTooManyRequests] != res.Failed {
 		t.Fatalf("%d of %d claims refused (codes %v): Check %v, want an error for each refusal", res.Failed, res.Sent, res.Codes, err)
+	}
+}
+
+// TestOpenLoopWindowMarksTheAttack: Window is called twice, true after the
+// open and before the first claim, false once every claim has its answer.
+func TestOpenLoopWindowMarksTheAttack(t *testing.T) {
+	t.Parallel()
+	g := &grantAll{}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/activities/{a}/claims/{u}", g)
+	mux.Handle("/", g)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	type mark struct {
+		start         bool
+		opens, claims int
+	}
+	var marks []mark
+	window := func(start bool) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		marks = append(marks, mark{start, g.opens, g.seen})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := OpenLoop(ctx, OpenLoopConfig{BaseURL: srv.URL, Items: 5, Rate: 100, Duration: 200 * time.Millisecond, Window: window})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []mark{{true, 1, 0}, {false, 1, res.Sent}}
+	if res.Sent == 0 || len(marks) != 2 || marks[0] != want[0] || marks[1] != want[1] {
+		t.Fatalf("marks %+v, want %+v (opened, no claim yet; then every claim answered)", marks, want)
 	}
 }

@@ -110,6 +110,11 @@ type Deps struct {
 	// Progress, when set, is called from one goroutine with the number of
 	// requests finished, every 100ms while firing and once at the end.
 	Progress func(done int)
+	// Window, when set, is called with true just before the burst's first
+	// request is sent and with false once its workers are done (the last
+	// result in), so that a caller can measure over exactly the stretch
+	// the report times, without the open and the state reads around it.
+	Window func(start bool)
 	// Test holds the seams of the tests; the zero value is production.
 	Test TestHooks
 }
@@ -333,11 +338,17 @@ func (r *runner) fire(ctx context.Context) error {
 	}
 	stopProgress := r.startProgress()
 	var wg sync.WaitGroup
+	if r.deps.Window != nil {
+		r.deps.Window(true)
+	}
 	r.t0 = time.Now()
 	for _, w := range r.workers {
 		wg.Go(func() { w.loop(ctx) })
 	}
 	wg.Wait()
+	if r.deps.Window != nil {
+		r.deps.Window(false)
+	}
 	stopProgress()
 	return ctx.Err()
 }

@@ -257,3 +257,30 @@ func TestRunDetectsBrokenHolds(t *testing.T) {
 		})
 	}
 }
+
+// TestRunWindowMarksTheBurst: Window is called twice, true after the open
+// and before the first claim, false once every claim has its answer, so
+// that what a caller measures over it is the burst alone.
+func TestRunWindowMarksTheBurst(t *testing.T) {
+	f := newFake("")
+	type mark struct {
+		start    bool
+		capacity int64
+		claims   int64
+	}
+	var marks []mark
+	window := func(start bool) {
+		f.mu.Lock()
+		capacity := f.capacity
+		f.mu.Unlock()
+		marks = append(marks, mark{start, capacity, f.seq.Load()})
+	}
+	rep := fakeRunDeps(t, f, burst(20, 300, 250, 8), Deps{Window: window})
+	if err := rep.Verdict(); err != nil {
+		t.Fatalf("verdict: %v", err)
+	}
+	want := []mark{{true, 20, 0}, {false, 20, 300}}
+	if len(marks) != 2 || marks[0] != want[0] || marks[1] != want[1] {
+		t.Fatalf("marks %+v, want %+v (opened, no claim yet; then all 300 claims answered)", marks, want)
+	}
+}

@@ -48,8 +48,8 @@ var errNotRun = errors.New("no claim sent")
 type openRun struct {
 	name   string
 	res    bench.OpenLoopResult
-	cpu    cpuSample
-	server time.Duration
+	cpu    cpuSample     // over the attack, from its first claim to its last answer
+	server time.Duration // the server's CPU over its life
 	disk   diskStats
 	// broker is, for a stack, what its request stream stored over the
 	// run (storedLine); "" for the others.
@@ -79,13 +79,14 @@ func openLoop(ctx context.Context, o opts) error {
 					return openRun{}, fmt.Errorf("%s: the broker before the open loop: %w", name, err)
 				}
 			}
-			before := sampleCPU()
+			w := cpuWindow{server: s.cmd.Process.Pid}
+			c.Window = w.mark
 			var res bench.OpenLoopResult
 			disk, err := diskProbed(os.TempDir(), o.diskProbe, func() (err error) {
 				res, err = bench.OpenLoop(ctx, c)
 				return err
 			})
-			cpu := sampleCPU().sub(before)
+			cpu := w.got
 			var broker string
 			if err == nil && s.natsURL != "" {
 				after, stored, berr := brokerAfter(ctx, name, s, url, sampled)
@@ -148,7 +149,7 @@ func openLoop(ctx context.Context, o opts) error {
 		fmt.Printf("\n== open loop: %d claims/s for %s (%d scheduled, each a distinct user, ?wait=15s) for %d items, vegeta, everything on this machine (%s) ==\n",
 			p.rate, p.duration, p.rate*int(p.duration/time.Millisecond)/1000, p.items, loadAverage())
 		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "system\tsent\tvegeta rate/s\tdropped\tlate >10ms\tlatest\tp50\tp90\tp99\tmax\tp99 from slot\tlast answer after\tgranted\tanswered 202\tnot answered 200/202\tCPU s: server\tload tool\tMariaDB\tRedis\tlongest disk write\tsell-out\t")
+		fmt.Fprintln(tw, "system\tsent\tvegeta rate/s\tdropped\tlate >10ms\tlatest\tp50\tp90\tp99\tmax\tp99 from slot\tlast answer after\tgranted\tanswered 202\tnot answered 200/202\tin the attack, CPU s: server\tload tool\tMariaDB\tRedis\tcores busy\tserver's CPU s over its life\tlongest disk write\tsell-out\t")
 		for _, r := range runs {
 			x := r.res
 			verdict := "PASS"
@@ -156,10 +157,11 @@ func openLoop(ctx context.Context, o opts) error {
 				verdict = "FAIL"
 				failures = append(failures, fmt.Errorf("%s at %d/s: %w", r.name, p.rate, err))
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r.name, x.Sent, x.Rate, x.Dropped(),
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\t\n", r.name, x.Sent, x.Rate, x.Dropped(),
 				x.Late, x.MaxLate.Round(time.Millisecond), x.P50.Round(100*time.Microsecond), x.P90.Round(100*time.Microsecond),
 				x.P99.Round(100*time.Microsecond), x.Max.Round(time.Millisecond), x.SlotP99.Round(100*time.Microsecond), x.Elapsed.Round(time.Millisecond),
-				x.Granted, x.Pending, x.Failed, r.server.Seconds(), r.cpu.self.Seconds(), r.cpu.mariadb.Seconds(), r.cpu.redis.Seconds(), longestWrite(r.disk), verdict)
+				x.Granted, x.Pending, x.Failed, r.cpu.server.Seconds(), r.cpu.self.Seconds(), r.cpu.mariadb.Seconds(), r.cpu.redis.Seconds(), r.cpu.coresBusy(),
+				r.server.Seconds(), longestWrite(r.disk), verdict)
 		}
 		tw.Flush()
 		for _, r := range runs {
