@@ -61,6 +61,7 @@ func (c *cfg) Validate() error {
 }
 
 func main() {
+	config.TuneGC(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stderr))

@@ -44,6 +44,7 @@ func (c cfg) Validate() error {
 }
 
 func main() {
+	config.TuneGC(os.Getenv)
 	// No flags but -version and -h: the settings are ALLOT_ variables.
 	if code := config.ParseFlags(flag.NewFlagSet(binary, flag.ContinueOnError), os.Args[1:]); code >= 0 {
 		os.Exit(code)

@@ -61,6 +61,7 @@ func (c *cfg) Validate() error {
 const defaultHTTPAddr = "127.0.0.1:8080"
 
 func main() {
+	config.TuneGC(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:])
 	stop()
