@@ -98,11 +98,13 @@ func e2e(ctx context.Context, o opts) error {
 			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), b.server.Seconds(), longestWrite(b.disk), verdict)
 	}
 	tw.Flush()
-	printRatios("allot / gated seed", burstRatios(bursts, allotName, gateName), "below 1 = allot faster")
+	printRatios("allot / gated seed", timeToLast, burstRatios(bursts, allotName, gateName, lastResult), "below 1 = allot faster")
+	printRatios("allot / gated seed", cpuOfBurst, burstRatios(bursts, allotName, gateName, burstCPU),
+		"with both keeping the cores about as busy, the time ratio follows this one")
 	if o.floor {
-		printRatios("floor / gated seed", burstRatios(bursts, floorName, gateName),
+		printRatios("floor / gated seed", timeToLast, burstRatios(bursts, floorName, gateName, lastResult),
 			"HTTP and the load tool alone: no design served this way finishes faster")
-		printRatios("allot / floor", burstRatios(bursts, allotName, floorName), "what allot's own work adds to HTTP's")
+		printRatios("allot / floor", timeToLast, burstRatios(bursts, allotName, floorName, lastResult), "what allot's own work adds to HTTP's")
 	}
 	first := true
 	for _, b := range bursts {
@@ -129,19 +131,38 @@ func roundOrder[T any](systems []T, r int) []T {
 	return append(slices.Clone(systems[k:]), systems[:k]...)
 }
 
-// printRatios prints one line of ratios, round by round, and their median.
-func printRatios(what string, ratios []float64, reading string) {
+// What the ratio lines compare.
+const (
+	timeToLast = "time to the last result"
+	cpuOfBurst = "CPU of the burst (server, load tool, MariaDB, Redis)"
+)
+
+// printRatios prints one line of ratios of measure, round by round, and
+// their median; nothing when there are none.
+func printRatios(what, measure string, ratios []float64, reading string) {
+	if len(ratios) == 0 {
+		return
+	}
 	each := make([]string, len(ratios))
 	for i, x := range ratios {
 		each[i] = fmt.Sprintf("%.2f", x)
 	}
-	fmt.Printf("ratio %s, time to the last result, round by round: %s; median %.2f (%s)\n",
-		what, strings.Join(each, ", "), medianOf(ratios, func(x float64) float64 { return x }), reading)
+	fmt.Printf("ratio %s, %s, round by round: %s; median %.2f (%s)\n",
+		what, measure, strings.Join(each, ", "), medianOf(ratios, func(x float64) float64 { return x }), reading)
 }
 
-// burstRatios is system num's time to the last result over system den's,
-// round by round.
-func burstRatios(bursts []burst, num, den string) []float64 {
+// lastResult is a burst's time to its last result.
+func lastResult(b burst) time.Duration { return b.rep.ToLastResult }
+
+// burstCPU is the CPU a burst cost the processes that served and drove
+// it, over the burst itself: the server, the load tool, MariaDB and
+// Redis (each design's database and cache count; the kernel's own work
+// does not).
+func burstCPU(b burst) time.Duration { return b.cpu.server + b.cpu.self + b.cpu.mariadb + b.cpu.redis }
+
+// burstRatios is system num's measure over system den's, round by round;
+// a round where either is missing or measured zero ends the list.
+func burstRatios(bursts []burst, num, den string, measure func(burst) time.Duration) []float64 {
 	var out []float64
 	for r := 1; ; r++ {
 		var a, g time.Duration
@@ -149,9 +170,9 @@ func burstRatios(bursts []burst, num, den string) []float64 {
 			switch {
 			case b.round != r:
 			case b.name == num:
-				a = b.rep.ToLastResult
+				a = measure(b)
 			case b.name == den:
-				g = b.rep.ToLastResult
+				g = measure(b)
 			}
 		}
 		if a == 0 || g == 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -20,9 +21,29 @@ func TestBurstRatiosPairRounds(t *testing.T) {
 		b(1, allotName, 3*time.Second), b(1, gateName, 4*time.Second),
 		b(2, gateName, 2*time.Second), b(2, allotName, 3*time.Second),
 		b(3, allotName, time.Second),
-	}, allotName, gateName)
+	}, allotName, gateName, lastResult)
 	if want := []float64{0.75, 1.5}; !slices.Equal(got, want) {
 		t.Fatalf("ratios %v, want %v", got, want)
+	}
+}
+
+// TestBurstCPUCountsEveryPart: the CPU ratio compares each burst's server,
+// load tool, MariaDB and Redis together, so a design that moves its work
+// from its server into Redis (the gate) is charged for it; a round whose
+// CPU was not measured ends the list rather than dividing by zero.
+func TestBurstCPUCountsEveryPart(t *testing.T) {
+	t.Parallel()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	b := func(round int, name string, cpu cpuSample) burst { return burst{round: round, name: name, cpu: cpu} }
+	got := burstRatios([]burst{
+		b(1, allotName, cpuSample{server: ms(1000), self: ms(900), mariadb: ms(300)}),
+		b(1, gateName, cpuSample{server: ms(1200), self: ms(1000), mariadb: ms(100), redis: ms(700)}),
+		b(2, allotName, cpuSample{server: ms(1500)}),
+		b(2, gateName, cpuSample{}),
+	}, allotName, gateName, burstCPU)
+	want := []float64{(1.0 + 0.9 + 0.3) / (1.2 + 1.0 + 0.1 + 0.7)}
+	if len(got) != len(want) || math.Abs(got[0]-want[0]) > 1e-9 {
+		t.Fatalf("CPU ratios %v, want %v", got, want)
 	}
 }
 
