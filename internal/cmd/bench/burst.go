@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -98,13 +99,13 @@ func e2e(ctx context.Context, o opts) error {
 			b.cpu.mariadb.Seconds(), b.cpu.redis.Seconds(), b.cpu.coresBusy(), b.server.Seconds(), longestWrite(b.disk), verdict)
 	}
 	tw.Flush()
-	printRatios("allot / gated seed", timeToLast, burstRatios(bursts, allotName, gateName, lastResult), "below 1 = allot faster")
-	printRatios("allot / gated seed", cpuOfBurst, burstRatios(bursts, allotName, gateName, burstCPU),
+	printRatios(os.Stdout, "allot / gated seed", timeToLast, burstRatios(bursts, allotName, gateName, lastResult), "below 1 = allot faster")
+	printRatios(os.Stdout, "allot / gated seed", cpuOfBurst, burstRatios(bursts, allotName, gateName, burstCPU),
 		"with both keeping the cores about as busy, the time ratio follows this one")
 	if o.floor {
-		printRatios("floor / gated seed", timeToLast, burstRatios(bursts, floorName, gateName, lastResult),
+		printRatios(os.Stdout, "floor / gated seed", timeToLast, burstRatios(bursts, floorName, gateName, lastResult),
 			"HTTP and the load tool alone: no design served this way finishes faster")
-		printRatios("allot / floor", timeToLast, burstRatios(bursts, allotName, floorName, lastResult), "what allot's own work adds to HTTP's")
+		printRatios(os.Stdout, "allot / floor", timeToLast, burstRatios(bursts, allotName, floorName, lastResult), "what allot's own work adds to HTTP's")
 	}
 	first := true
 	for _, b := range bursts {
@@ -137,9 +138,10 @@ const (
 	cpuOfBurst = "CPU of the burst (server, load tool, MariaDB, Redis)"
 )
 
-// printRatios prints one line of ratios of measure, round by round, and
-// their median; nothing when there are none.
-func printRatios(what, measure string, ratios []float64, reading string) {
+// printRatios prints to w one line of ratios of measure, round by round,
+// and their median; nothing when there are none (a median of none would
+// panic).
+func printRatios(w io.Writer, what, measure string, ratios []float64, reading string) {
 	if len(ratios) == 0 {
 		return
 	}
@@ -147,7 +149,7 @@ func printRatios(what, measure string, ratios []float64, reading string) {
 	for i, x := range ratios {
 		each[i] = fmt.Sprintf("%.2f", x)
 	}
-	fmt.Printf("ratio %s, %s, round by round: %s; median %.2f (%s)\n",
+	fmt.Fprintf(w, "ratio %s, %s, round by round: %s; median %.2f (%s)\n",
 		what, measure, strings.Join(each, ", "), medianOf(ratios, func(x float64) float64 { return x }), reading)
 }
 

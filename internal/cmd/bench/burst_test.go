@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"math"
 	"slices"
 	"testing"
@@ -44,6 +45,24 @@ func TestBurstCPUCountsEveryPart(t *testing.T) {
 	want := []float64{(1.0 + 0.9 + 0.3) / (1.2 + 1.0 + 0.1 + 0.7)}
 	if len(got) != len(want) || math.Abs(got[0]-want[0]) > 1e-9 {
 		t.Fatalf("CPU ratios %v, want %v", got, want)
+	}
+}
+
+// TestPrintRatiosNamesTheMeasure: a ratio line says what it compares and
+// gives the median; a list with no rounds prints nothing rather than
+// failing on its median.
+func TestPrintRatiosNamesTheMeasure(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	printRatios(&out, "allot / gated seed", cpuOfBurst, []float64{0.9, 0.7, 0.8}, "a reading")
+	want := "ratio allot / gated seed, CPU of the burst (server, load tool, MariaDB, Redis), round by round: 0.90, 0.70, 0.80; median 0.80 (a reading)\n"
+	if got := out.String(); got != want {
+		t.Fatalf("printed %q, want %q", got, want)
+	}
+	out.Reset()
+	printRatios(&out, "allot / gated seed", cpuOfBurst, nil, "a reading")
+	if out.Len() != 0 {
+		t.Fatalf("no rounds printed %q, want nothing", out.String())
 	}
 }
 
